@@ -1,0 +1,49 @@
+# Everything a fresh machine needs is installed from here: a venv with the package and its
+# dev tools, the control plane for the end-to-end tests (testenv/, built with Go), and the
+# stand-in NVML library (built by the tests themselves).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install test unit e2e lint demo proto bench clean
+.DEFAULT_GOAL := help
+
+help:
+	@echo "make install   venv + editable install with dev tools"
+	@echo "make demo      local control plane, two simulated GPU nodes, the driver, example pods"
+	@echo "make test      lint + unit + end-to-end tests (builds the control plane on first use)"
+	@echo "make unit      unit tests only;  make e2e  end-to-end tests only"
+	@echo "make cluster   start a local control plane;  make cluster-down  stop it"
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $@
+
+lint: install
+	$(BIN)/ruff check dra_driver tests bench
+	$(BIN)/mypy
+
+unit: install
+	$(BIN)/pytest -m "not e2e"
+
+e2e: install testenv
+	$(BIN)/pytest -m e2e
+
+test: install testenv lint
+	$(BIN)/pytest
+
+demo: install testenv
+	$(BIN)/dra-driver demo
+
+proto: install
+	hack/gen-proto.sh
+
+clean:
+	rm -rf $(VENV) .cache
+
+include testenv/testenv.mk

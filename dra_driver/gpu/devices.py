@@ -1,0 +1,177 @@
+"""Inventory -> DRA devices (resource.k8s.io/v1 JSON) -> the node's desired pool.
+
+Attribute names follow the widely used NVIDIA DRA driver so users' selectors port by changing
+the domain only; ``migCapable``, ``migEnabled`` and ``numaNode`` are this driver's additions.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from dra_driver.gpu.inventory import Gpu, Inventory, MigDevice
+from dra_driver.resourceslice.pool import DesiredPool, contents_for
+
+DEFAULT_DRIVER_NAME = "gpu.dra.dev"
+STANDARD_DOMAIN = "resource.kubernetes.io"
+
+JSON = dict[str, Any]
+
+_SEMVER_CORE = re.compile(r"^(\d+)(?:\.(\d+))?(?:\.(\d+))?(.*)$")
+
+
+def to_semver(version: str) -> str:
+    """Normalise an NVIDIA version string to semver 2.0 (the API validates versions).
+
+    ``560.35.03`` -> ``560.35.3`` (no leading zeros), ``12.6`` -> ``12.6.0``, ``9.0`` -> ``9.0.0``.
+    Anything after the numeric core (e.g. ``-rc1``) is dropped unless it is a valid pre-release.
+    """
+    match = _SEMVER_CORE.match(version.strip())
+    if not match:
+        raise ValueError(f"not a version: {version!r}")
+    major, minor, patch, rest = match.groups()
+    core = ".".join(str(int(p or 0)) for p in (major, minor, patch))
+    if re.fullmatch(r"-[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*", rest or ""):
+        return core + rest
+    return core
+
+
+_DECIMAL_SUFFIXES = (
+    (10**18, "E"),
+    (10**15, "P"),
+    (10**12, "T"),
+    (10**9, "G"),
+    (10**6, "M"),
+    (10**3, "k"),
+)
+
+
+def quantity(value: int) -> str:
+    """An integer as the canonical Kubernetes quantity string the API server would store.
+
+    The server re-serialises quantities canonically; sending the canonical form keeps what it
+    stores byte-equal to what was sent, so the publisher sees no drift.
+    """
+    if value < 0:
+        raise ValueError("capacities are never negative")
+    for factor, suffix in _DECIMAL_SUFFIXES:
+        if value and value % factor == 0:
+            return f"{value // factor}{suffix}"
+    return str(value)
+
+
+MAX_STRING = 64  # the API's limit for string and version attribute values
+
+
+def _string(value: str) -> JSON:
+    # NVML names may be up to 96 bytes; the API accepts 64 characters.
+    return {"string": value[:MAX_STRING]}
+
+
+def _int(value: int) -> JSON:
+    return {"int": value}
+
+
+def _bool(value: bool) -> JSON:
+    return {"bool": value}
+
+
+def _version(value: str) -> JSON:
+    return {"version": to_semver(value)}
+
+
+def gpu_device_name(gpu: Gpu) -> str:
+    """``gpu-<minor>``."""
+    return f"gpu-{gpu.minor}"
+
+
+def mig_profile_token(profile_name: str) -> str:
+    """A MIG profile name as a DNS-label fragment: ``1g.10gb`` -> ``1g10gb``, ``+me`` -> ``me``."""
+    return profile_name.replace(".", "").replace("+", "").lower()
+
+
+def mig_device_name(parent_minor: int, profile_name: str, profile_id: int, start: int) -> str:
+    """``gpu-<parentMinor>-mig-<profile without dots>-<giProfileId>-<placementStart>``."""
+    return f"gpu-{parent_minor}-mig-{mig_profile_token(profile_name)}-{profile_id}-{start}"
+
+
+def _common_attributes(gpu: Gpu, inventory: Inventory) -> JSON:
+    attrs: JSON = {
+        "productName": _string(gpu.product_name),
+        "brand": _string(gpu.brand),
+        "architecture": _string(gpu.architecture),
+        "cudaComputeCapability": _version(gpu.cuda_compute_capability),
+        "driverVersion": _version(inventory.driver_version),
+        "cudaDriverVersion": _version(inventory.cuda_driver_version),
+    }
+    if gpu.pcie_root:
+        attrs[f"{STANDARD_DOMAIN}/pcieRoot"] = _string(gpu.pcie_root)
+    if gpu.numa_node is not None:
+        attrs["numaNode"] = _int(gpu.numa_node)
+    return attrs
+
+
+def gpu_device(gpu: Gpu, inventory: Inventory) -> JSON:
+    """The DRA device for a whole GPU."""
+    attributes: JSON = {
+        "type": _string("gpu"),
+        "uuid": _string(gpu.uuid),
+        **_common_attributes(gpu, inventory),
+        "migCapable": _bool(gpu.mig.capable),
+        "migEnabled": _bool(gpu.mig_enabled),
+        f"{STANDARD_DOMAIN}/pciBusID": _string(gpu.pci_bus_id),
+    }
+    capacity: JSON = {
+        "memory": {"value": quantity(gpu.memory_bytes)},
+        "multiprocessors": {"value": quantity(gpu.multiprocessors)},
+    }
+    return {"name": gpu_device_name(gpu), "attributes": attributes, "capacity": capacity}
+
+
+def mig_device(gpu: Gpu, mig: MigDevice, inventory: Inventory) -> JSON:
+    """The DRA device for a MIG device that exists on ``gpu``."""
+    attributes: JSON = {
+        "type": _string("mig"),
+        "uuid": _string(mig.uuid),
+        "parentUUID": _string(gpu.uuid),
+        "profile": _string(mig.profile_name),
+        **_common_attributes(gpu, inventory),
+    }
+    capacity: JSON = {
+        name: {"value": quantity(value)}
+        for name, value in (
+            ("memory", mig.memory_bytes),
+            ("multiprocessors", mig.multiprocessors),
+            ("copyEngines", mig.copy_engines),
+            ("decoders", mig.decoders),
+            ("encoders", mig.encoders),
+            ("jpegEngines", mig.jpeg_engines),
+            ("ofaEngines", mig.ofa_engines),
+        )
+    }
+    name = mig_device_name(gpu.minor, mig.profile_name, mig.profile_id, mig.placement.start)
+    return {"name": name, "attributes": attributes, "capacity": capacity}
+
+
+def devices_for_gpu(gpu: Gpu, inventory: Inventory) -> list[JSON]:
+    """A GPU in MIG mode offers its MIG devices; any other GPU offers itself."""
+    if gpu.mig_enabled:
+        return [mig_device(gpu, m, inventory) for m in gpu.mig_devices]
+    return [gpu_device(gpu, inventory)]
+
+
+def inventory_devices(inventory: Inventory) -> list[JSON]:
+    """Every device the node publishes, GPUs in index order."""
+    return [d for gpu in inventory.gpus for d in devices_for_gpu(gpu, inventory)]
+
+
+def desired_pool(
+    inventory: Inventory, node_name: str, driver: str = DEFAULT_DRIVER_NAME
+) -> DesiredPool:
+    """The pool the node agent publishes: pool name = node name, slices packed by API limits."""
+    return DesiredPool(
+        driver=driver,
+        pool_name=node_name,
+        node_name=node_name,
+        slices=contents_for(inventory_devices(inventory)),
+    )

@@ -1,0 +1,74 @@
+"""A readable table of the inventory, for ``dra-driver discover``."""
+
+from __future__ import annotations
+
+from dra_driver.gpu.inventory import Inventory
+
+
+def _gib(value: int) -> str:
+    return f"{value / 2**30:.1f}Gi"
+
+
+def _rows(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return [
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+        for r in [header, *rows]
+    ]
+
+
+def inventory_table(inventory: Inventory) -> str:
+    """GPUs one per row, then existing MIG devices, then the driver versions."""
+    gpu_rows = [
+        [
+            str(g.index),
+            str(g.minor),
+            g.product_name,
+            g.architecture,
+            g.cuda_compute_capability,
+            _gib(g.memory_bytes),
+            str(g.multiprocessors),
+            ("on" if g.mig_enabled else "off") if g.mig.capable else "-",
+            g.pci_bus_id,
+            g.pcie_root or "-",
+            "-" if g.numa_node is None else str(g.numa_node),
+            g.uuid,
+        ]
+        for g in inventory.gpus
+    ]
+    lines = _rows(
+        [
+            "IDX",
+            "MINOR",
+            "PRODUCT",
+            "ARCH",
+            "CC",
+            "MEMORY",
+            "SMS",
+            "MIG",
+            "PCI",
+            "PCIE-ROOT",
+            "NUMA",
+            "UUID",
+        ],
+        gpu_rows,
+    )
+    mig_rows = [
+        [
+            str(g.index),
+            m.profile_name,
+            f"{m.placement.start}:{m.placement.size}",
+            _gib(m.memory_bytes),
+            str(m.multiprocessors),
+            m.uuid,
+        ]
+        for g in inventory.gpus
+        for m in g.mig_devices
+    ]
+    if mig_rows:
+        lines += [
+            "",
+            *_rows(["GPU", "MIG-PROFILE", "PLACEMENT", "MEMORY", "SMS", "UUID"], mig_rows),
+        ]
+    lines += ["", f"driver {inventory.driver_version}, CUDA {inventory.cuda_driver_version}"]
+    return "\n".join(lines)

@@ -1,0 +1,130 @@
+"""One settings model for every subcommand: each field is a flag and an environment variable.
+
+A DaemonSet configures the agent through environment variables; people use flags. Both land in
+:class:`Settings`, which validates them once, so the rest of the code reads typed values.
+The variable for ``--some-flag`` is ``DRA_SOME_FLAG``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+ENV_PREFIX = "DRA_"
+
+
+class SettingsError(Exception):
+    """A flag or environment variable has a bad value; the message names both."""
+
+
+class Settings(BaseModel):
+    """Everything the node agent and the tools can be told."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    driver_name: str = Field(
+        "gpu.dra.dev",
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+        max_length=63,
+        description="DRA driver name (a DNS subdomain); also the attribute domain",
+    )
+    node_name: str = Field(
+        "",
+        max_length=253,
+        description="this node's name; the pool name (set from the downward API)",
+    )
+    backend: Literal["nvml", "simulated"] = Field(
+        "nvml", description="GPU discovery: nvml (real GPUs) or simulated (a node profile)"
+    )
+    profile: str = Field(
+        "", description="simulated node profile: dgx-a100, dgx-h100, l4x4, mixed or a YAML file"
+    )
+    output: Literal["table", "json", "yaml"] = Field("table", description="output format")
+    kubeconfig: str = Field(
+        "", description="kubeconfig file (default: in-cluster config, then $KUBECONFIG)"
+    )
+    log_format: Literal["json", "console"] = Field(
+        "console", description="log format: json (one event per line) or console"
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="minimum log level"
+    )
+    cdi_root: Path = Field(
+        Path("/var/run/cdi"), description="directory for the per-claim CDI specs"
+    )
+    plugins_dir: Path = Field(
+        Path("/var/lib/kubelet/plugins"),
+        description="kubelet plugins directory (DRA socket and checkpoint live below it)",
+    )
+    registry_dir: Path = Field(
+        Path("/var/lib/kubelet/plugins_registry"),
+        description="kubelet plugin registration directory",
+    )
+    pod_uid: str = Field(
+        "", description="this pod's UID; enables rolling-update socket names (downward API)"
+    )
+
+
+def env_name(field: str) -> str:
+    """The environment variable behind a settings field."""
+    return ENV_PREFIX + field.upper()
+
+
+def flag_name(field: str) -> str:
+    """The command-line flag behind a settings field."""
+    return "--" + field.replace("_", "-")
+
+
+def add_arguments(parser: argparse.ArgumentParser, fields: Iterable[str], **overrides: Any) -> None:
+    """Add the named settings fields to ``parser``; ``overrides`` replace defaults per command."""
+    for field in fields:
+        info = Settings.model_fields[field]
+        default = overrides.get(field, info.default)
+        flags = [flag_name(field)] + (["-o"] if field == "output" else [])
+        choices = _choices(info.annotation)
+        help_text = f"{info.description} [env {env_name(field)}; default {default!s:.60}]"
+        parser.add_argument(
+            *flags,
+            dest=field,
+            default=None,
+            choices=choices,
+            help=help_text,
+            metavar=None if choices else field.upper(),
+        )
+        parser.set_defaults(**{f"_default_{field}": default})
+
+
+def _choices(annotation: Any) -> list[str] | None:
+    args = getattr(annotation, "__args__", None)
+    if getattr(annotation, "__origin__", None) is Literal and args:
+        return [str(a) for a in args]
+    return None
+
+
+def from_namespace(
+    ns: argparse.Namespace, fields: Iterable[str], environ: dict[str, str] | None = None
+) -> Settings:
+    """Resolve flags, then environment variables, then defaults, and validate them."""
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for field in fields:
+        flag_value = getattr(ns, field, None)
+        if flag_value is not None:
+            values[field], origin[field] = flag_value, flag_name(field)
+        elif env_name(field) in env:
+            values[field], origin[field] = env[env_name(field)], env_name(field)
+        else:
+            values[field] = getattr(ns, f"_default_{field}")
+    try:
+        return Settings.model_validate(values)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = str(err["loc"][0])
+        source = origin.get(field, flag_name(field))
+        raise SettingsError(f"{source}: {err['msg']} (got {values.get(field)!r})") from None

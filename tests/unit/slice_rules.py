@@ -1,0 +1,124 @@
+"""The resource.k8s.io/v1 ResourceSlice validation rules, as a checker for tests.
+
+Written from the API's documented limits so rendered slices can be checked without a server
+(the end-to-end suite checks the same slices against the real API server).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+SEMVER = re.compile(
+    r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
+)
+QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|[KMGTPE]i|[mkMGTPE]|)$")
+
+
+def is_subdomain(value: str, limit: int = 253) -> bool:
+    return len(value) <= limit and bool(DNS_SUBDOMAIN.match(value))
+
+
+def check_qualified_name(name: str) -> list[str]:
+    domain, sep, ident = name.rpartition("/")
+    errors = []
+    if sep and not is_subdomain(domain, 63):
+        errors.append(f"attribute domain {domain!r} is not a DNS subdomain <= 63")
+    if len(ident) > 32 or not C_IDENTIFIER.match(ident):
+        errors.append(f"attribute name {ident!r} is not a C identifier <= 32")
+    return errors
+
+
+def _device_is_extended(device: dict[str, Any]) -> bool:
+    attrs = device.get("attributes") or {}
+    return bool(
+        device.get("taints")
+        or device.get("consumesCounters")
+        or any("list" in v for v in attrs.values())
+    )
+
+
+def check_device(device: dict[str, Any]) -> list[str]:
+    errors = []
+    name = device.get("name", "")
+    if len(name) > 63 or not DNS_LABEL.match(name):
+        errors.append(f"device name {name!r} is not a DNS label")
+    attrs = device.get("attributes") or {}
+    capacity = device.get("capacity") or {}
+    if len(attrs) + len(capacity) > 32:
+        errors.append(f"{name}: {len(attrs) + len(capacity)} attributes+capacities > 32")
+    for key, value in attrs.items():
+        errors += check_qualified_name(key)
+        if len(value) != 1:
+            errors.append(f"{name}/{key}: exactly one value type, got {sorted(value)}")
+        kind, val = next(iter(value.items()))
+        if kind == "string" and (not isinstance(val, str) or len(val) > 64):
+            errors.append(f"{name}/{key}: string longer than 64")
+        elif kind == "version" and (len(val) > 64 or not SEMVER.match(val)):
+            errors.append(f"{name}/{key}: {val!r} is not semver <= 64")
+        elif kind == "int" and not isinstance(val, int):
+            errors.append(f"{name}/{key}: int expected")
+        elif kind == "bool" and not isinstance(val, bool):
+            errors.append(f"{name}/{key}: bool expected")
+        elif kind not in ("string", "version", "int", "bool"):
+            errors.append(f"{name}/{key}: unknown value type {kind}")
+    for key, cap in capacity.items():
+        errors += check_qualified_name(key)
+        if not QUANTITY.match(str(cap.get("value", ""))):
+            errors.append(f"{name}/{key}: {cap.get('value')!r} is not a quantity")
+    return errors
+
+
+def check_slice(obj: dict[str, Any]) -> list[str]:
+    """Every violation of the ResourceSlice validation rules, as messages."""
+    errors = []
+    if obj.get("apiVersion") != "resource.k8s.io/v1" or obj.get("kind") != "ResourceSlice":
+        errors.append("not a resource.k8s.io/v1 ResourceSlice")
+    if not is_subdomain(obj["metadata"]["name"]):
+        errors.append(f"slice name {obj['metadata']['name']!r} is not a DNS subdomain")
+    spec = obj["spec"]
+    if not is_subdomain(spec["driver"], 63):
+        errors.append("driver is not a DNS subdomain <= 63")
+    pool = spec["pool"]
+    if len(pool["name"]) > 253 or not all(is_subdomain(p) for p in pool["name"].split("/")):
+        errors.append("pool name is not DNS subdomains joined by '/'")
+    if pool["generation"] < 0 or pool["resourceSliceCount"] < 1:
+        errors.append("bad pool generation or count")
+    selectors = [
+        k for k in ("nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection") if spec.get(k)
+    ]
+    if len(selectors) != 1:
+        errors.append(f"exactly one node selector, got {selectors}")
+    devices = spec.get("devices") or []
+    counters = spec.get("sharedCounters") or []
+    if devices and counters:
+        errors.append("devices and sharedCounters in one slice")
+    limit = 64 if any(_device_is_extended(d) for d in devices) else 128
+    if len(devices) > limit:
+        errors.append(f"{len(devices)} devices > {limit}")
+    names = [d.get("name") for d in devices]
+    if len(set(names)) != len(names):
+        errors.append("duplicate device names")
+    for device in devices:
+        errors += check_device(device)
+    return errors
+
+
+def check_pool(slices: list[dict[str, Any]]) -> list[str]:
+    """Per-slice rules plus the pool-wide ones (count, unique names and devices)."""
+    errors = [e for s in slices for e in check_slice(s)]
+    counts = {s["spec"]["pool"]["resourceSliceCount"] for s in slices}
+    if counts != {len(slices)}:
+        errors.append(f"resourceSliceCount {counts} != {len(slices)} slices")
+    names = [s["metadata"]["name"] for s in slices]
+    if len(set(names)) != len(names):
+        errors.append("duplicate slice names")
+    devices = [d["name"] for s in slices for d in s["spec"].get("devices") or []]
+    if len(set(devices)) != len(devices):
+        errors.append("duplicate device names across the pool")
+    return errors

@@ -1,0 +1,140 @@
+"""The CLI: discover and slices print real data; bad flags and profiles fail in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dra_driver.cli import main
+from tests.unit.slice_rules import check_pool
+
+
+def test_discover_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["discover", "--backend", "simulated", "--profile", "mixed"]) == 0
+    out = capsys.readouterr().out
+    assert "NVIDIA A100-SXM4-80GB" in out and "3g.40gb" in out and "driver 580.95.05" in out
+
+
+def test_discover_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["discover", "--backend", "simulated", "--profile", "l4x4", "-o", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [g["product_name"] for g in data["gpus"]] == ["NVIDIA L4"] * 4
+
+
+def test_slices_yaml_from_environment(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DRA_BACKEND", "simulated")
+    monkeypatch.setenv("DRA_PROFILE", "dgx-h100")
+    monkeypatch.setenv("DRA_NODE_NAME", "n1")
+    assert main(["slices"]) == 0
+    slices = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert check_pool(slices) == []
+    assert len(slices[0]["spec"]["devices"]) == 8
+
+
+def test_flag_wins_over_environment(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DRA_PROFILE", "dgx-h100")
+    assert (
+        main(
+            [
+                "slices",
+                "--backend",
+                "simulated",
+                "--profile",
+                "l4x4",
+                "--node-name",
+                "x",
+                "-o",
+                "json",
+            ]
+        )
+        == 0
+    )
+    assert len(json.loads(capsys.readouterr().out)[0]["spec"]["devices"]) == 4
+
+
+def test_driver_name_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    args = [
+        "slices",
+        "--backend",
+        "simulated",
+        "--profile",
+        "l4x4",
+        "--node-name",
+        "x",
+        "--driver-name",
+        "gpu.example.com",
+    ]
+    assert main(args) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["spec"]["driver"] == "gpu.example.com"
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (
+            ["slices", "--backend", "simulated", "--profile", "l4x4"],
+            {},
+            "--node-name (DRA_NODE_NAME) is required",
+        ),
+        (["discover", "--backend", "simulated"], {}, "needs --profile"),
+        (["discover", "--backend", "simulated", "--profile", "nope"], {}, "does not exist"),
+        (
+            ["discover"],
+            {"DRA_BACKEND": "cuda"},
+            "DRA_BACKEND: Input should be 'nvml' or 'simulated'",
+        ),
+        (
+            [
+                "slices",
+                "--backend",
+                "simulated",
+                "--profile",
+                "l4x4",
+                "--node-name",
+                "x",
+                "--driver-name",
+                "Bad_Name",
+            ],
+            {},
+            "--driver-name",
+        ),
+    ],
+)
+def test_bad_input_is_one_line(
+    args: list[str],
+    env: dict[str, str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert main(args) == 1
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_unknown_flag_exits_2() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "dra_driver.cli", "discover", "--bogus"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 2 and "--bogus" in proc.stderr
+
+
+def test_bad_yaml_profile_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("gpus: [\n")
+    assert main(["discover", "--backend", "simulated", "--profile", str(path)]) == 1
+    assert "not valid YAML" in capsys.readouterr().err
