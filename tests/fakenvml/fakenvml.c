@@ -1,0 +1,960 @@
+/*
+ * A stand-in libnvidia-ml.so.1 for tests: the subset of NVML that the driver's discovery
+ * path calls through nvidia-ml-py (module `pynvml`), answered from a data file instead of
+ * hardware.
+ *
+ * Build:  gcc -shared -fPIC -O1 -Wall -Wextra -o libnvidia-ml.so.1 fakenvml.c
+ * Use:    LD_LIBRARY_PATH=<dir of the .so> FAKE_NVML_DATA=<file> python ...
+ *
+ * Environment:
+ *   FAKE_NVML_DATA  path of the data file (format below); required, read by nvmlInitWithFlags.
+ *   FAKE_NVML_FAIL  comma-separated NVML function names, each optionally "=<code>": that
+ *                   function returns the code (default NVML_ERROR_UNKNOWN, 999) instead of
+ *                   doing its work, e.g. "nvmlDeviceGetMemoryInfo" or "nvmlInitWithFlags=9".
+ *
+ * Symbol names and struct layouts follow nvml.h exactly as nvidia-ml-py resolves them
+ * (e.g. nvmlDeviceGetCount_v2, nvmlDeviceGetPciInfo_v3, nvmlDeviceGetAttributes_v2): a
+ * symbol missing here makes pynvml raise NVMLError_FunctionNotFound, as with an old driver.
+ *
+ * Data file: one record per line, fields separated by single spaces, '#' starts a comment
+ * line. Records after a `gpu` line belong to that GPU. The last field of `name` and
+ * `profile` may contain spaces.
+ *
+ *   driver <version>                    nvmlSystemGetDriverVersion, e.g. 580.95.05
+ *   cuda <int>                          nvmlSystemGetCudaDriverVersion, 1000*major + 10*minor
+ *   gpu <uuid>                          starts a GPU (its index is its position)
+ *   minor <n>
+ *   name <product name>
+ *   brand <nvmlBrandType_t value>
+ *   arch <nvmlDeviceArchitecture_t value>
+ *   cc <major> <minor>
+ *   pci <busId as NVML prints it, "00000000:07:00.0">
+ *   memory <total bytes>
+ *   cores <CUDA cores>
+ *   mig <current> <pending>             absent: MIG not supported (NVML_ERROR_NOT_SUPPORTED)
+ *   maxmig <n>                          nvmlDeviceGetMaxMigDeviceCount
+ *   profile <nvmlIndex> <id> <slices> <instances> <sm> <ce> <dec> <enc> <jpeg> <ofa>
+ *           <memoryMiB> <starts:size, e.g. 0,2,4:2> <name, e.g. MIG 1g.10gb>
+ *   gi <id> <profileId> <start> <size>  an existing GPU instance
+ *   ci <giId> <ciId> <uuid>             a compute instance of that GI: one MIG device, which
+ *                                       reports the engines and memory of the GI's profile
+ *
+ * The library keeps the whole file in memory. Calls that change MIG state
+ * (nvmlDeviceCreateGpuInstanceWithPlacement, nvmlGpuInstanceDestroy) write it back in the
+ * same format (save_data), so the change is what the next process sees. Compute instances
+ * (and so MIG devices) are only read from the file for now.
+ */
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int nvmlReturn_t;
+
+enum {
+    NVML_SUCCESS = 0,
+    NVML_ERROR_UNINITIALIZED = 1,
+    NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_NOT_FOUND = 6,
+    NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_IN_USE = 19,
+    NVML_ERROR_INSUFFICIENT_RESOURCES = 23,
+    NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
+    NVML_ERROR_UNKNOWN = 999,
+};
+
+#define MAX_GPUS 64
+#define MAX_PROFILES 32
+#define MAX_PLACEMENTS 16
+#define MAX_GIS 16
+#define MAX_CIS 16
+#define TEXT 96
+
+/* ---- public NVML types, laid out as in nvml.h ------------------------------------------ */
+
+typedef struct nvmlDevice_st *nvmlDevice_t;
+typedef struct nvmlGpuInstance_st *nvmlGpuInstance_t;
+
+typedef struct {
+    unsigned long long total;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_t;
+
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain;
+    unsigned int bus;
+    unsigned int device;
+    unsigned int pciDeviceId;
+    unsigned int pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+
+typedef struct {
+    unsigned int start;
+    unsigned int size;
+} nvmlGpuInstancePlacement_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int id;
+    unsigned int isP2pSupported;
+    unsigned int sliceCount;
+    unsigned int instanceCount;
+    unsigned int multiprocessorCount;
+    unsigned int copyEngineCount;
+    unsigned int decoderCount;
+    unsigned int encoderCount;
+    unsigned int jpegCount;
+    unsigned int ofaCount;
+    unsigned long long memorySizeMB;
+    char name[96];
+} nvmlGpuInstanceProfileInfo_v2_t;
+
+#define nvmlGpuInstanceProfileInfo_v2 \
+    (unsigned int)(sizeof(nvmlGpuInstanceProfileInfo_v2_t) | (2 << 24U))
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned int id;
+    unsigned int profileId;
+    nvmlGpuInstancePlacement_t placement;
+} nvmlGpuInstanceInfo_t;
+
+typedef struct {
+    unsigned int multiprocessorCount;
+    unsigned int sharedCopyEngineCount;
+    unsigned int sharedDecoderCount;
+    unsigned int sharedEncoderCount;
+    unsigned int sharedJpegCount;
+    unsigned int sharedOfaCount;
+    unsigned int gpuInstanceSliceCount;
+    unsigned int computeInstanceSliceCount;
+    unsigned long long memorySizeMB;
+} nvmlDeviceAttributes_t;
+
+/* The sizes pynvml's ctypes structures have on x86-64 / aarch64 Linux. */
+_Static_assert(sizeof(nvmlMemory_t) == 24, "nvmlMemory_t");
+_Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t");
+_Static_assert(sizeof(nvmlGpuInstanceProfileInfo_v2_t) == 0x98, "nvmlGpuInstanceProfileInfo_v2_t");
+_Static_assert(sizeof(nvmlGpuInstanceInfo_t) == 24, "nvmlGpuInstanceInfo_t");
+_Static_assert(sizeof(nvmlDeviceAttributes_t) == 40, "nvmlDeviceAttributes_t");
+
+/* ---- the fake's state ------------------------------------------------------------------ */
+
+/* A device handle is a pointer to one of these: a whole GPU (mig < 0) or a MIG device. */
+struct nvmlDevice_st {
+    int gpu;
+    int mig; /* index into fake_gpu.cis, or -1 */
+};
+
+struct nvmlGpuInstance_st {
+    int gpu;
+    int gi; /* index into fake_gpu.gis */
+};
+
+typedef struct {
+    unsigned int nvml_index, id, slices, instances, sm, ce, dec, enc, jpeg, ofa;
+    unsigned long long memory_mib;
+    unsigned int nplacements;
+    nvmlGpuInstancePlacement_t placements[MAX_PLACEMENTS];
+    char name[TEXT];
+} fake_profile;
+
+typedef struct {
+    int used;
+    unsigned int id, profile_id, start, size;
+    struct nvmlGpuInstance_st handle;
+} fake_gi;
+
+typedef struct {
+    int used;
+    unsigned int gi_id, ci_id;
+    char uuid[TEXT];
+    struct nvmlDevice_st handle;
+} fake_ci;
+
+typedef struct {
+    char uuid[TEXT];
+    char name[TEXT];
+    char bus_id[32];
+    unsigned int minor, brand, arch;
+    int cc_major, cc_minor;
+    unsigned long long memory;
+    unsigned int cores;
+    int mig_supported;
+    unsigned int mig_current, mig_pending, max_mig;
+    int nprofiles;
+    fake_profile profiles[MAX_PROFILES];
+    fake_gi gis[MAX_GIS];
+    fake_ci cis[MAX_CIS];
+    struct nvmlDevice_st handle;
+} fake_gpu;
+
+static int g_refcount;
+static char g_data_path[4096];
+static char g_driver[TEXT];
+static int g_cuda;
+static int g_ngpus;
+static fake_gpu g_gpus[MAX_GPUS];
+
+static void warn(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("fakenvml: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+/* FAKE_NVML_FAIL: the code `fn` must return instead of working, or NVML_SUCCESS. */
+static nvmlReturn_t injected(const char *fn) {
+    const char *spec = getenv("FAKE_NVML_FAIL");
+    size_t len = strlen(fn);
+    while (spec && *spec) {
+        const char *end = strchr(spec, ',');
+        size_t item = end ? (size_t)(end - spec) : strlen(spec);
+        if (item >= len && strncmp(spec, fn, len) == 0 &&
+            (item == len || spec[len] == '=')) {
+            return item == len ? NVML_ERROR_UNKNOWN : atoi(spec + len + 1);
+        }
+        spec = end ? end + 1 : NULL;
+    }
+    return NVML_SUCCESS;
+}
+
+#define FAIL_POINT(fn)                           \
+    do {                                         \
+        nvmlReturn_t injected_rc = injected(fn); \
+        if (injected_rc != NVML_SUCCESS)         \
+            return injected_rc;                  \
+    } while (0)
+
+#define NEED_INIT()                          \
+    do {                                     \
+        if (g_refcount <= 0)                 \
+            return NVML_ERROR_UNINITIALIZED; \
+    } while (0)
+
+static fake_gpu *gpu_of(nvmlDevice_t device) {
+    if (!device || device->gpu < 0 || device->gpu >= g_ngpus)
+        return NULL;
+    return &g_gpus[device->gpu];
+}
+
+static fake_gpu *whole_gpu(nvmlDevice_t device) {
+    fake_gpu *gpu = gpu_of(device);
+    return gpu && device->mig < 0 ? gpu : NULL;
+}
+
+static fake_ci *mig_of(nvmlDevice_t device) {
+    fake_gpu *gpu = gpu_of(device);
+    if (!gpu || device->mig < 0 || device->mig >= MAX_CIS || !gpu->cis[device->mig].used)
+        return NULL;
+    return &gpu->cis[device->mig];
+}
+
+static fake_profile *profile_by_index(fake_gpu *gpu, unsigned int nvml_index) {
+    for (int i = 0; i < gpu->nprofiles; i++)
+        if (gpu->profiles[i].nvml_index == nvml_index)
+            return &gpu->profiles[i];
+    return NULL;
+}
+
+static fake_profile *profile_by_id(fake_gpu *gpu, unsigned int id) {
+    for (int i = 0; i < gpu->nprofiles; i++)
+        if (gpu->profiles[i].id == id)
+            return &gpu->profiles[i];
+    return NULL;
+}
+
+static fake_gi *gi_by_id(fake_gpu *gpu, unsigned int id) {
+    for (int i = 0; i < MAX_GIS; i++)
+        if (gpu->gis[i].used && gpu->gis[i].id == id)
+            return &gpu->gis[i];
+    return NULL;
+}
+
+static void copy_text(char *dst, size_t cap, const char *src) {
+    snprintf(dst, cap, "%s", src);
+}
+
+/* ---- data file ------------------------------------------------------------------------- */
+
+static int parse_placements(fake_profile *p, const char *text) {
+    /* "0,2,4:2" */
+    const char *colon = strchr(text, ':');
+    if (!colon)
+        return -1;
+    unsigned int size = (unsigned int)strtoul(colon + 1, NULL, 10);
+    const char *s = text;
+    p->nplacements = 0;
+    while (s < colon) {
+        if (p->nplacements >= MAX_PLACEMENTS)
+            return -1;
+        char *end;
+        unsigned long start = strtoul(s, &end, 10);
+        if (end == s)
+            return -1;
+        p->placements[p->nplacements].start = (unsigned int)start;
+        p->placements[p->nplacements].size = size;
+        p->nplacements++;
+        s = (*end == ',') ? end + 1 : end;
+        if (end != colon && *end != ',')
+            return -1;
+    }
+    return 0;
+}
+
+static int parse_line(char *line, fake_gpu **cur) {
+    char word[32], rest[1024];
+    int n = 0;
+    if (sscanf(line, "%31s %n", word, &n) != 1)
+        return 0; /* blank */
+    if (word[0] == '#')
+        return 0;
+    copy_text(rest, sizeof rest, line + n);
+    rest[strcspn(rest, "\r\n")] = '\0';
+
+    if (strcmp(word, "driver") == 0) {
+        copy_text(g_driver, sizeof g_driver, rest);
+        return 0;
+    }
+    if (strcmp(word, "cuda") == 0)
+        return sscanf(rest, "%d", &g_cuda) == 1 ? 0 : -1;
+    if (strcmp(word, "gpu") == 0) {
+        if (g_ngpus >= MAX_GPUS)
+            return -1;
+        fake_gpu *gpu = &g_gpus[g_ngpus];
+        memset(gpu, 0, sizeof *gpu);
+        gpu->handle.gpu = g_ngpus;
+        gpu->handle.mig = -1;
+        copy_text(gpu->uuid, sizeof gpu->uuid, rest);
+        *cur = gpu;
+        g_ngpus++;
+        return 0;
+    }
+    fake_gpu *gpu = *cur;
+    if (!gpu)
+        return -1;
+    if (strcmp(word, "minor") == 0)
+        return sscanf(rest, "%u", &gpu->minor) == 1 ? 0 : -1;
+    if (strcmp(word, "name") == 0) {
+        copy_text(gpu->name, sizeof gpu->name, rest);
+        return 0;
+    }
+    if (strcmp(word, "brand") == 0)
+        return sscanf(rest, "%u", &gpu->brand) == 1 ? 0 : -1;
+    if (strcmp(word, "arch") == 0)
+        return sscanf(rest, "%u", &gpu->arch) == 1 ? 0 : -1;
+    if (strcmp(word, "cc") == 0)
+        return sscanf(rest, "%d %d", &gpu->cc_major, &gpu->cc_minor) == 2 ? 0 : -1;
+    if (strcmp(word, "pci") == 0) {
+        copy_text(gpu->bus_id, sizeof gpu->bus_id, rest);
+        return 0;
+    }
+    if (strcmp(word, "memory") == 0)
+        return sscanf(rest, "%llu", &gpu->memory) == 1 ? 0 : -1;
+    if (strcmp(word, "cores") == 0)
+        return sscanf(rest, "%u", &gpu->cores) == 1 ? 0 : -1;
+    if (strcmp(word, "mig") == 0) {
+        gpu->mig_supported = 1;
+        return sscanf(rest, "%u %u", &gpu->mig_current, &gpu->mig_pending) == 2 ? 0 : -1;
+    }
+    if (strcmp(word, "maxmig") == 0)
+        return sscanf(rest, "%u", &gpu->max_mig) == 1 ? 0 : -1;
+    if (strcmp(word, "profile") == 0) {
+        if (gpu->nprofiles >= MAX_PROFILES)
+            return -1;
+        fake_profile *p = &gpu->profiles[gpu->nprofiles];
+        char placements[256];
+        int name_at = 0;
+        if (sscanf(rest, "%u %u %u %u %u %u %u %u %u %u %llu %255s %n", &p->nvml_index, &p->id,
+                   &p->slices, &p->instances, &p->sm, &p->ce, &p->dec, &p->enc, &p->jpeg,
+                   &p->ofa, &p->memory_mib, placements, &name_at) != 12 ||
+            name_at == 0)
+            return -1;
+        copy_text(p->name, sizeof p->name, rest + name_at);
+        if (parse_placements(p, placements) != 0)
+            return -1;
+        gpu->nprofiles++;
+        return 0;
+    }
+    if (strcmp(word, "gi") == 0) {
+        for (int i = 0; i < MAX_GIS; i++) {
+            fake_gi *gi = &gpu->gis[i];
+            if (gi->used)
+                continue;
+            if (sscanf(rest, "%u %u %u %u", &gi->id, &gi->profile_id, &gi->start, &gi->size) != 4)
+                return -1;
+            gi->used = 1;
+            gi->handle.gpu = (int)(gpu - g_gpus);
+            gi->handle.gi = i;
+            return 0;
+        }
+        return -1;
+    }
+    if (strcmp(word, "ci") == 0) {
+        for (int i = 0; i < MAX_CIS; i++) {
+            fake_ci *ci = &gpu->cis[i];
+            if (ci->used)
+                continue;
+            char uuid[TEXT];
+            if (sscanf(rest, "%u %u %95s", &ci->gi_id, &ci->ci_id, uuid) != 3)
+                return -1;
+            copy_text(ci->uuid, sizeof ci->uuid, uuid);
+            ci->used = 1;
+            ci->handle.gpu = (int)(gpu - g_gpus);
+            ci->handle.mig = i;
+            return 0;
+        }
+        return -1;
+    }
+    return -1;
+}
+
+static nvmlReturn_t load_data(void) {
+    const char *path = getenv("FAKE_NVML_DATA");
+    if (!path || !*path) {
+        warn("FAKE_NVML_DATA is not set");
+        return NVML_ERROR_DRIVER_NOT_LOADED;
+    }
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        warn("cannot open %s", path);
+        return NVML_ERROR_DRIVER_NOT_LOADED;
+    }
+    copy_text(g_data_path, sizeof g_data_path, path);
+    g_ngpus = 0;
+    g_cuda = 0;
+    g_driver[0] = '\0';
+    fake_gpu *cur = NULL;
+    char line[2048];
+    int lineno = 0;
+    nvmlReturn_t rc = NVML_SUCCESS;
+    while (fgets(line, sizeof line, f)) {
+        lineno++;
+        if (parse_line(line, &cur) != 0) {
+            warn("%s:%d: cannot parse: %s", path, lineno, line);
+            rc = NVML_ERROR_UNKNOWN;
+            break;
+        }
+    }
+    fclose(f);
+    return rc;
+}
+
+/* Write the in-memory state back in the format load_data reads (temp file, then rename),
+ * for the calls that change MIG state. */
+static nvmlReturn_t save_data(void) {
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", g_data_path);
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return NVML_ERROR_UNKNOWN;
+    fprintf(f, "driver %s\ncuda %d\n", g_driver, g_cuda);
+    for (int g = 0; g < g_ngpus; g++) {
+        fake_gpu *gpu = &g_gpus[g];
+        fprintf(f, "gpu %s\nminor %u\nname %s\nbrand %u\narch %u\ncc %d %d\npci %s\n", gpu->uuid,
+                gpu->minor, gpu->name, gpu->brand, gpu->arch, gpu->cc_major, gpu->cc_minor,
+                gpu->bus_id);
+        fprintf(f, "memory %llu\ncores %u\n", gpu->memory, gpu->cores);
+        if (gpu->mig_supported)
+            fprintf(f, "mig %u %u\nmaxmig %u\n", gpu->mig_current, gpu->mig_pending,
+                    gpu->max_mig);
+        for (int i = 0; i < gpu->nprofiles; i++) {
+            fake_profile *p = &gpu->profiles[i];
+            fprintf(f, "profile %u %u %u %u %u %u %u %u %u %u %llu ", p->nvml_index, p->id,
+                    p->slices, p->instances, p->sm, p->ce, p->dec, p->enc, p->jpeg, p->ofa,
+                    p->memory_mib);
+            for (unsigned int k = 0; k < p->nplacements; k++)
+                fprintf(f, "%s%u", k ? "," : "", p->placements[k].start);
+            fprintf(f, ":%u %s\n", p->nplacements ? p->placements[0].size : 1, p->name);
+        }
+        for (int i = 0; i < MAX_GIS; i++)
+            if (gpu->gis[i].used)
+                fprintf(f, "gi %u %u %u %u\n", gpu->gis[i].id, gpu->gis[i].profile_id,
+                        gpu->gis[i].start, gpu->gis[i].size);
+        for (int i = 0; i < MAX_CIS; i++)
+            if (gpu->cis[i].used)
+                fprintf(f, "ci %u %u %s\n", gpu->cis[i].gi_id, gpu->cis[i].ci_id,
+                        gpu->cis[i].uuid);
+    }
+    if (fclose(f) != 0 || rename(tmp, g_data_path) != 0)
+        return NVML_ERROR_UNKNOWN;
+    return NVML_SUCCESS;
+}
+
+/* ---- initialisation -------------------------------------------------------------------- */
+
+nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    (void)flags;
+    FAIL_POINT("nvmlInitWithFlags");
+    if (g_refcount == 0) {
+        nvmlReturn_t rc = load_data();
+        if (rc != NVML_SUCCESS)
+            return rc;
+    }
+    g_refcount++;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+
+nvmlReturn_t nvmlShutdown(void) {
+    FAIL_POINT("nvmlShutdown");
+    NEED_INIT();
+    g_refcount--;
+    return NVML_SUCCESS;
+}
+
+const char *nvmlErrorString(nvmlReturn_t result) {
+    switch (result) {
+    case NVML_SUCCESS:
+        return "Success";
+    case NVML_ERROR_UNINITIALIZED:
+        return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT:
+        return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED:
+        return "Not Supported";
+    case NVML_ERROR_NOT_FOUND:
+        return "Not Found";
+    case NVML_ERROR_INSUFFICIENT_SIZE:
+        return "Insufficient Size";
+    case NVML_ERROR_DRIVER_NOT_LOADED:
+        return "Driver Not Loaded";
+    case NVML_ERROR_IN_USE:
+        return "In use by another client";
+    case NVML_ERROR_INSUFFICIENT_RESOURCES:
+        return "Insufficient Resources";
+    case NVML_ERROR_ARGUMENT_VERSION_MISMATCH:
+        return "Argument Version Mismatch";
+    default:
+        return "Unknown Error";
+    }
+}
+
+/* ---- system ---------------------------------------------------------------------------- */
+
+nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    FAIL_POINT("nvmlSystemGetDriverVersion");
+    NEED_INIT();
+    if (!version)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(g_driver) + 1 > length)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    copy_text(version, length, g_driver);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *cudaDriverVersion) {
+    FAIL_POINT("nvmlSystemGetCudaDriverVersion");
+    NEED_INIT();
+    if (!cudaDriverVersion)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *cudaDriverVersion = g_cuda;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *cudaDriverVersion) {
+    return nvmlSystemGetCudaDriverVersion(cudaDriverVersion);
+}
+
+/* ---- devices --------------------------------------------------------------------------- */
+
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount) {
+    FAIL_POINT("nvmlDeviceGetCount_v2");
+    NEED_INIT();
+    if (!deviceCount)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *deviceCount = (unsigned int)g_ngpus;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+    FAIL_POINT("nvmlDeviceGetHandleByIndex_v2");
+    NEED_INIT();
+    if (!device || index >= (unsigned int)g_ngpus)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *device = &g_gpus[index].handle;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t put_text(char *dst, unsigned int length, const char *src) {
+    if (!dst)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(src) + 1 > length)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    copy_text(dst, length, src);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
+    FAIL_POINT("nvmlDeviceGetUUID");
+    NEED_INIT();
+    fake_gpu *gpu = whole_gpu(device);
+    if (gpu)
+        return put_text(uuid, length, gpu->uuid);
+    fake_ci *mig = mig_of(device);
+    if (mig)
+        return put_text(uuid, length, mig->uuid);
+    return NVML_ERROR_INVALID_ARGUMENT;
+}
+
+nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
+    FAIL_POINT("nvmlDeviceGetName");
+    NEED_INIT();
+    fake_gpu *gpu = whole_gpu(device);
+    return gpu ? put_text(name, length, gpu->name) : NVML_ERROR_INVALID_ARGUMENT;
+}
+
+#define GPU_UINT_GETTER(fn, field)                              \
+    nvmlReturn_t fn(nvmlDevice_t device, unsigned int *out) {   \
+        FAIL_POINT(#fn);                                        \
+        NEED_INIT();                                            \
+        fake_gpu *gpu = whole_gpu(device);                      \
+        if (!gpu || !out)                                       \
+            return NVML_ERROR_INVALID_ARGUMENT;                 \
+        *out = gpu->field;                                      \
+        return NVML_SUCCESS;                                    \
+    }
+
+GPU_UINT_GETTER(nvmlDeviceGetMinorNumber, minor)
+GPU_UINT_GETTER(nvmlDeviceGetBrand, brand)
+GPU_UINT_GETTER(nvmlDeviceGetArchitecture, arch)
+GPU_UINT_GETTER(nvmlDeviceGetNumGpuCores, cores)
+
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
+    FAIL_POINT("nvmlDeviceGetIndex");
+    NEED_INIT();
+    fake_gpu *gpu = whole_gpu(device);
+    if (!gpu || !index)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *index = (unsigned int)device->gpu;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major, int *minor) {
+    FAIL_POINT("nvmlDeviceGetCudaComputeCapability");
+    NEED_INIT();
+    fake_gpu *gpu = whole_gpu(device);
+    if (!gpu || !major || !minor)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *major = gpu->cc_major;
+    *minor = gpu->cc_minor;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci) {
+    FAIL_POINT("nvmlDeviceGetPciInfo_v3");
+    NEED_INIT();
+    fake_gpu *gpu = whole_gpu(device);
+    if (!gpu || !pci)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    memset(pci, 0, sizeof *pci);
+    unsigned int function = 0;
+    if (sscanf(gpu->bus_id, "%x:%x:%x.%x", &pci->domain, &pci->bus, &pci->device, &function) != 4)
+        return NVML_ERROR_UNKNOWN;
+    copy_text(pci->busId, sizeof pci->busId, gpu->bus_id);
+    /* The legacy field is the short form with a 4-digit domain, as NVML fills it. */
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04x:%02x:%02x.%x", pci->domain & 0xffff,
+             pci->bus, pci->device, function);
+    pci->pciDeviceId = 0x10de; /* vendor in the low half; the device id is not modelled */
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+    FAIL_POINT("nvmlDeviceGetMemoryInfo");
+    NEED_INIT();
+    fake_gpu *gpu = whole_gpu(device);
+    if (!gpu || !memory)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    memory->total = gpu->memory;
+    memory->used = 0;
+    memory->free = gpu->memory;
+    return NVML_SUCCESS;
+}
+
+/* ---- MIG ------------------------------------------------------------------------------- */
+
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode,
+                                  unsigned int *pendingMode) {
+    FAIL_POINT("nvmlDeviceGetMigMode");
+    NEED_INIT();
+    fake_gpu *gpu = whole_gpu(device);
+    if (!gpu || !currentMode || !pendingMode)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!gpu->mig_supported)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *currentMode = gpu->mig_current;
+    *pendingMode = gpu->mig_pending;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t device, unsigned int profile,
+                                                  nvmlGpuInstanceProfileInfo_v2_t *info) {
+    FAIL_POINT("nvmlDeviceGetGpuInstanceProfileInfoV");
+    NEED_INIT();
+    fake_gpu *gpu = whole_gpu(device);
+    if (!gpu || !info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    /* Catches a caller whose struct layout differs from this one. */
+    if (info->version != nvmlGpuInstanceProfileInfo_v2)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (!gpu->mig_supported)
+        return NVML_ERROR_NOT_SUPPORTED;
+    fake_profile *p = profile_by_index(gpu, profile);
+    if (!p)
+        return NVML_ERROR_NOT_SUPPORTED;
+    info->id = p->id;
+    info->isP2pSupported = 0;
+    info->sliceCount = p->slices;
+    info->instanceCount = p->instances;
+    info->multiprocessorCount = p->sm;
+    info->copyEngineCount = p->ce;
+    info->decoderCount = p->dec;
+    info->encoderCount = p->enc;
+    info->jpegCount = p->jpeg;
+    info->ofaCount = p->ofa;
+    info->memorySizeMB = p->memory_mib;
+    copy_text(info->name, sizeof info->name, p->name);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(nvmlDevice_t device,
+                                                           unsigned int profileId,
+                                                           nvmlGpuInstancePlacement_t *placements,
+                                                           unsigned int *count) {
+    FAIL_POINT("nvmlDeviceGetGpuInstancePossiblePlacements_v2");
+    NEED_INIT();
+    fake_gpu *gpu = whole_gpu(device);
+    if (!gpu || !count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!gpu->mig_supported)
+        return NVML_ERROR_NOT_SUPPORTED;
+    fake_profile *p = profile_by_id(gpu, profileId);
+    if (!p)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    /* NULL placements asks for the count only, as in NVML. */
+    if (placements) {
+        if (*count < p->nplacements)
+            return NVML_ERROR_INSUFFICIENT_SIZE;
+        memcpy(placements, p->placements, p->nplacements * sizeof *placements);
+    }
+    *count = p->nplacements;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
+    FAIL_POINT("nvmlDeviceGetMaxMigDeviceCount");
+    NEED_INIT();
+    fake_gpu *gpu = whole_gpu(device);
+    if (!gpu || !count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *count = gpu->mig_supported ? gpu->max_mig : 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
+                                                 nvmlDevice_t *migDevice) {
+    FAIL_POINT("nvmlDeviceGetMigDeviceHandleByIndex");
+    NEED_INIT();
+    fake_gpu *gpu = whole_gpu(device);
+    if (!gpu || !migDevice)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!gpu->mig_supported || !gpu->mig_current)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (index >= gpu->max_mig)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int seen = 0;
+    for (int i = 0; i < MAX_CIS; i++) {
+        if (!gpu->cis[i].used)
+            continue;
+        if (seen++ == index) {
+            *migDevice = &gpu->cis[i].handle;
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice) {
+    FAIL_POINT("nvmlDeviceIsMigDeviceHandle");
+    NEED_INIT();
+    if (!gpu_of(device) || !isMigDevice)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *isMigDevice = device->mig >= 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice,
+                                                          nvmlDevice_t *device) {
+    FAIL_POINT("nvmlDeviceGetDeviceHandleFromMigDeviceHandle");
+    NEED_INIT();
+    if (!mig_of(migDevice) || !device)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *device = &g_gpus[migDevice->gpu].handle;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) {
+    FAIL_POINT("nvmlDeviceGetGpuInstanceId");
+    NEED_INIT();
+    fake_ci *mig = mig_of(device);
+    if (!mig || !id)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *id = mig->gi_id;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id) {
+    FAIL_POINT("nvmlDeviceGetComputeInstanceId");
+    NEED_INIT();
+    fake_ci *mig = mig_of(device);
+    if (!mig || !id)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *id = mig->ci_id;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device, nvmlDeviceAttributes_t *attributes) {
+    FAIL_POINT("nvmlDeviceGetAttributes_v2");
+    NEED_INIT();
+    fake_ci *mig = mig_of(device);
+    if (!mig || !attributes)
+        return NVML_ERROR_NOT_SUPPORTED;
+    fake_gpu *gpu = &g_gpus[device->gpu];
+    fake_gi *gi = gi_by_id(gpu, mig->gi_id);
+    fake_profile *p = gi ? profile_by_id(gpu, gi->profile_id) : NULL;
+    if (!p)
+        return NVML_ERROR_UNKNOWN;
+    /* A compute instance spanning its whole GPU instance: it gets all of the profile. */
+    attributes->multiprocessorCount = p->sm;
+    attributes->sharedCopyEngineCount = p->ce;
+    attributes->sharedDecoderCount = p->dec;
+    attributes->sharedEncoderCount = p->enc;
+    attributes->sharedJpegCount = p->jpeg;
+    attributes->sharedOfaCount = p->ofa;
+    attributes->gpuInstanceSliceCount = p->slices;
+    attributes->computeInstanceSliceCount = p->slices;
+    attributes->memorySizeMB = p->memory_mib;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id,
+                                          nvmlGpuInstance_t *gpuInstance) {
+    FAIL_POINT("nvmlDeviceGetGpuInstanceById");
+    NEED_INIT();
+    fake_gpu *gpu = whole_gpu(device);
+    if (!gpu || !gpuInstance)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!gpu->mig_supported || !gpu->mig_current)
+        return NVML_ERROR_NOT_SUPPORTED;
+    fake_gi *gi = gi_by_id(gpu, id);
+    if (!gi)
+        return NVML_ERROR_NOT_FOUND;
+    *gpuInstance = &gi->handle;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, nvmlGpuInstanceInfo_t *info) {
+    FAIL_POINT("nvmlGpuInstanceGetInfo");
+    NEED_INIT();
+    if (!gpuInstance || !info || gpuInstance->gpu < 0 || gpuInstance->gpu >= g_ngpus ||
+        gpuInstance->gi < 0 || gpuInstance->gi >= MAX_GIS)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    fake_gpu *gpu = &g_gpus[gpuInstance->gpu];
+    fake_gi *gi = &gpu->gis[gpuInstance->gi];
+    if (!gi->used)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    info->device = &gpu->handle;
+    info->id = gi->id;
+    info->profileId = gi->profile_id;
+    info->placement.start = gi->start;
+    info->placement.size = gi->size;
+    return NVML_SUCCESS;
+}
+
+/* ---- changing MIG state (persisted to the data file) ----------------------------------- */
+
+nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(nvmlDevice_t device, unsigned int profileId,
+                                                      const nvmlGpuInstancePlacement_t *placement,
+                                                      nvmlGpuInstance_t *gpuInstance) {
+    FAIL_POINT("nvmlDeviceCreateGpuInstanceWithPlacement");
+    NEED_INIT();
+    fake_gpu *gpu = whole_gpu(device);
+    if (!gpu || !placement || !gpuInstance)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!gpu->mig_supported || !gpu->mig_current)
+        return NVML_ERROR_NOT_SUPPORTED;
+    fake_profile *p = profile_by_id(gpu, profileId);
+    if (!p)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    int valid = 0;
+    for (unsigned int k = 0; k < p->nplacements; k++)
+        if (p->placements[k].start == placement->start && p->placements[k].size == placement->size)
+            valid = 1;
+    if (!valid)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int same_profile = 0;
+    int free_slot = -1;
+    for (int i = 0; i < MAX_GIS; i++) {
+        fake_gi *gi = &gpu->gis[i];
+        if (!gi->used) {
+            if (free_slot < 0)
+                free_slot = i;
+            continue;
+        }
+        if (gi->profile_id == profileId)
+            same_profile++;
+        /* Memory slices [start, start+size) must not overlap an existing instance. */
+        if (gi->start < placement->start + placement->size && placement->start < gi->start + gi->size)
+            return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    }
+    if (free_slot < 0 || same_profile >= p->instances)
+        return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    unsigned int id = 1; /* the smallest id not in use */
+    while (gi_by_id(gpu, id))
+        id++;
+    fake_gi *gi = &gpu->gis[free_slot];
+    gi->used = 1;
+    gi->id = id;
+    gi->profile_id = profileId;
+    gi->start = placement->start;
+    gi->size = placement->size;
+    gi->handle.gpu = device->gpu;
+    gi->handle.gi = free_slot;
+    nvmlReturn_t rc = save_data();
+    if (rc != NVML_SUCCESS) {
+        gi->used = 0;
+        return rc;
+    }
+    *gpuInstance = &gi->handle;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t gpuInstance) {
+    FAIL_POINT("nvmlGpuInstanceDestroy");
+    NEED_INIT();
+    if (!gpuInstance || gpuInstance->gpu < 0 || gpuInstance->gpu >= g_ngpus ||
+        gpuInstance->gi < 0 || gpuInstance->gi >= MAX_GIS)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    fake_gpu *gpu = &g_gpus[gpuInstance->gpu];
+    fake_gi *gi = &gpu->gis[gpuInstance->gi];
+    if (!gi->used)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    /* As in NVML, compute instances have to go first. */
+    for (int i = 0; i < MAX_CIS; i++)
+        if (gpu->cis[i].used && gpu->cis[i].gi_id == gi->id)
+            return NVML_ERROR_IN_USE;
+    gi->used = 0;
+    nvmlReturn_t rc = save_data();
+    if (rc != NVML_SUCCESS)
+        gi->used = 1;
+    return rc;
+}
