@@ -1,0 +1,111 @@
+"""Fetching ResourceClaims for NodePrepareResources and picking out this driver's part.
+
+The kubelet sends only namespace, name and UID; the allocation lives in the claim's status, so
+each prepare reads the claim from the API server. Claims are handled as raw JSON dicts: the
+driver needs a few fields, not a fully converted client model.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+from dra_driver.kubeletplugin.interfaces import JSON, ClaimRef, ClaimToPrepare
+
+#: A claim read takes well under a second; the kubelet's own deadline (45 s) bounds the rest.
+DEFAULT_FETCH_TIMEOUT = 10.0
+
+
+class ClaimError(Exception):
+    """A claim that cannot be prepared; the message is shown to the user by the kubelet."""
+
+
+class ClaimFetcher(Protocol):
+    """Reads ResourceClaims by namespace and name."""
+
+    async def get_claim(self, namespace: str, name: str) -> JSON | None:
+        """Return the claim as ``resource.k8s.io/v1`` JSON, or ``None`` when it does not exist.
+
+        Any other failure raises; the message becomes the claim's error.
+        """
+        ...
+
+
+class KubeClaimFetcher:
+    """A ``ClaimFetcher`` backed by a ``kubernetes.aio`` API client."""
+
+    def __init__(self, api_client: Any, timeout: float = DEFAULT_FETCH_TIMEOUT) -> None:
+        """``api_client`` is a ``kubernetes.aio.client.ApiClient`` owned by the caller."""
+        # Imported here so that importing this package does not pull in the whole client.
+        from kubernetes.aio.client import ResourceV1Api
+
+        self._api = ResourceV1Api(api_client)
+        self._timeout = timeout
+
+    async def get_claim(self, namespace: str, name: str) -> JSON | None:
+        """Read one claim without converting it into client model objects."""
+        response = await self._api.read_namespaced_resource_claim_without_preload_content(
+            name, namespace, _request_timeout=self._timeout
+        )
+        try:
+            body = await response.read()
+            status = int(response.status)
+        finally:
+            response.release()
+        if status == 404:
+            return None
+        if status != 200:
+            raise ClaimError(
+                f"reading ResourceClaim {namespace}/{name}: HTTP {status}: {_api_message(body)}"
+            )
+        claim = json.loads(body)
+        if not isinstance(claim, dict):
+            raise ClaimError(f"reading ResourceClaim {namespace}/{name}: unexpected response")
+        return claim
+
+
+def _api_message(body: bytes) -> str:
+    """The ``message`` of a Kubernetes Status body, or the body itself."""
+    try:
+        status = json.loads(body)
+    except ValueError:
+        return body.decode(errors="replace")[:200]
+    message = status.get("message") if isinstance(status, dict) else None
+    if isinstance(message, str):
+        return message
+    return body.decode(errors="replace")[:200]
+
+
+def claim_to_prepare(
+    ref: ClaimRef, claim: JSON | None, driver_name: str, pool_name: str | None
+) -> ClaimToPrepare:
+    """Check a fetched claim against the kubelet's reference and select this driver's part.
+
+    ``pool_name`` ``None`` accepts results from every pool of the driver. Raises
+    ``ClaimError`` when the claim is gone, was replaced, is not allocated, or allocates
+    nothing from this driver and pool.
+    """
+    if claim is None:
+        raise ClaimError(f"ResourceClaim {ref} not found")
+    uid = claim.get("metadata", {}).get("uid")
+    if uid != ref.uid:
+        # Same name, different object: the claim the kubelet means was deleted.
+        raise ClaimError(f"ResourceClaim {ref} has UID {uid}, expected {ref.uid}: it was replaced")
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not allocation:
+        raise ClaimError(f"ResourceClaim {ref} is not allocated")
+    devices = allocation.get("devices") or {}
+    results = tuple(
+        r
+        for r in devices.get("results") or ()
+        if r.get("driver") == driver_name and (pool_name is None or r.get("pool") == pool_name)
+    )
+    if not results:
+        where = f"driver {driver_name}" + (f" in pool {pool_name}" if pool_name else "")
+        raise ClaimError(f"ResourceClaim {ref} has no devices allocated by {where}")
+    config = tuple(
+        c
+        for c in devices.get("config") or ()
+        if (c.get("opaque") or {}).get("driver") == driver_name
+    )
+    return ClaimToPrepare(ref=ref, claim=claim, results=results, config=config)

@@ -1,0 +1,80 @@
+"""gRPC servicers for DRAResourceHealth (v1alpha1 and v1): stream device health to the kubelet."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+from types import ModuleType
+from typing import Any
+
+import structlog
+
+from dra_driver._proto.dra_health.v1 import api_pb2 as v1_pb2
+from dra_driver._proto.dra_health.v1 import api_pb2_grpc as v1_grpc
+from dra_driver._proto.dra_health.v1alpha1 import api_pb2 as v1alpha1_pb2
+from dra_driver._proto.dra_health.v1alpha1 import api_pb2_grpc as v1alpha1_grpc
+from dra_driver.kubeletplugin.interfaces import DeviceHealth, HealthSource
+
+log = structlog.get_logger(__name__)
+
+#: Advertised in PluginInfo.supported_versions when a health source is configured.
+HEALTH_VERSIONS = ("v1alpha1.DRAResourceHealth", "v1.DRAResourceHealth")
+#: The kubelet truncates longer messages; doing it here keeps the marker predictable.
+MAX_MESSAGE_LEN = 1024
+_ELLIPSIS = "..."
+
+
+def truncate_message(message: str) -> str:
+    """Cap a health message at ``MAX_MESSAGE_LEN`` characters, marking the cut with '...'."""
+    if len(message) <= MAX_MESSAGE_LEN:
+        return message
+    return message[: MAX_MESSAGE_LEN - len(_ELLIPSIS)] + _ELLIPSIS
+
+
+class HealthServicer:
+    """Serves NodeWatchResources for one API version from a ``HealthSource``."""
+
+    def __init__(self, source: HealthSource, pb2: ModuleType, node_name: str) -> None:
+        """``pb2`` is the message module of the version being served."""
+        self._source = source
+        self._pb2 = pb2
+        self._node = node_name
+
+    async def NodeWatchResources(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        """Send the complete device list each time the source produces one."""
+        log.info("health stream opened", node=self._node, api=self._pb2.DESCRIPTOR.package)
+        stream = self._source.watch()
+        try:
+            async for devices in stream:
+                yield self._response(devices)
+        finally:
+            # Close the source's generator now (not at garbage collection) so that whatever it
+            # holds open for this stream is released when the kubelet disconnects.
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+            log.info("health stream closed", node=self._node, api=self._pb2.DESCRIPTOR.package)
+
+    def _response(self, devices: Sequence[DeviceHealth]) -> Any:
+        now = int(time.time())
+        response = self._pb2.NodeWatchResourcesResponse()
+        for d in devices:
+            entry = response.devices.add(
+                health=int(d.status),
+                last_updated_time=d.last_updated or now,
+                health_check_timeout_seconds=d.timeout_seconds,
+                message=truncate_message(d.message),
+            )
+            entry.device.pool_name = d.pool_name
+            entry.device.device_name = d.device_name
+        return response
+
+
+def add_health_servicers(server: Any, source: HealthSource, node_name: str) -> None:
+    """Register the v1alpha1 and v1 DRAResourceHealth services on a ``grpc.aio`` server."""
+    v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(  # type: ignore[no-untyped-call]
+        HealthServicer(source, v1alpha1_pb2, node_name), server
+    )
+    v1_grpc.add_DRAResourceHealthServicer_to_server(  # type: ignore[no-untyped-call]
+        HealthServicer(source, v1_pb2, node_name), server
+    )

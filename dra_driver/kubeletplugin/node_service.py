@@ -1,0 +1,164 @@
+"""The logic behind NodePrepareResources and NodeUnprepareResources, free of gRPC types.
+
+Every claim of a request gets exactly one outcome. Failures stay per claim: a missing or
+replaced claim, an API error, or a driver exception affects that claim alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import structlog
+
+from dra_driver.kubeletplugin.claims import ClaimError, ClaimFetcher, claim_to_prepare
+from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare, Driver, PreparedDevice
+from dra_driver.kubeletplugin.lock import NodeLock
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class PrepareOutcome:
+    """Result for one claim: devices on success, else a non-empty ``error``."""
+
+    devices: tuple[PreparedDevice, ...] = ()
+    error: str = ""
+
+
+def error_text(exc: BaseException) -> str:
+    """A one-line message for an exception, never empty."""
+    text = str(exc).strip()
+    return text if text else type(exc).__name__
+
+
+def _unique(claims: Sequence[ClaimRef]) -> list[ClaimRef]:
+    # The response is keyed by UID, so a claim listed twice is handled once.
+    seen: dict[str, ClaimRef] = {}
+    for ref in claims:
+        seen.setdefault(ref.uid, ref)
+    return list(seen.values())
+
+
+class NodeService:
+    """Fetches and checks claims, then calls the driver under the node lock."""
+
+    def __init__(
+        self,
+        driver: Driver,
+        fetcher: ClaimFetcher,
+        lock: NodeLock,
+        driver_name: str,
+        node_name: str,
+        pool_name: str | None,
+    ) -> None:
+        """``pool_name`` selects the allocation results to prepare (``None``: any pool)."""
+        self._driver = driver
+        self._fetcher = fetcher
+        self._lock = lock
+        self._driver_name = driver_name
+        self._node = node_name
+        self._pool = pool_name
+
+    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareOutcome]:
+        """Prepare each claim; the result has one entry per distinct claim UID."""
+        refs = _unique(claims)
+        checked = await asyncio.gather(*(self._fetch(ref) for ref in refs))
+        outcomes: dict[str, PrepareOutcome] = {}
+        ready: list[ClaimToPrepare] = []
+        for ref, item in zip(refs, checked, strict=True):
+            if isinstance(item, ClaimToPrepare):
+                ready.append(item)
+            else:
+                outcomes[ref.uid] = PrepareOutcome(error=item)
+        if ready:
+            results = await self._call_prepare(ready)
+            for item in ready:
+                outcomes[item.ref.uid] = self._prepare_outcome(item.ref, results.get(item.ref.uid))
+        return outcomes
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        """Unprepare each claim; maps claim UID to an error message (empty on success)."""
+        refs = _unique(claims)
+        if not refs:
+            return {}
+        try:
+            async with self._lock.hold():
+                results: Mapping[str, Exception | None] = await self._driver.unprepare(refs)
+        except Exception as exc:
+            log.exception("driver unprepare failed", node=self._node, claims=len(refs))
+            results = dict.fromkeys((r.uid for r in refs), exc)
+        errors: dict[str, str] = {}
+        for ref in refs:
+            if ref.uid not in results:
+                errors[ref.uid] = "driver returned no result for this claim"
+            else:
+                result = results[ref.uid]
+                errors[ref.uid] = "" if result is None else error_text(result)
+            if errors[ref.uid]:
+                log.error(
+                    "unprepare failed",
+                    claim=str(ref),
+                    claim_uid=ref.uid,
+                    node=self._node,
+                    error=errors[ref.uid],
+                )
+            else:
+                log.info("claim unprepared", claim=str(ref), claim_uid=ref.uid, node=self._node)
+        return errors
+
+    async def _fetch(self, ref: ClaimRef) -> ClaimToPrepare | str:
+        """The checked claim, or the error message for it."""
+        try:
+            claim = await self._fetcher.get_claim(ref.namespace, ref.name)
+            return claim_to_prepare(ref, claim, self._driver_name, self._pool)
+        except ClaimError as exc:
+            message = str(exc)
+        except Exception as exc:
+            message = f"fetching ResourceClaim {ref}: {error_text(exc)}"
+        log.error(
+            "claim not preparable",
+            claim=str(ref),
+            claim_uid=ref.uid,
+            node=self._node,
+            error=message,
+        )
+        return message
+
+    async def _call_prepare(
+        self, ready: Sequence[ClaimToPrepare]
+    ) -> Mapping[str, Sequence[PreparedDevice] | Exception]:
+        try:
+            async with self._lock.hold():
+                return await self._driver.prepare(ready)
+        except Exception as exc:
+            log.exception("driver prepare failed", node=self._node, claims=len(ready))
+            return dict.fromkeys((c.ref.uid for c in ready), exc)
+
+    def _prepare_outcome(
+        self, ref: ClaimRef, result: Sequence[PreparedDevice] | Exception | None
+    ) -> PrepareOutcome:
+        if result is None:
+            outcome = PrepareOutcome(error="driver returned no result for this claim")
+        elif isinstance(result, Exception):
+            outcome = PrepareOutcome(error=error_text(result))
+        else:
+            outcome = PrepareOutcome(devices=tuple(result))
+        if outcome.error:
+            log.error(
+                "prepare failed",
+                claim=str(ref),
+                claim_uid=ref.uid,
+                node=self._node,
+                error=outcome.error,
+            )
+        else:
+            log.info(
+                "claim prepared",
+                claim=str(ref),
+                claim_uid=ref.uid,
+                node=self._node,
+                devices=[d.device_name for d in outcome.devices],
+            )
+        return outcome
