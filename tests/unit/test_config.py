@@ -1,0 +1,123 @@
+"""The opaque config API: strict parsing, and which config applies to which device."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dra_driver.gpu.config import (
+    ConfigError,
+    GpuConfig,
+    MigDeviceConfig,
+    memory_bytes,
+    parse_allocation_config,
+    parse_config,
+    resolve_config,
+)
+
+DRIVER = "gpu.dra.dev"
+
+
+def _entry(params: dict[str, Any], source: str = "FromClaim", requests: list[str] | None = None, driver: str = DRIVER) -> dict[str, Any]:
+    entry: dict[str, Any] = {"source": source, "opaque": {"driver": driver, "parameters": params}}
+    if requests is not None:
+        entry["requests"] = requests
+    return entry
+
+
+def _gpu(strategy: str = "TimeSlicing", **extra: Any) -> dict[str, Any]:
+    return {"apiVersion": "gpu.dra.dev/v1alpha1", "kind": "GpuConfig", "sharing": {"strategy": strategy, **extra}}
+
+
+def test_time_slicing() -> None:
+    config = parse_config(_gpu(timeSlicingConfig={"interval": "Long"}), where="c")
+    assert isinstance(config, GpuConfig) and config.sharing is not None
+    assert config.sharing.time_slicing_config is not None and config.sharing.time_slicing_config.interval == "Long"
+
+
+def test_mps() -> None:
+    config = parse_config(
+        _gpu("MPS", mpsConfig={"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi", "defaultPerDevicePinnedMemoryLimit": {"0": "5Gi"}}),
+        where="c",
+    )
+    assert config.sharing is not None and config.sharing.mps_config is not None
+    assert config.sharing.mps_config.default_active_thread_percentage == 50
+
+
+def test_mig_config() -> None:
+    config = parse_config({"apiVersion": "gpu.dra.dev/v1alpha1", "kind": "MigDeviceConfig", "sharing": {"strategy": "MPS"}}, where="c")
+    assert isinstance(config, MigDeviceConfig)
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ("not an object", "must be an object"),
+        ({"apiVersion": "gpu.dra.dev/v1", "kind": "GpuConfig"}, "apiVersion 'gpu.dra.dev/v1' is not 'gpu.dra.dev/v1alpha1'"),
+        ({"apiVersion": "gpu.dra.dev/v1alpha1", "kind": "TpuConfig"}, "kind 'TpuConfig' is not one of GpuConfig, MigDeviceConfig"),
+        ({**_gpu(), "sharng": {}}, "field 'sharng': unknown field"),
+        (_gpu(timeSlicingConfig={"intervall": "Long"}), "field 'sharing.timeSlicingConfig.intervall': unknown field"),
+        (_gpu(timeSlicingConfig={"interval": "Forever"}), "field 'sharing.timeSlicingConfig.interval'"),
+        (_gpu("Exclusive"), "field 'sharing.strategy'"),
+        (_gpu("MPS", mpsConfig={"defaultActiveThreadPercentage": 0}), "defaultActiveThreadPercentage"),
+        (_gpu("MPS", mpsConfig={"defaultActiveThreadPercentage": 101}), "defaultActiveThreadPercentage"),
+        (_gpu("MPS", mpsConfig={"defaultPinnedDeviceMemoryLimit": "ten gigs"}), "not a memory quantity"),
+        (_gpu("MPS", mpsConfig={"defaultPerDevicePinnedMemoryLimit": {"0": "1.5Gi"}}), "not a memory quantity"),
+        ({"apiVersion": "gpu.dra.dev/v1alpha1", "kind": "MigDeviceConfig", "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {}}}, "timeSlicingConfig': unknown field"),
+    ],
+)
+def test_invalid_configs_name_claim_request_and_field(params: Any, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_allocation_config([_entry(params, requests=["gpu"])], driver=DRIVER, claim="ns/my-claim")
+    text = str(info.value)
+    assert "claim ns/my-claim" in text and "config for gpu" in text and message in text, text
+
+
+def test_other_drivers_are_ignored() -> None:
+    assert parse_allocation_config([_entry({"whatever": 1}, driver="net.example.com")], driver=DRIVER, claim="c") == []
+
+
+def test_claim_wins_over_class_and_later_over_earlier() -> None:
+    entries = parse_allocation_config(
+        [
+            _entry(_gpu("MPS"), source="FromClaim", requests=["gpu"]),
+            _entry(_gpu(timeSlicingConfig={"interval": "Short"}), source="FromClass"),
+            _entry(_gpu(timeSlicingConfig={"interval": "Long"}), source="FromClaim", requests=["gpu"]),
+        ],
+        driver=DRIVER,
+        claim="c",
+    )
+    chosen = resolve_config(entries, "gpu", "gpu", claim="c")
+    assert chosen is not None and chosen.sharing is not None
+    assert chosen.sharing.time_slicing_config is not None and chosen.sharing.time_slicing_config.interval == "Long"
+    # Another request only sees the class config (it names no request).
+    other = resolve_config(entries, "other", "gpu", claim="c")
+    assert other is not None and other.sharing is not None and other.sharing.time_slicing_config is not None
+    assert other.sharing.time_slicing_config.interval == "Short"
+
+
+def test_subrequests_match_their_parent_and_themselves() -> None:
+    entries = parse_allocation_config(
+        [_entry(_gpu("MPS"), requests=["gpu"]), _entry(_gpu(), requests=["gpu/h100"])], driver=DRIVER, claim="c"
+    )
+    h100 = resolve_config(entries, "gpu/h100", "gpu", claim="c")
+    a100 = resolve_config(entries, "gpu/a100", "gpu", claim="c")
+    assert h100 is not None and h100.sharing is not None and h100.sharing.strategy == "TimeSlicing"
+    assert a100 is not None and a100.sharing is not None and a100.sharing.strategy == "MPS"
+
+
+def test_wrong_kind_named_for_request_is_an_error() -> None:
+    entries = parse_allocation_config([_entry(_gpu(), requests=["mig"])], driver=DRIVER, claim="ns/c")
+    with pytest.raises(ConfigError, match="GpuConfig cannot configure a mig device; use MigDeviceConfig"):
+        resolve_config(entries, "mig", "mig", claim="ns/c")
+
+
+def test_unnamed_config_of_other_kind_is_skipped() -> None:
+    entries = parse_allocation_config([_entry(_gpu())], driver=DRIVER, claim="c")
+    assert resolve_config(entries, "mig", "mig", claim="c") is None
+
+
+@pytest.mark.parametrize(("text", "value"), [("10Gi", 10 * 2**30), ("512Mi", 512 * 2**20), ("1G", 10**9), ("1024", 1024)])
+def test_memory_bytes(text: str, value: int) -> None:
+    assert memory_bytes(text) == value
