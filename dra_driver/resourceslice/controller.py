@@ -1,0 +1,523 @@
+"""Keep one node's ResourceSlices of one driver equal to a desired pool, for as long as it runs.
+
+Two tasks share an in-memory copy of the node's slices:
+
+* the watcher lists them once, then watches (with bookmarks) and re-lists only when the watch
+  expired (410 Gone) or the connection was lost; it never polls;
+* the reconciler wakes on any change (debounced), plans with :func:`planner.plan` and executes
+  the plan. A reconcile that finds everything as desired writes nothing, so a steady state
+  costs no API calls at all.
+
+Slices deleted by someone else (the kubelet wipes a driver's slices when its plugin is gone,
+and all of a node's slices when it starts) or edited by hand come back within the debounce
+delay plus one round trip. Stopping the controller leaves the slices in place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import random
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import structlog
+
+from dra_driver.resourceslice.backoff import Backoff
+from dra_driver.resourceslice.dropped import describe_dropped, feature_gate_for, find_dropped
+from dra_driver.resourceslice.planner import Plan, plan
+from dra_driver.resourceslice.pool import DesiredPool, NodeOwner
+from dra_driver.resourceslice.rawapi import CONNECTION_ERRORS, ApiError, RawApi
+
+JSON = dict[str, Any]
+DroppedCallback = Callable[[frozenset[str]], Awaitable[None] | None]
+
+log = structlog.get_logger(__name__)
+
+#: After this many write rounds in a row that did not settle the pool, writes are slowed down
+#: by the backoff: something (another writer, a server default we do not know) keeps undoing
+#: them, and hammering the API server would not help.
+_MAX_EAGER_ROUNDS = 4
+
+#: ValueError: a garbled watch stream; like a lost connection, the watch position is gone.
+_WATCH_ERRORS: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, ValueError)
+_RELIST_ERRORS: tuple[type[BaseException], ...] = (ApiError, *CONNECTION_ERRORS)
+
+
+def _describe(err: BaseException) -> str:
+    """A short one-line description of a connection error for logs."""
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+class NodeNotFoundError(Exception):
+    """The Node object does not exist (yet); a node-local pool without its node is not published."""
+
+
+def field_selector(node_name: str, driver: str) -> str:
+    """The field selector for one node's slices of one driver."""
+    return f"spec.nodeName={node_name},spec.driver={driver}"
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _is_older(candidate: str, current: str) -> bool:
+    """True if resourceVersion ``candidate`` is known to precede ``current``.
+
+    resourceVersions are opaque; in practice they are etcd revisions (integers), and comparing
+    them is the only way to drop a stale watch event that arrives after our own write's result.
+    When either is not an integer nothing is assumed.
+    """
+    if candidate.isdigit() and current.isdigit():
+        return int(candidate) < int(current)
+    return False
+
+
+class SliceController:
+    """Publishes a :class:`DesiredPool` as ResourceSlices and keeps it published.
+
+    ``api`` is a ``kubernetes.aio.client.ApiClient`` (or a generated API object holding one).
+    ``require_node``: when true (the node agent case) slices are only published while the Node
+    exists, and always carry it as controlling owner so deleting the node deletes them.
+    ``on_dropped`` is called with the feature gate names whenever the API server is newly found
+    to drop fields of a feature (see :attr:`dropped_features`).
+    """
+
+    def __init__(
+        self,
+        api: Any,
+        *,
+        driver: str,
+        node_name: str,
+        field_manager: str = "dra-driver",
+        require_node: bool = True,
+        debounce: float = 0.075,
+        backoff_cap: float = 30.0,
+        watch_timeout: tuple[int, int] = (300, 600),
+        on_dropped: DroppedCallback | None = None,
+    ) -> None:
+        self.driver = driver
+        self.node_name = node_name
+        self._api = RawApi(api)
+        self._field_manager = field_manager
+        self._require_node = require_node
+        self._debounce = debounce
+        self._backoff_cap = backoff_cap
+        self._watch_timeout = watch_timeout
+        self._on_dropped = on_dropped
+        self._selector = field_selector(node_name, driver)
+        self._log = log.bind(node=node_name, driver=driver)
+
+        self._desired: DesiredPool | None = None
+        self._owner: NodeOwner | None = None
+        self._store: dict[str, JSON] = {}
+        self._listed = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._synced = asyncio.Event()
+        self._recovered = asyncio.Event()
+        self._dropped: set[str] = set()
+        self._reported: set[tuple[int, str, str]] = set()
+        self._eager_rounds = 0
+        self._generation = 0
+
+        #: API writes made so far (creates + updates + deletes); reads are not counted.
+        self.writes = 0
+
+    # ----------------------------------------------------------------- public surface
+
+    @property
+    def generation(self) -> int:
+        """Pool generation of the last plan (0 before the first reconcile)."""
+        return self._generation
+
+    @property
+    def dropped_fields(self) -> frozenset[str]:
+        """Spec field paths the API server was seen to drop, e.g. ``sharedCounters``."""
+        return frozenset(self._dropped)
+
+    @property
+    def dropped_features(self) -> frozenset[str]:
+        """Feature gates that are likely disabled, judged by the dropped fields."""
+        return frozenset(feature_gate_for(p) for p in self._dropped)
+
+    @property
+    def slices(self) -> list[JSON]:
+        """The controller's current view of this node's slices (a snapshot)."""
+        return list(self._store.values())
+
+    async def set_pool(self, desired: DesiredPool) -> None:
+        """Replace the desired pool and trigger a reconcile; inventory changes come here too."""
+        if desired.driver != self.driver or desired.node_name != self.node_name:
+            raise ValueError(
+                f"pool is for {desired.driver} on {desired.node_name}, "
+                f"controller for {self.driver} on {self.node_name}"
+            )
+        self._desired = desired
+        self._synced.clear()
+        self._wake.set()
+
+    async def wait_synced(self) -> None:
+        """Wait until the stored slices match the desired pool (wrap in ``asyncio.timeout``)."""
+        await self._synced.wait()
+
+    @property
+    def synced(self) -> bool:
+        """True while the stored slices are known to match the desired pool."""
+        return self._synced.is_set()
+
+    async def run(self) -> None:
+        """Watch and reconcile until cancelled; the slices stay in place afterwards."""
+        self._log.info("resourceslice controller starting")
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._watch_loop(), name=f"slice-watch-{self.node_name}")
+                group.create_task(self._reconcile_loop(), name=f"slice-sync-{self.node_name}")
+        finally:
+            self._log.info("resourceslice controller stopped; slices left in place")
+
+    # ----------------------------------------------------------------- watching
+
+    def _replace_store(self, items: list[JSON]) -> None:
+        self._store = {
+            str(_meta(o).get("name")): o for o in items if _meta(o).get("name") and self._is_ours(o)
+        }
+
+    def _is_ours(self, obj: Mapping[str, Any]) -> bool:
+        # The server filters by field selector already; this guards against a misbehaving proxy.
+        spec = obj.get("spec") or {}
+        return spec.get("driver") == self.driver and spec.get("nodeName") == self.node_name
+
+    def _remember(self, obj: JSON) -> None:
+        """Store a slice unless the store already holds a newer version of the same object."""
+        meta = _meta(obj)
+        name = str(meta.get("name", ""))
+        if not name:
+            return
+        if not self._is_ours(obj):
+            self._store.pop(name, None)
+            return
+        current = self._store.get(name)
+        if current is not None:
+            cur = _meta(current)
+            if cur.get("uid") == meta.get("uid") and _is_older(
+                str(meta.get("resourceVersion", "")), str(cur.get("resourceVersion", ""))
+            ):
+                return
+        self._store[name] = obj
+
+    def _forget(self, obj: Mapping[str, Any]) -> None:
+        meta = _meta(obj)
+        name = str(meta.get("name", ""))
+        current = self._store.get(name)
+        # A late DELETED event of an older incarnation must not remove a recreated slice.
+        if current is not None and _meta(current).get("uid") in (None, meta.get("uid")):
+            del self._store[name]
+
+    async def _relist(self) -> str:
+        listing = await self._api.list_slices(self._selector)
+        self._replace_store(list(listing.get("items") or []))
+        self._listed.set()
+        self._recovered.set()
+        self._wake.set()
+        return str((listing.get("metadata") or {}).get("resourceVersion", ""))
+
+    async def _watch_loop(self) -> None:
+        backoff = Backoff(cap=self._backoff_cap)
+        version: str | None = None
+        while True:
+            try:
+                if version is None:
+                    version = await self._relist()
+                    self._log.debug("listed slices", slices=len(self._store), rv=version)
+                version = await self._watch(version)
+                backoff.reset()
+            except ApiError as err:
+                version = None
+                if err.status == 410:
+                    self._log.info("watch expired, re-listing")
+                    continue
+                self._report(err)
+                await asyncio.sleep(backoff.next_delay(err.retry_after))
+            except _WATCH_ERRORS as err:
+                version = None
+                # Only the first failure of an outage is worth a warning; retries are noise.
+                level = self._log.warning if backoff.attempt == 0 else self._log.debug
+                delay = backoff.next_delay()
+                level(
+                    "lost the watch on resourceslices, will re-list",
+                    error=_describe(err),
+                    retry_in=round(delay, 2),
+                )
+                await asyncio.sleep(delay)
+
+    async def _watch(self, version: str) -> str | None:
+        """Follow one watch request; return where to resume, or None to re-list."""
+        low, high = self._watch_timeout
+        timeout = random.randint(low, high) if high > low else low
+        started = asyncio.get_running_loop().time()
+        events = 0
+        async for event in self._api.watch_slices(self._selector, version, timeout):
+            kind = event.get("type")
+            obj = event.get("object") or {}
+            if kind == "ERROR":
+                code = int(obj.get("code") or 0)
+                if code == 410:
+                    self._log.info("watch expired, re-listing")
+                    return None
+                raise ApiError(
+                    code or 500,
+                    str(obj.get("reason", "")),
+                    str(obj.get("message", "")),
+                    verb="watch",
+                    resource="resourceslices",
+                )
+            events += 1
+            version = str(_meta(obj).get("resourceVersion") or version)
+            if kind == "BOOKMARK":
+                continue
+            if kind == "DELETED":
+                self._forget(obj)
+            else:
+                self._remember(obj)
+            self._wake.set()
+        if events == 0 and asyncio.get_running_loop().time() - started < 1.0:
+            # A watch that ends at once without a word is a proxy or server misbehaving; going
+            # straight back would spin, so treat it like a lost connection.
+            raise ConnectionError("watch ended immediately")
+        return version
+
+    # ----------------------------------------------------------------- reconciling
+
+    async def _reconcile_loop(self) -> None:
+        backoff = Backoff(cap=self._backoff_cap)
+        while True:
+            await self._wake.wait()
+            # Coalesce bursts (a kubelet wiping every slice, the echoes of our own writes).
+            await asyncio.sleep(self._debounce)
+            self._wake.clear()
+            if self._desired is None or not self._listed.is_set():
+                continue
+            try:
+                if await self._reconcile_once(backoff):
+                    backoff.reset()
+                else:
+                    # Verify the result (and finish deferred steps) with a fresh plan.
+                    self._wake.set()
+            except ApiError as err:
+                self._wake.set()
+                if err.status in (404, 409):
+                    # Our view is stale: someone else changed or removed a slice.
+                    self._log.info(
+                        "conflict, re-listing", status=err.status, slice=err.name, verb=err.verb
+                    )
+                    await self._relist_quietly()
+                    delay = backoff.next_delay()
+                    if backoff.attempt > 2:
+                        # Conflicts that keep coming mean a fight with another writer.
+                        await asyncio.sleep(delay)
+                    continue
+                self._report(err)
+                delay = backoff.next_delay(err.retry_after)
+                if err.status == 429 or err.status >= 500:
+                    await self._pause(delay)
+                else:
+                    await asyncio.sleep(delay)
+            except NodeNotFoundError:
+                self._wake.set()
+                level = self._log.warning if backoff.attempt == 0 else self._log.debug
+                delay = backoff.next_delay()
+                level(
+                    "node object not found, not publishing slices until it exists",
+                    retry_in=round(delay, 2),
+                )
+                await asyncio.sleep(delay)
+            except CONNECTION_ERRORS as err:
+                self._wake.set()
+                level = self._log.warning if backoff.attempt == 0 else self._log.debug
+                delay = backoff.next_delay()
+                level("cannot reach the API server", error=_describe(err), retry_in=round(delay, 2))
+                await self._pause(delay)
+
+    async def _pause(self, delay: float) -> None:
+        """Back off for ``delay``, but stop early once the watcher has reached the server again.
+
+        Both tasks back off independently during an outage; whichever gets through first should
+        not leave the other asleep for up to half a minute.
+        """
+        self._recovered.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay):
+                await self._recovered.wait()
+
+    async def _relist_quietly(self) -> None:
+        try:
+            await self._relist()
+        except _RELIST_ERRORS as err:
+            # The watcher notices the same trouble and re-lists on its own.
+            self._log.debug("re-list after conflict failed", error=repr(err))
+
+    def _plan(self) -> Plan:
+        assert self._desired is not None
+        return plan(list(self._store.values()), self._desired, self._owner, self._dropped)
+
+    async def _reconcile_once(self, backoff: Backoff) -> bool:
+        """Make one round of writes; True when nothing needed to be written."""
+        result = self._plan()
+        self._generation = result.generation
+        if result.empty:
+            self._eager_rounds = 0
+            if not self._synced.is_set():
+                self._log.info(
+                    "pool published", generation=result.generation, slices=len(self._store)
+                )
+            self._synced.set()
+            return True
+        self._synced.clear()
+        owner = await self._lookup_owner()
+        if owner != self._owner:
+            self._owner = owner
+            result = self._plan()
+            self._generation = result.generation
+        self._eager_rounds += 1
+        if self._eager_rounds > _MAX_EAGER_ROUNDS:
+            delay = backoff.next_delay()
+            self._log.warning(
+                "pool does not settle; something keeps changing the slices",
+                rounds=self._eager_rounds,
+                retry_in=round(delay, 2),
+            )
+            await asyncio.sleep(delay)
+        await self._execute(result)
+        return False
+
+    async def _lookup_owner(self) -> NodeOwner | None:
+        """The Node's identity for the ownerReference, fetched before every round of writes.
+
+        Fetching it per round (and not once) means a Node deleted and recreated under the same
+        name gets slices owned by the new object, instead of slices the garbage collector
+        deletes again at once.
+        """
+        try:
+            node = await self._api.get_node(self.node_name)
+        except ApiError as err:
+            if err.status == 404 and self._require_node:
+                raise NodeNotFoundError(self.node_name) from err
+            if err.status in (403, 404):
+                if err.status == 403:
+                    self._report(err)
+                return None  # publish without an owner rather than not at all
+            raise
+        uid = _meta(node).get("uid")
+        return NodeOwner(name=self.node_name, uid=str(uid)) if uid else None
+
+    async def _execute(self, result: Plan) -> None:
+        self._log.info(
+            "publishing pool",
+            generation=result.generation,
+            creates=len(result.creates),
+            updates=len(result.updates),
+            deletes=len(result.deletes),
+        )
+        dropped: dict[str, str] = {}  # field path -> first slice it was dropped from
+        try:
+            for body in result.creates:
+                self.writes += 1
+                stored = await self._api.create_slice(body, self._field_manager)
+                self._after_write(body, stored, dropped)
+            for body in result.updates:
+                self.writes += 1
+                stored = await self._api.replace_slice(body, self._field_manager)
+                self._after_write(body, stored, dropped)
+        finally:
+            # Reported once per round, grouped by feature gate, even if a later write failed.
+            await self._report_dropped(dropped)
+        for name in result.deletes:
+            uid = _meta(self._store.get(name) or {}).get("uid")
+            self.writes += 1
+            await self._api.delete_slice(name, str(uid) if uid else None)
+            self._store.pop(name, None)
+            self._log.debug("deleted slice", slice=name)
+
+    def _after_write(self, sent: JSON, stored: JSON, dropped: dict[str, str]) -> None:
+        name = str(_meta(stored).get("name", ""))
+        self._log.debug("wrote slice", slice=name, rv=_meta(stored).get("resourceVersion"))
+        self._remember(stored)
+        for path in find_dropped(sent.get("spec") or {}, stored.get("spec") or {}):
+            if path not in self._dropped:
+                dropped.setdefault(path, name)
+
+    async def _report_dropped(self, dropped: Mapping[str, str]) -> None:
+        """Warn once about newly dropped fields; from now on compare without them."""
+        if not dropped:
+            return
+        self._dropped |= set(dropped)
+        for gate, paths in describe_dropped(dropped).items():
+            self._log.warning(
+                "the API server dropped fields from the slices; the feature gate is probably "
+                "disabled, publishing without these fields",
+                feature_gate=gate,
+                fields=paths,
+                slice=dropped[paths[0]],
+            )
+        if self._on_dropped is not None:
+            outcome = self._on_dropped(frozenset(feature_gate_for(p) for p in dropped))
+            if inspect.isawaitable(outcome):
+                await outcome
+
+    def _report(self, err: ApiError) -> None:
+        """Log an API error clearly; the same kind of failure is logged loudly only once."""
+        key = (err.status, err.verb, err.name or "")
+        first = key not in self._reported
+        self._reported.add(key)
+        if err.status == 403:
+            if first:
+                self._log.error(
+                    f"forbidden: this service account may not {err.verb} {err.resource}; "
+                    "grant the verb in the driver's ClusterRole",
+                    verb=err.verb,
+                    resource=err.resource,
+                    message=err.message,
+                )
+            return
+        if err.status in (400, 422):
+            self._log.error(
+                "the API server rejected a slice",
+                slice=err.name,
+                verb=err.verb,
+                status=err.status,
+                message=err.message,
+            )
+            return
+        level = self._log.warning if first else self._log.debug
+        level(
+            "API request failed, backing off",
+            verb=err.verb,
+            resource=err.resource,
+            slice=err.name,
+            status=err.status,
+            message=err.message,
+        )
+
+
+async def delete_pool_slices(api: Any, node_name: str, driver: str) -> int:
+    """Delete every ResourceSlice of ``driver`` on ``node_name``; return how many were deleted.
+
+    For explicit cleanup (``dra-driver cleanup --node-name N``); a stopping controller never
+    deletes its slices, so a restart does not make the node's devices vanish from the scheduler.
+    """
+    raw = RawApi(api)
+    listing = await raw.list_slices(field_selector(node_name, driver))
+    deleted = 0
+    for obj in listing.get("items") or []:
+        spec = obj.get("spec") or {}
+        if spec.get("driver") != driver or spec.get("nodeName") != node_name:
+            continue
+        meta = _meta(obj)
+        if await raw.delete_slice(str(meta.get("name")), meta.get("uid")):
+            deleted += 1
+            log.info("deleted slice", node=node_name, driver=driver, slice=meta.get("name"))
+    return deleted

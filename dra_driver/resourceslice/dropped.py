@@ -1,0 +1,74 @@
+"""Detect fields the API server silently dropped, and name the feature gate that is likely off.
+
+When a feature gate such as DRAPartitionableDevices is disabled, the API server accepts a
+ResourceSlice but removes the fields that belong to the feature. The only way to notice is to
+compare what was sent with what was stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from dra_driver.resourceslice.normalize import NAMED_MAPS, normalize_spec
+
+#: Field path (as produced by :func:`find_dropped`) -> the feature gate that guards it.
+FEATURE_GATES: Mapping[str, str] = {
+    "sharedCounters": "DRAPartitionableDevices",
+    "perDeviceNodeSelection": "DRAPartitionableDevices",
+    "devices[].consumesCounters": "DRAPartitionableDevices",
+    "devices[].nodeName": "DRAPartitionableDevices",
+    "devices[].nodeSelector": "DRAPartitionableDevices",
+    "devices[].allNodes": "DRAPartitionableDevices",
+    "devices[].taints": "DRADeviceTaints",
+    "devices[].allowMultipleAllocations": "DRAConsumableCapacity",
+    "devices[].capacity.*.requestPolicy": "DRAConsumableCapacity",
+    "devices[].bindsToNode": "DRADeviceBindingConditions",
+    "devices[].bindingConditions": "DRADeviceBindingConditions",
+    "devices[].bindingFailureConditions": "DRADeviceBindingConditions",
+}
+
+UNKNOWN_GATE = "unknown (is the API server older than this driver?)"
+
+
+def feature_gate_for(path: str) -> str:
+    """Name the feature gate that most likely caused ``path`` to be dropped."""
+    return FEATURE_GATES.get(path, UNKNOWN_GATE)
+
+
+def _walk(sent: Any, stored: Any, path: str, parent_key: str, found: set[str]) -> None:
+    if isinstance(sent, dict):
+        if not isinstance(stored, dict):
+            return
+        for key, value in sent.items():
+            token = "*" if parent_key in NAMED_MAPS else key
+            child_path = f"{path}.{token}" if path else token
+            if key not in stored:
+                found.add(child_path)
+                continue
+            _walk(value, stored[key], child_path, key, found)
+    elif isinstance(sent, list) and isinstance(stored, list) and len(sent) == len(stored):
+        # Lists the server keeps in order (devices, counter sets); a length mismatch is not a
+        # dropped field but a different object, so it is not reported.
+        for sent_item, stored_item in zip(sent, stored, strict=True):
+            _walk(sent_item, stored_item, path + "[]", parent_key, found)
+
+
+def find_dropped(sent_spec: Mapping[str, Any], stored_spec: Mapping[str, Any]) -> frozenset[str]:
+    """Return the field paths present in ``sent_spec`` but missing from ``stored_spec``.
+
+    Both specs are normalised first, so empty or false optional fields and server defaults never
+    count. Paths use ``[]`` for list elements and ``*`` for keys of attribute, capacity and
+    counter maps, e.g. ``devices[].capacity.*.requestPolicy``.
+    """
+    found: set[str] = set()
+    _walk(normalize_spec(sent_spec), normalize_spec(stored_spec), "", "", found)
+    return frozenset(found)
+
+
+def describe_dropped(paths: Iterable[str]) -> dict[str, list[str]]:
+    """Group dropped field paths by the feature gate that likely caused them."""
+    by_gate: dict[str, list[str]] = {}
+    for path in sorted(paths):
+        by_gate.setdefault(feature_gate_for(path), []).append(path)
+    return by_gate

@@ -1,0 +1,137 @@
+"""Canonical forms of ResourceSlice specs, so that what we send compares equal to what is stored.
+
+The API server re-serialises quantities (``1024Mi`` comes back as ``1Gi``), omits empty and
+false optional fields, and stamps ``timeAdded`` on device taints. Comparing raw JSON would see a
+difference on every reconcile and rewrite slices forever; comparing normalised specs does not.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterable, Mapping
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+JSON = dict[str, Any]
+
+#: Maps keyed by user-chosen names; a path pattern writes one of their keys as ``*``.
+NAMED_MAPS = frozenset({"attributes", "capacity", "counters"})
+
+#: Subtrees whose string leaves are resource quantities.
+_QUANTITY_SUBTREES = frozenset({"capacity", "counters"})
+
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "": Decimal(1),
+    "k": Decimal("1e3"),
+    "M": Decimal("1e6"),
+    "G": Decimal("1e9"),
+    "T": Decimal("1e12"),
+    "P": Decimal("1e15"),
+    "E": Decimal("1e18"),
+}
+_QUANTITY_RE = re.compile(
+    r"^(?P<num>[+-]?(?:\d+\.?\d*|\.\d+))(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?$"
+)
+
+
+def parse_quantity(text: str) -> Decimal | None:
+    """Return the numeric value of a Kubernetes quantity string, or None if it is not one."""
+    match = _QUANTITY_RE.match(text.strip())
+    if match is None:
+        return None
+    try:
+        number = Decimal(match["num"])
+    except InvalidOperation:
+        return None
+    suffix = match["suffix"] or ""
+    if suffix in _BINARY:
+        return number * _BINARY[suffix]
+    if suffix in _DECIMAL:
+        return number * _DECIMAL[suffix]
+    return number * (Decimal(10) ** int(suffix[1:]))
+
+
+def _is_empty(value: Any, *, keep_false: bool) -> bool:
+    if value is None:
+        return True
+    if value is False:
+        return not keep_false
+    return isinstance(value, (dict, list)) and not value
+
+
+def _normalize(value: Any, key: str, in_quantities: bool, in_attributes: bool) -> Any:
+    if isinstance(value, Mapping):
+        out: JSON = {}
+        for k, v in value.items():
+            if key == "taints" and k == "timeAdded":
+                # The server stamps the time a taint was added; it is not ours to compare.
+                continue
+            child = _normalize(
+                v,
+                k,
+                in_quantities or k in _QUANTITY_SUBTREES,
+                in_attributes or k == "attributes",
+            )
+            if not _is_empty(child, keep_false=in_attributes):
+                out[k] = child
+        return out
+    if isinstance(value, list):
+        return [_normalize(v, key, in_quantities, in_attributes) for v in value]
+    if in_quantities and isinstance(value, str):
+        parsed = parse_quantity(value)
+        if parsed is not None:
+            return parsed.normalize()
+    return value
+
+
+def normalize_spec(spec: Mapping[str, Any]) -> JSON:
+    """Return a canonical copy of a ResourceSlice spec for equality comparison.
+
+    Quantities become Decimals, empty and false optional fields disappear (except boolean
+    attribute values, which carry meaning), and taint timestamps are ignored.
+    """
+    result = _normalize(spec, "", False, False)
+    assert isinstance(result, dict)
+    return result
+
+
+def _strip(value: Any, tokens: list[str]) -> None:
+    if not tokens or not isinstance(value, dict):
+        return
+    head, rest = tokens[0], tokens[1:]
+    each = head.endswith("[]")
+    name = head[:-2] if each else head
+    targets: Iterable[Any]
+    if name == "*":
+        targets = list(value.values())
+        if not rest:
+            value.clear()
+            return
+    elif name not in value:
+        return
+    elif not rest and not each:
+        del value[name]
+        return
+    else:
+        targets = [value[name]]
+    for target in targets:
+        items = target if each and isinstance(target, list) else [target]
+        for item in items:
+            _strip(item, rest)
+
+
+def strip_paths(spec: Mapping[str, Any], paths: Iterable[str]) -> JSON:
+    """Return a deep-enough copy of ``spec`` without the fields named by ``paths``.
+
+    A path is dot-separated; ``name[]`` descends into every element of a list and ``*`` into
+    every value of a map, e.g. ``devices[].capacity.*.requestPolicy``.
+    """
+    out = copy.deepcopy(dict(spec))
+    for path in paths:
+        _strip(out, path.split("."))
+    return out

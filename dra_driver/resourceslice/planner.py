@@ -1,0 +1,239 @@
+"""Decide which ResourceSlice writes turn the stored state of a pool into the desired one.
+
+Pure: no I/O, no clock. The controller feeds it the slices it watches and executes the result.
+
+Slice ``i`` of a pool has the deterministic name ``slice_name(node, driver, i)``. Stored slices
+are matched to desired indices by that name first, then (for slices named differently, e.g. by an
+older naming scheme) by content, so an old slice with the right content is kept rather than
+replaced. Everything of this node and driver that matches no index is deleted.
+
+Pool generation rules (what the scheduler needs to see a consistent pool):
+
+* first publish: generation 1;
+* nothing changed: same generation, no writes;
+* exactly one slice differs or is missing, the number of slices stays the same and every other
+  slice already belongs to the current generation: that one slice is written at the same
+  generation, so the pool never looks incomplete or mixed;
+* anything else (several slices change, slices added or removed, a mixed pool): generation + 1
+  and every slice is written.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dra_driver.resourceslice.normalize import normalize_spec, strip_paths
+from dra_driver.resourceslice.pool import DesiredPool, NodeOwner, render_slice, slice_name
+
+JSON = dict[str, Any]
+
+
+@dataclass
+class Plan:
+    """Writes to execute, in order: ``creates``, then ``updates``, then ``deletes``.
+
+    New-generation slices come first and obsolete ones last, so the pool is incomplete for as
+    short a time as possible.
+    """
+
+    creates: list[JSON] = field(default_factory=list)
+    updates: list[JSON] = field(default_factory=list)
+    deletes: list[str] = field(default_factory=list)
+    generation: int = 0
+
+    @property
+    def empty(self) -> bool:
+        """True when the stored state already matches: nothing to write."""
+        return not (self.creates or self.updates or self.deletes)
+
+    @property
+    def writes(self) -> int:
+        """Number of API writes executing this plan takes."""
+        return len(self.creates) + len(self.updates) + len(self.deletes)
+
+
+def _spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    spec = obj.get("spec")
+    return spec if isinstance(spec, Mapping) else {}
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("name", ""))
+
+
+def _pool_field(obj: Mapping[str, Any], key: str) -> Any:
+    pool = _spec(obj).get("pool")
+    return pool.get(key) if isinstance(pool, Mapping) else None
+
+
+def _generation(obj: Mapping[str, Any]) -> int:
+    value = _pool_field(obj, "generation")
+    return value if isinstance(value, int) else 0
+
+
+def _content(spec: Mapping[str, Any], ignored: Iterable[str]) -> JSON:
+    """Normalised spec without the generation bookkeeping: what a slice *says*."""
+    stripped = strip_paths(spec, ignored)
+    pool = dict(stripped.get("pool") or {})
+    pool.pop("generation", None)
+    pool.pop("resourceSliceCount", None)
+    stripped["pool"] = pool
+    return normalize_spec(stripped)
+
+
+def _owned_by(obj: Mapping[str, Any], owner: NodeOwner) -> bool:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return any(
+        ref.get("kind") == "Node"
+        and ref.get("name") == owner.name
+        and ref.get("uid") == owner.uid
+        and ref.get("controller") is True
+        for ref in refs
+    )
+
+
+def _metadata_current(existing: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
+    meta = existing.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    wanted_labels = (wanted.get("metadata") or {}).get("labels") or {}
+    return all(labels.get(k) == v for k, v in wanted_labels.items())
+
+
+def _update_body(existing: Mapping[str, Any], wanted: JSON, owner: NodeOwner | None) -> JSON:
+    """A PUT body: the wanted object carrying the stored object's identity and foreign metadata.
+
+    Labels, annotations and owner references set by others are kept; ``resourceVersion`` makes
+    the update fail with a conflict if the slice changed since it was observed.
+    """
+    old = existing.get("metadata") or {}
+    new_meta = wanted["metadata"]
+    meta: JSON = {"name": new_meta["name"]}
+    for key in ("resourceVersion", "uid", "annotations", "finalizers"):
+        if key in old:
+            meta[key] = copy.deepcopy(old[key])
+    labels = dict(old.get("labels") or {})
+    labels.update(new_meta.get("labels") or {})
+    if labels:
+        meta["labels"] = labels
+    refs = [dict(r) for r in old.get("ownerReferences") or []]
+    if owner is not None:
+        # Replace any stale controller reference to the node (e.g. a recreated Node) with ours.
+        refs = [r for r in refs if not (r.get("kind") == "Node" and r.get("controller"))]
+        refs.extend(new_meta.get("ownerReferences") or [])
+    if refs:
+        meta["ownerReferences"] = refs
+    return {**wanted, "metadata": meta}
+
+
+def _is_ours(obj: Mapping[str, Any], desired: DesiredPool) -> bool:
+    spec = _spec(obj)
+    return spec.get("driver") == desired.driver and spec.get("nodeName") == desired.node_name
+
+
+def _match(
+    ours: Sequence[Mapping[str, Any]],
+    desired: DesiredPool,
+    wanted_content: Sequence[JSON],
+    ignored: frozenset[str],
+) -> dict[int, Mapping[str, Any]]:
+    """Assign stored slices to desired indices; unassigned stored slices are leftovers."""
+    canonical = {
+        slice_name(desired.node_name, desired.driver, i): i for i in range(len(wanted_content))
+    }
+    assigned: dict[int, Mapping[str, Any]] = {}
+    used: set[int] = set()
+    for pos, obj in enumerate(ours):
+        index = canonical.get(_name(obj))
+        if index is not None and _pool_field(obj, "name") == desired.pool_name:
+            assigned[index] = obj
+            used.add(pos)
+    # Adopt differently named slices whose content is already right (older naming, duplicates):
+    # keeping one costs nothing, replacing it would cost a create and a delete.
+    by_generation = sorted(
+        (pos for pos in range(len(ours)) if pos not in used and _name(ours[pos]) not in canonical),
+        key=lambda pos: -_generation(ours[pos]),
+    )
+    for index, content in enumerate(wanted_content):
+        if index in assigned:
+            continue
+        for pos in by_generation:
+            if pos not in used and _content(_spec(ours[pos]), ignored) == content:
+                assigned[index] = ours[pos]
+                used.add(pos)
+                break
+    return assigned
+
+
+def plan(
+    existing: Sequence[Mapping[str, Any]],
+    desired: DesiredPool,
+    owner: NodeOwner | None,
+    ignored_fields: Iterable[str] = (),
+) -> Plan:
+    """Compute the writes that make ``existing`` match ``desired``.
+
+    ``existing`` is what the API server holds; slices of other drivers or nodes are ignored.
+    ``owner``, when given, must be the controller owner reference of every slice.
+    ``ignored_fields`` are spec paths the API server is known to drop (see
+    :mod:`dra_driver.resourceslice.dropped`); they are left out of every comparison so a pool
+    the server cannot store exactly does not cause endless updates.
+    """
+    ignored = frozenset(ignored_fields)
+    ours = sorted((obj for obj in existing if _is_ours(obj, desired)), key=_name)
+    same_pool = [obj for obj in ours if _pool_field(obj, "name") == desired.pool_name]
+    current = max((_generation(obj) for obj in same_pool), default=0)
+    count = len(desired.slices)
+
+    rendered = [render_slice(desired, i, 1, owner) for i in range(count)]
+    wanted_content = [_content(obj["spec"], ignored) for obj in rendered]
+    assigned = _match(ours, desired, wanted_content, ignored)
+    leftovers = sorted(_name(obj) for obj in ours if all(obj is not a for a in assigned.values()))
+
+    def consistent(obj: Mapping[str, Any]) -> bool:
+        return _generation(obj) == current and _pool_field(obj, "resourceSliceCount") == count
+
+    changed = [
+        i
+        for i in range(count)
+        if i not in assigned or _content(_spec(assigned[i]), ignored) != wanted_content[i]
+    ]
+    others_consistent = all(consistent(obj) for i, obj in assigned.items() if i not in changed)
+    # Adding or removing slices changes resourceSliceCount, which every slice carries.
+    same_size = {
+        _pool_field(obj, "resourceSliceCount") for obj in same_pool if _generation(obj) == current
+    } == {count}
+
+    if not same_pool and not ours:
+        generation = 1 if count else 0
+    elif current > 0 and len(changed) <= 1 and others_consistent and same_size:
+        generation = current
+    else:
+        generation = current + 1
+    result = Plan(generation=generation if count else current)
+
+    for i in range(count):
+        wanted = render_slice(desired, i, generation, owner)
+        obj = assigned.get(i)
+        if obj is None:
+            if wanted["metadata"]["name"] not in leftovers:
+                result.creates.append(wanted)
+            # else: a slice of that name must go first (its pool name cannot be changed); the
+            # create follows on the next reconcile, once the delete has been observed.
+            continue
+        needs_write = (
+            i in changed
+            or not consistent(obj)
+            or generation != current
+            or (owner is not None and not _owned_by(obj, owner))
+            or not _metadata_current(obj, wanted)
+        )
+        if needs_write:
+            # An adopted slice keeps its own name: renaming would be a create plus a delete.
+            wanted["metadata"]["name"] = _name(obj)
+            result.updates.append(_update_body(obj, wanted, owner))
+    result.deletes = leftovers
+    return result

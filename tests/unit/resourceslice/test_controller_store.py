@@ -1,0 +1,99 @@
+"""The controller's view of stored slices: stale watch events never overwrite newer writes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dra_driver.resourceslice.controller import SliceController, _is_older, field_selector
+from dra_driver.resourceslice.pool import DesiredPool
+
+JSON = dict[str, Any]
+
+
+def obj(name: str, rv: str, uid: str = "u1", node: str = "n", driver: str = "d") -> JSON:
+    return {
+        "metadata": {"name": name, "resourceVersion": rv, "uid": uid},
+        "spec": {"driver": driver, "nodeName": node},
+    }
+
+
+@pytest.fixture
+def controller() -> SliceController:
+    return SliceController(None, driver="d", node_name="n")
+
+
+def test_field_selector() -> None:
+    assert field_selector("node-1", "gpu.dra.dev") == "spec.nodeName=node-1,spec.driver=gpu.dra.dev"
+
+
+@pytest.mark.parametrize(
+    ("candidate", "current", "older"),
+    [("5", "7", True), ("7", "7", False), ("9", "7", False), ("abc", "7", False), ("", "7", False)],
+)
+def test_is_older(candidate: str, current: str, older: bool) -> None:
+    assert _is_older(candidate, current) is older
+
+
+def test_stale_event_does_not_replace_a_newer_write(controller: SliceController) -> None:
+    controller._remember(obj("s", "10"))
+    controller._remember(obj("s", "8"))
+    assert controller.slices[0]["metadata"]["resourceVersion"] == "10"
+    controller._remember(obj("s", "12"))
+    assert controller.slices[0]["metadata"]["resourceVersion"] == "12"
+
+
+def test_late_delete_of_an_older_incarnation_is_ignored(controller: SliceController) -> None:
+    controller._remember(obj("s", "20", uid="new"))
+    controller._forget(obj("s", "15", uid="old"))
+    assert [o["metadata"]["uid"] for o in controller.slices] == ["new"]
+    controller._forget(obj("s", "21", uid="new"))
+    assert controller.slices == []
+
+
+def test_foreign_slices_are_not_stored(controller: SliceController) -> None:
+    controller._remember(obj("a", "1", node="other"))
+    controller._remember(obj("b", "1", driver="other"))
+    controller._replace_store([obj("c", "1"), obj("d", "1", node="other")])
+    assert [o["metadata"]["name"] for o in controller.slices] == ["c"]
+
+
+async def test_set_pool_rejects_a_pool_of_another_node(controller: SliceController) -> None:
+    with pytest.raises(ValueError, match="controller for d on n"):
+        await controller.set_pool(DesiredPool("d", "x", "x"))
+    await controller.set_pool(DesiredPool("d", "n", "n"))
+    assert not controller.synced
+
+
+def test_forbidden_is_logged_once_naming_verb_and_resource(controller: SliceController) -> None:
+    from structlog.testing import capture_logs
+
+    from dra_driver.resourceslice.rawapi import ApiError
+
+    err = ApiError(403, "Forbidden", "nope", verb="list", resource="resourceslices")
+    with capture_logs() as logs:
+        controller._report(err)
+        controller._report(err)
+    errors = [entry for entry in logs if entry["log_level"] == "error"]
+    assert len(errors) == 1
+    assert "may not list resourceslices" in errors[0]["event"]
+
+
+def test_invalid_slice_is_logged_with_its_name(controller: SliceController) -> None:
+    from structlog.testing import capture_logs
+
+    from dra_driver.resourceslice.rawapi import ApiError
+
+    err = ApiError(
+        422,
+        "Invalid",
+        "spec.devices[0].name: Invalid value",
+        verb="create",
+        resource="resourceslices",
+        name="n-d-0",
+    )
+    with capture_logs() as logs:
+        controller._report(err)
+    assert logs[0]["slice"] == "n-d-0"
+    assert "Invalid value" in logs[0]["message"]

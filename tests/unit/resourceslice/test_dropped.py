@@ -1,0 +1,143 @@
+"""Dropped-field detection and spec normalisation (pure functions)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from dra_driver.resourceslice.dropped import (
+    UNKNOWN_GATE,
+    describe_dropped,
+    feature_gate_for,
+    find_dropped,
+)
+from dra_driver.resourceslice.normalize import normalize_spec, parse_quantity, strip_paths
+
+JSON = dict[str, Any]
+
+
+def full_spec() -> JSON:
+    return {
+        "driver": "gpu.dra.dev",
+        "nodeName": "n",
+        "pool": {"name": "n", "generation": 1, "resourceSliceCount": 2},
+        "devices": [
+            {
+                "name": "gpu-0",
+                "attributes": {"index": {"int": 0}, "migCapable": {"bool": False}},
+                "capacity": {
+                    "memory": {
+                        "value": "80Gi",
+                        "requestPolicy": {"default": "1Gi", "validRange": {"min": "1Gi"}},
+                    }
+                },
+                "consumesCounters": [{"counterSet": "gpu-0", "counters": {"sm": {"value": "7"}}}],
+                "taints": [{"key": "gpu.dra.dev/unhealthy", "effect": "NoSchedule"}],
+                "allowMultipleAllocations": True,
+                "bindingConditions": ["ready"],
+                "bindingFailureConditions": ["failed"],
+            }
+        ],
+    }
+
+
+def without(spec: JSON, *paths: str) -> JSON:
+    return strip_paths(spec, paths)
+
+
+@pytest.mark.parametrize(
+    ("paths", "gate"),
+    [
+        (["devices[].consumesCounters"], "DRAPartitionableDevices"),
+        (["devices[].taints"], "DRADeviceTaints"),
+        (["devices[].allowMultipleAllocations"], "DRAConsumableCapacity"),
+        (["devices[].capacity.*.requestPolicy"], "DRAConsumableCapacity"),
+        (
+            ["devices[].bindingConditions", "devices[].bindingFailureConditions"],
+            "DRADeviceBindingConditions",
+        ),
+    ],
+)
+def test_dropped_device_fields_name_their_feature_gate(paths: list[str], gate: str) -> None:
+    sent = full_spec()
+    found = find_dropped(sent, without(sent, *paths))
+    assert found == frozenset(paths)
+    assert {feature_gate_for(p) for p in found} == {gate}
+
+
+def test_dropped_shared_counters() -> None:
+    sent = {
+        "driver": "d",
+        "nodeName": "n",
+        "pool": {"name": "n", "generation": 1, "resourceSliceCount": 1},
+        "sharedCounters": [{"name": "gpu-0", "counters": {"sm": {"value": "7"}}}],
+    }
+    stored = without(sent, "sharedCounters")
+    assert find_dropped(sent, stored) == {"sharedCounters"}
+    assert describe_dropped({"sharedCounters"}) == {"DRAPartitionableDevices": ["sharedCounters"]}
+
+
+def test_nothing_dropped_when_the_server_only_canonicalises() -> None:
+    sent = full_spec()
+    stored = full_spec()
+    dev = stored["devices"][0]
+    dev["capacity"]["memory"]["value"] = "81920Mi"
+    dev["taints"][0]["timeAdded"] = "2025-01-01T00:00:00Z"
+    assert find_dropped(sent, stored) == frozenset()
+
+
+def test_empty_or_false_optional_fields_are_not_reported() -> None:
+    sent = {"devices": [{"name": "a", "taints": [], "allowMultipleAllocations": False}]}
+    stored = {"devices": [{"name": "a"}]}
+    assert find_dropped(sent, stored) == frozenset()
+
+
+def test_unknown_field_has_an_unknown_gate() -> None:
+    sent = {"devices": [{"name": "a", "futureThing": {"x": 1}}]}
+    assert find_dropped(sent, {"devices": [{"name": "a"}]}) == {"devices[].futureThing"}
+    assert feature_gate_for("devices[].futureThing") == UNKNOWN_GATE
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("80Gi", Decimal(80 * 2**30)),
+        ("81920Mi", Decimal(80 * 2**30)),
+        ("1.5k", Decimal(1500)),
+        ("500m", Decimal("0.5")),
+        ("1e3", Decimal(1000)),
+        ("7", Decimal(7)),
+        ("H100", None),
+        ("", None),
+    ],
+)
+def test_parse_quantity(text: str, value: Decimal | None) -> None:
+    assert parse_quantity(text) == value
+
+
+def test_normalize_keeps_false_attributes_and_drops_empty_fields() -> None:
+    spec = {
+        "devices": [
+            {
+                "name": "a",
+                "attributes": {"x": {"bool": False}},
+                "taints": [],
+                "bindsToNode": False,
+                "capacity": {"m": {"value": "1024Mi"}},
+            }
+        ]
+    }
+    assert normalize_spec(spec) == {
+        "devices": [
+            {"name": "a", "attributes": {"x": {"bool": False}}, "capacity": {"m": {"value": 2**30}}}
+        ]
+    }
+
+
+def test_strip_paths_leaves_the_input_alone() -> None:
+    spec = full_spec()
+    stripped = strip_paths(spec, ["devices[].capacity.*.requestPolicy", "nope.deeper"])
+    assert "requestPolicy" not in stripped["devices"][0]["capacity"]["memory"]
+    assert "requestPolicy" in spec["devices"][0]["capacity"]["memory"]
