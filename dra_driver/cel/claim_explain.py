@@ -1,0 +1,379 @@
+"""Why a ResourceClaim does not allocate: pure functions over the claim, classes, slices, claims.
+
+For each (sub)request: per pool, how many devices each selector leaves (class selectors first,
+then the request's, as the scheduler applies them), which of those are allocated to other
+claims, and what is left. Then what blocks: a count larger than any pool can offer, an ``All``
+request with busy devices, CEL errors, a class that does not exist, and the claim's constraints
+(``matchAttribute`` without a value all requests can share, ``distinctAttribute`` with too few
+distinct values). Devices of one allocation come from one node, so pools are judged one by one.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dra_driver.cel.environment import Verdict, device_variables, split_name
+from dra_driver.cel.errors import EvalError
+from dra_driver.cel.match import (
+    Device,
+    Request,
+    Selector,
+    claim_requests,
+    claim_spec,
+    class_selectors,
+    match_device,
+    slice_devices,
+)
+
+JSON = dict[str, Any]
+
+
+def object_key(obj: Mapping[str, Any]) -> str:
+    """``namespace/name`` of an object."""
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def allocated_devices(claims: Iterable[Mapping[str, Any]], skip: str = "") -> dict[str, str]:
+    """Device id (``driver/pool/device``) -> the claim (``ns/name``) it is allocated to."""
+    owners: dict[str, str] = {}
+    for claim in claims:
+        key = object_key(claim)
+        if key == skip:
+            continue
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        for result in (allocation.get("devices") or {}).get("results") or []:
+            device_id = f"{result.get('driver')}/{result.get('pool')}/{result.get('device')}"
+            owners.setdefault(device_id, key)
+    return owners
+
+
+@dataclass
+class PoolReport:
+    """One pool's devices as seen by one request."""
+
+    driver: str
+    pool: str
+    node: str
+    devices: int
+    #: (selector origin, expression, devices left after it), cumulative.
+    steps: list[tuple[str, str, int]] = field(default_factory=list)
+    matching: list[str] = field(default_factory=list)
+    busy: dict[str, str] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def available(self) -> list[str]:
+        """Matching devices not allocated to another claim."""
+        return [d for d in self.matching if d not in self.busy]
+
+    def to_json(self) -> JSON:
+        """A JSON-ready dict."""
+        return {
+            "driver": self.driver,
+            "pool": self.pool,
+            "node": self.node,
+            "devices": self.devices,
+            "selectors": [{"origin": o, "expression": e, "remaining": n} for o, e, n in self.steps],
+            "matching": self.matching,
+            "allocatedToOthers": self.busy,
+            "available": self.available,
+            "errors": self.errors,
+        }
+
+
+@dataclass
+class RequestReport:
+    """One (sub)request: its class, count, per-pool results and what blocks it."""
+
+    name: str
+    device_class: str
+    count: int
+    all_devices: bool
+    class_found: bool
+    pools: list[PoolReport] = field(default_factory=list)
+    blocking: list[str] = field(default_factory=list)
+
+    @property
+    def satisfiable_pools(self) -> list[PoolReport]:
+        """Pools with enough available devices for this request alone."""
+        return [p for p in self.pools if _enough(self, p)]
+
+    def to_json(self) -> JSON:
+        """A JSON-ready dict."""
+        return {
+            "name": self.name,
+            "deviceClassName": self.device_class,
+            "classFound": self.class_found,
+            "allocationMode": "All" if self.all_devices else "ExactCount",
+            "count": self.count,
+            "pools": [p.to_json() for p in self.pools],
+            "blocking": self.blocking,
+        }
+
+
+@dataclass
+class ClaimReport:
+    """The whole explanation of one claim."""
+
+    claim: str
+    allocated: list[str]
+    requests: list[RequestReport]
+    constraints: list[str] = field(default_factory=list)
+    #: firstAvailable requests: request name -> its subrequest names, in preference order.
+    alternatives: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def blocking(self) -> list[str]:
+        """Every blocking reason, prefixed with its request (constraints last)."""
+        out = []
+        for request in self.requests:
+            out += [f"request {request.name}: {b}" for b in request.blocking]
+        return out + self.constraints
+
+    def to_json(self) -> JSON:
+        """A JSON-ready dict."""
+        return {
+            "claim": self.claim,
+            "allocated": self.allocated,
+            "requests": [r.to_json() for r in self.requests],
+            "firstAvailable": self.alternatives,
+            "constraints": self.constraints,
+            "blocking": self.blocking,
+        }
+
+
+def _enough(request: RequestReport, pool: PoolReport) -> bool:
+    if request.all_devices:
+        return bool(pool.matching) and not pool.busy and not pool.errors
+    return len(pool.available) >= request.count
+
+
+def explain_request(
+    request: Request,
+    classes: Mapping[str, Mapping[str, Any]],
+    devices: Sequence[Device],
+    busy: Mapping[str, str],
+    variables: Mapping[str, dict[str, Any] | EvalError],
+) -> RequestReport:
+    """The report for one leaf request (an ``exactly`` request or one subrequest)."""
+    klass = classes.get(request.device_class)
+    report = RequestReport(
+        request.name, request.device_class, request.count, request.all_devices, klass is not None
+    )
+    if klass is None:
+        report.blocking.append(f"device class {request.device_class!r} does not exist")
+        return report
+    selectors = class_selectors(klass)
+    selectors += [Selector(f"request {request.name}", e) for e in request.selectors]
+    by_pool: dict[tuple[str, str], list[Device]] = defaultdict(list)
+    for device in devices:
+        by_pool[(device.driver, device.pool)].append(device)
+    for (driver, pool), members in sorted(by_pool.items()):
+        report.pools.append(_pool_report(driver, pool, members, selectors, busy, variables))
+    _judge(report)
+    return report
+
+
+def _pool_report(
+    driver: str,
+    pool: str,
+    members: list[Device],
+    selectors: list[Selector],
+    busy: Mapping[str, str],
+    variables: Mapping[str, dict[str, Any] | EvalError],
+) -> PoolReport:
+    report = PoolReport(driver, pool, members[0].node, len(members))
+    remaining = Counter[str]()
+    for device in members:
+        prepared = variables.get(device.id)
+        if isinstance(prepared, EvalError):
+            report.errors[device.name] = str(prepared)
+            continue
+        result = match_device(device, selectors, prepared, with_explanation=False)
+        if result.verdict is Verdict.ERROR:
+            report.errors[device.name] = result.reason
+            continue
+        # A device passes every selector before the one that rejected it.
+        passed = len(selectors) if result.selector is None else selectors.index(result.selector)
+        for i in range(passed):
+            remaining[str(i)] += 1
+        if result.verdict is Verdict.MATCH:
+            report.matching.append(device.name)
+            if device.id in busy and not device.data.get("allowMultipleAllocations"):
+                report.busy[device.name] = busy[device.id]
+    report.steps = [(s.origin, s.expression, remaining[str(i)]) for i, s in enumerate(selectors)]
+    return report
+
+
+def _judge(report: RequestReport) -> None:
+    if report.satisfiable_pools:
+        return
+    if not report.pools:
+        report.blocking.append("no ResourceSlices (no devices) in the cluster")
+        return
+    errors = sum(len(p.errors) for p in report.pools)
+    if errors:
+        report.blocking.append(
+            f"{errors} device(s) fail CEL evaluation with an error; "
+            "the scheduler aborts the allocation attempt"
+        )
+    best = max(report.pools, key=lambda p: len(p.available))
+    matching = max(len(p.matching) for p in report.pools)
+    if report.all_devices:
+        report.blocking.append(
+            "allocationMode All needs every matching device of a pool free; "
+            "no pool has matching devices that are all unallocated"
+        )
+    elif matching == 0:
+        report.blocking.append("no device in any pool matches the selectors")
+    elif len(best.available) < report.count:
+        report.blocking.append(
+            f"needs {report.count} device(s) from one pool; the most any pool has available is "
+            f"{len(best.available)} (pool {best.pool}: {len(best.matching)} matching, "
+            f"{len(best.busy)} allocated to other claims)"
+        )
+
+
+def _attribute(device: Device, qualified: str) -> Any:
+    domain, name = split_name(qualified, device.driver)
+    attributes = device.data.get("attributes") or {}
+    raw = attributes.get(qualified) if "/" in qualified else None
+    if raw is None and domain == device.driver:
+        raw = attributes.get(name)
+    if raw is None:
+        raw = attributes.get(f"{domain}/{name}")
+    if not isinstance(raw, Mapping):
+        return None
+    values = [raw.get(k) for k in ("int", "bool", "string", "version") if k in raw]
+    return values[0] if values else None
+
+
+def explain_constraints(
+    spec: Mapping[str, Any],
+    reports: Mapping[str, RequestReport],
+    devices: Mapping[str, Device],
+) -> list[str]:
+    """Blocking reasons from ``spec.devices.constraints`` over the requests' available devices."""
+    problems = []
+    for constraint in (spec.get("devices") or {}).get("constraints") or []:
+        names = constraint.get("requests") or list(reports)
+        involved = [reports[n] for n in _leaves(names, reports)]
+        if not involved:
+            continue
+        if constraint.get("matchAttribute"):
+            problem = _match_attribute(str(constraint["matchAttribute"]), involved, devices)
+        elif constraint.get("distinctAttribute"):
+            problem = _distinct_attribute(str(constraint["distinctAttribute"]), involved, devices)
+        else:
+            continue
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+def _leaves(names: Iterable[str], reports: Mapping[str, RequestReport]) -> list[str]:
+    # A constraint naming a firstAvailable request applies to each of its subrequests.
+    out = []
+    for name in names:
+        out += [r for r in reports if r == name or r.startswith(name + "/")]
+    return out
+
+
+def _nodes(reports: Sequence[RequestReport]) -> set[tuple[str, str]]:
+    return {(p.driver, p.pool) for r in reports for p in r.pools}
+
+
+def _available(report: RequestReport, pool_key: tuple[str, str]) -> list[str]:
+    for pool in report.pools:
+        if (pool.driver, pool.pool) == pool_key:
+            return pool.available
+    return []
+
+
+def _match_attribute(
+    attribute: str, reports: Sequence[RequestReport], devices: Mapping[str, Device]
+) -> str:
+    for pool_key in sorted(_nodes(reports)):
+        per_request: list[Counter[Any]] = []
+        for report in reports:
+            values = Counter[Any]()
+            for name in _available(report, pool_key):
+                value = _attribute(devices[f"{pool_key[0]}/{pool_key[1]}/{name}"], attribute)
+                if value is not None:
+                    values[value] += 1
+            per_request.append(values)
+        common = set(per_request[0])
+        for values in per_request[1:]:
+            common &= set(values)
+        if any(
+            all(v[value] >= r.count for v, r in zip(per_request, reports, strict=True))
+            for value in common
+        ):
+            return ""
+    names = ", ".join(r.name for r in reports)
+    return (
+        f"constraint matchAttribute {attribute} over [{names}]: no pool has enough available "
+        "devices sharing one value of it (devices without the attribute never qualify)"
+    )
+
+
+def _distinct_attribute(
+    attribute: str, reports: Sequence[RequestReport], devices: Mapping[str, Device]
+) -> str:
+    needed = sum(r.count for r in reports)
+    best = 0
+    for pool_key in sorted(_nodes(reports)):
+        values = set()
+        for report in reports:
+            for name in _available(report, pool_key):
+                value = _attribute(devices[f"{pool_key[0]}/{pool_key[1]}/{name}"], attribute)
+                if value is not None:
+                    values.add(value)
+        best = max(best, len(values))
+        if len(values) >= needed:
+            return ""
+    names = ", ".join(r.name for r in reports)
+    return (
+        f"constraint distinctAttribute {attribute} over [{names}]: needs {needed} distinct "
+        f"values, the most any pool offers is {best}"
+    )
+
+
+def explain_claim(
+    claim: Mapping[str, Any],
+    classes: Iterable[Mapping[str, Any]],
+    slices: Iterable[Mapping[str, Any]],
+    claims: Iterable[Mapping[str, Any]],
+) -> ClaimReport:
+    """Explain ``claim`` against the cluster's DeviceClasses, ResourceSlices and claims."""
+    by_name = {(c.get("metadata") or {}).get("name", ""): c for c in classes}
+    devices = slice_devices(slices)
+    busy = allocated_devices(claims, skip=object_key(claim))
+    prepared: dict[str, dict[str, Any] | EvalError] = {}
+    for device in devices:
+        try:
+            prepared[device.id] = device_variables(device.data, device.driver)
+        except EvalError as exc:
+            prepared[device.id] = exc
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    allocated = [
+        f"{r.get('request')}: {r.get('driver')}/{r.get('pool')}/{r.get('device')}"
+        for r in (allocation.get("devices") or {}).get("results") or []
+    ]
+    reports: dict[str, RequestReport] = {}
+    alternatives: dict[str, list[str]] = {}
+    for request in claim_requests(claim):
+        leaves = request.subrequests or (request,)
+        if request.subrequests:
+            alternatives[request.name] = [s.name for s in request.subrequests]
+        for leaf in leaves:
+            reports[leaf.name] = explain_request(leaf, by_name, devices, busy, prepared)
+    by_id = {d.id: d for d in devices}
+    constraints = explain_constraints(claim_spec(claim), reports, by_id)
+    return ClaimReport(
+        object_key(claim), allocated, list(reports.values()), constraints, alternatives
+    )

@@ -1,0 +1,215 @@
+"""The ``match`` and ``explain-claim`` subcommands.
+
+``dra-driver match`` evaluates the selectors of a DeviceClass and/or a claim (file, or name in a
+cluster) against devices of a simulated profile, a ResourceSlice file or the cluster, and prints
+per device: match, no match (with the false part and the values it read) or error.
+Exit status: 0 when at least one device matched, 1 when none did, 2 when the input could not be
+read (bad file, API error, missing flags).
+
+``dra-driver explain-claim NAMESPACE/NAME`` explains, per request of a claim in the cluster, how
+many devices each selector leaves per pool, which are allocated to other claims, and which
+count or constraint blocks. Exit status: 0 when nothing blocks (or the claim is allocated),
+1 when something blocks, 2 when the input could not be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from dra_driver.command import Command
+from dra_driver.settings import Settings
+
+EXIT_MATCH = 0
+EXIT_NO_MATCH = 1
+EXIT_INPUT = 2
+
+
+class InputError(Exception):
+    """Missing flags, unreadable files or API errors: reported on stderr, exit status 2."""
+
+
+def _print(obj: Any, output: str) -> None:
+    if output == "json":
+        print(json.dumps(obj, indent=2))
+    else:
+        import yaml
+
+        print(yaml.safe_dump(obj, sort_keys=False), end="")
+
+
+def _match_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--class",
+        dest="device_class",
+        metavar="FILE|NAME",
+        help="DeviceClass: a YAML/JSON file, or a name looked up in the cluster",
+    )
+    parser.add_argument(
+        "--claim",
+        metavar="FILE|NAMESPACE/NAME",
+        help="ResourceClaim or ResourceClaimTemplate: a file, or a claim (then a "
+        "template) looked up in the cluster",
+    )
+    parser.add_argument(
+        "--slices",
+        metavar="FILE",
+        help="ResourceSlices (multi-document YAML, JSON or a List) to match against",
+    )
+    parser.add_argument(
+        "--live",
+        action="store_true",
+        help="match against the cluster's ResourceSlices (uses --kubeconfig)",
+    )
+
+
+def _is_file(value: str | None) -> bool:
+    return bool(value) and Path(str(value)).is_file()
+
+
+async def _cluster_inputs(settings: Settings, ns: argparse.Namespace) -> dict[str, Any]:
+    from dra_driver.cel import live
+    from dra_driver.cel.match import slice_devices
+    from dra_driver.kube import api_client
+
+    client = await api_client(settings.kubeconfig)
+    try:
+        out: dict[str, Any] = {}
+        if ns.device_class and not _is_file(ns.device_class):
+            out["class"] = await live.get_class(client, ns.device_class)
+        if ns.claim and not _is_file(ns.claim):
+            out["claim"] = await live.get_claim(client, ns.claim)
+        out["classes"] = await live.list_all(client, f"{live.API}/deviceclasses", "DeviceClass")
+        if ns.live and not ns.slices and not settings.profile:
+            slices = await live.list_all(client, f"{live.API}/resourceslices", "ResourceSlice")
+            out["devices"] = slice_devices(slices)
+        return out
+    except live.LiveError as exc:
+        raise InputError(str(exc)) from None
+    finally:
+        await client.close()
+
+
+def _match_inputs(settings: Settings, ns: argparse.Namespace) -> dict[str, Any]:
+    from dra_driver.cel import sources
+
+    needs_cluster = ns.live or any(
+        value and not _is_file(value) for value in (ns.device_class, ns.claim)
+    )
+    inputs: dict[str, Any] = asyncio.run(_cluster_inputs(settings, ns)) if needs_cluster else {}
+    try:
+        if _is_file(ns.device_class):
+            inputs["class"] = sources.load_one(ns.device_class, ("DeviceClass",))
+        if _is_file(ns.claim):
+            inputs["claim"] = sources.load_one(ns.claim, ("ResourceClaim", "ResourceClaimTemplate"))
+        if ns.slices:
+            inputs["devices"] = sources.slice_file_devices(ns.slices)
+        elif settings.profile:
+            inputs["devices"] = sources.profile_devices(
+                settings.profile, settings.node_name or "node", settings.driver_name
+            )
+    except sources.SourceError as exc:
+        raise InputError(str(exc)) from None
+    if "devices" not in inputs:
+        raise InputError("no devices: give --slices FILE, --profile NAME or --live")
+    return inputs
+
+
+def _run_match(settings: Settings, ns: argparse.Namespace) -> int:
+    from dra_driver.cel.match import match_devices, prepare, selector_sets
+    from dra_driver.cel.render import match_text
+
+    if not ns.device_class and not ns.claim:
+        return _fail("match", "give --class and/or --claim")
+    try:
+        inputs = _match_inputs(settings, ns)
+    except InputError as exc:
+        return _fail("match", str(exc))
+    classes = {(c.get("metadata") or {}).get("name", ""): c for c in inputs.get("classes", [])}
+    sets = selector_sets(inputs.get("class"), inputs.get("claim"), classes)
+    if not sets:
+        return _fail("match", "the claim has no requests")
+    devices = inputs["devices"]
+    prepared = prepare(devices)  # convert each device once for all selector sets
+    results = [(s, match_devices(devices, s.selectors, prepared=prepared)) for s in sets]
+    matched = any(r.verdict.value == "match" for _, devices in results for r in devices)
+    if settings.output == "table":
+        print(match_text(results))
+    else:
+        _print(
+            {
+                "matched": matched,
+                "sets": [
+                    {
+                        "label": s.label,
+                        "selectors": [
+                            {"origin": x.origin, "expression": x.expression} for x in s.selectors
+                        ],
+                        "devices": [d.to_json() for d in devices],
+                    }
+                    for s, devices in results
+                ],
+            },
+            settings.output,
+        )
+    return EXIT_MATCH if matched else EXIT_NO_MATCH
+
+
+def _fail(command: str, message: str) -> int:
+    print(f"dra-driver {command}: error: {message}", file=sys.stderr)
+    return EXIT_INPUT
+
+
+def _explain_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("claim", metavar="NAMESPACE/NAME", help="the ResourceClaim to explain")
+
+
+async def _explain_inputs(settings: Settings, key: str) -> tuple[Any, Any]:
+    from dra_driver.cel import live
+    from dra_driver.kube import api_client
+
+    client = await api_client(settings.kubeconfig)
+    try:
+        claim = await live.get_claim(client, key)
+        return claim, await live.cluster_state(client)
+    except live.LiveError as exc:
+        raise InputError(str(exc)) from None
+    finally:
+        await client.close()
+
+
+def _run_explain(settings: Settings, ns: argparse.Namespace) -> int:
+    from dra_driver.cel.claim_explain import explain_claim
+    from dra_driver.cel.render import claim_text
+
+    try:
+        claim, state = asyncio.run(_explain_inputs(settings, ns.claim))
+    except InputError as exc:
+        return _fail("explain-claim", str(exc))
+    report = explain_claim(claim, state.classes, state.slices, state.claims)
+    if settings.output == "table":
+        print(claim_text(report))
+    else:
+        _print(report.to_json(), settings.output)
+    return 0 if report.allocated or not report.blocking else 1
+
+
+_LOGGING = ("log_format", "log_level")
+
+MATCH = Command(
+    help="show which devices the selectors of a DeviceClass and/or claim match, and why not",
+    fields=("driver_name", "profile", "node_name", "kubeconfig", "output", *_LOGGING),
+    run=_run_match,
+    arguments=_match_arguments,
+)
+
+EXPLAIN_CLAIM = Command(
+    help="explain per request why a ResourceClaim does (not) allocate",
+    fields=("kubeconfig", "output", *_LOGGING),
+    run=_run_explain,
+    arguments=_explain_arguments,
+)

@@ -1,0 +1,199 @@
+"""The DRA selector environment: the ``device`` variable, compilation with a cache, evaluation.
+
+``device.attributes[domain][name]`` and ``device.capacity[domain][name]``: names without a
+domain belong to the device's driver. Looking up a domain the device lacks gives an empty map,
+so only the key lookup inside it fails, as in the scheduler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from functools import lru_cache
+from typing import Any
+
+from celpy.celparser import CELParser
+from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
+
+from dra_driver.cel.compiler import Ast, Compiler, Eval, Node
+from dra_driver.cel.errors import CompileError, EvalError
+from dra_driver.cel.quantity import parse_quantity
+from dra_driver.cel.semver import parse_semver
+from dra_driver.cel.values import type_name
+
+VARIABLES = {"device": "device"}
+OBJECTS = {
+    "device": {
+        "driver": "string",
+        "attributes": "attributes",
+        "capacity": "capacity",
+        "allowMultipleAllocations": "bool",
+    }
+}
+MAX_EXPRESSION_LENGTH = 10 * 1024  # the API's limit on a selector's length
+
+
+class Verdict(StrEnum):
+    """What a selector says about a device."""
+
+    MATCH = "match"
+    NO_MATCH = "no match"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A verdict, and for errors the message the scheduler would report."""
+
+    verdict: Verdict
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Program:
+    """A compiled selector; evaluate it with :func:`device_variables` of a device."""
+
+    expression: str
+    tree: Ast
+    fn: Eval
+
+    def evaluate(self, variables: dict[str, Any]) -> Any:
+        """The expression's value; raises :class:`EvalError`."""
+        return self.fn(variables)
+
+    def compile_subtree(self, tree: Ast) -> Node:
+        """Compile a part of this expression (used to explain non-matches)."""
+        return Compiler(self.expression, VARIABLES, OBJECTS).compile(tree)
+
+
+@lru_cache(maxsize=1)
+def _parser() -> Any:
+    # Building the LALR tables takes most of a second: do it on first use, not at import.
+    return CELParser().CEL_PARSER
+
+
+def parse(expression: str) -> Ast:
+    """The lark tree of ``expression``; :class:`CompileError` with the position on bad syntax."""
+    if len(expression) > MAX_EXPRESSION_LENGTH:
+        raise CompileError(
+            expression, f"expression longer than {MAX_EXPRESSION_LENGTH} characters", 1, 1
+        )
+    try:
+        tree: Ast = _parser().parse(expression)
+    except UnexpectedInput as exc:
+        raise CompileError(expression, _syntax_message(exc), exc.line, exc.column) from None
+    return tree
+
+
+def _syntax_message(exc: UnexpectedInput) -> str:
+    if isinstance(exc, UnexpectedToken):
+        if exc.token.type == "$END":
+            return "Syntax error: unexpected end of expression"
+        return f"Syntax error: mismatched input '{exc.token}'"
+    if isinstance(exc, UnexpectedCharacters):
+        return f"Syntax error: token recognition error at: '{exc.char}'"
+    return "Syntax error"  # pragma: no cover - lark raises only the two kinds above here
+
+
+@lru_cache(maxsize=4096)
+def _compile(expression: str) -> Program | CompileError:
+    # Cached by text: the same class selector is evaluated against every device of a cluster.
+    try:
+        tree = parse(expression)
+        node = Compiler(expression, VARIABLES, OBJECTS).compile(tree)
+    except CompileError as exc:
+        return exc
+    if node.type not in ("bool", "dyn"):
+        return CompileError(
+            expression, f"must evaluate to bool or the unknown type, not {node.type}", 1, 1
+        )
+    return Program(expression, tree, node.fn)
+
+
+def compile_selector(expression: str) -> Program:
+    """Compile (or fetch from the cache) a selector; raises :class:`CompileError`."""
+    result = _compile(expression)
+    if isinstance(result, CompileError):
+        raise result
+    return result
+
+
+class DomainMap(dict[str, dict[str, Any]]):
+    """attributes/capacity: a domain the device lacks reads as an empty map."""
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        """The domain's map, or an empty map."""
+        return super().get(key, _EMPTY)
+
+
+_EMPTY: dict[str, Any] = {}
+
+
+def split_name(name: str, driver: str) -> tuple[str, str]:
+    """``domain/name`` -> (domain, name); an unqualified name belongs to ``driver``."""
+    domain, sep, rest = name.partition("/")
+    return (domain, rest) if sep else (driver, name)
+
+
+def attribute_value(name: str, attribute: Mapping[str, Any]) -> Any:
+    """A DRA attribute (``{"int": 1}``, ``{"version": "1.2.3"}``, ...) as a CEL value."""
+    for kind in ("int", "bool", "string"):
+        if kind in attribute:
+            return attribute[kind]
+    if "version" in attribute:
+        try:
+            return parse_semver(str(attribute["version"]))
+        except EvalError as exc:
+            raise EvalError(f"attribute {name}: parse semantic version: {exc}") from None
+    raise EvalError(f"attribute {name}: unsupported attribute value {dict(attribute)!r}")
+
+
+def device_variables(device: Mapping[str, Any], driver: str) -> dict[str, Any]:
+    """The activation for one device (a ResourceSlice ``devices[]`` entry) of ``driver``.
+
+    Build it once per device and reuse it for every selector; it raises :class:`EvalError`
+    when an attribute cannot be represented (the scheduler then fails every selector on it).
+    """
+    attributes = DomainMap()
+    for name, attribute in (device.get("attributes") or {}).items():
+        domain, key = split_name(name, driver)
+        attributes.setdefault(domain, {})[key] = attribute_value(name, attribute)
+    capacity = DomainMap()
+    for name, entry in (device.get("capacity") or {}).items():
+        domain, key = split_name(name, driver)
+        capacity.setdefault(domain, {})[key] = parse_quantity(str(entry["value"]))
+    return {
+        "device": {
+            "driver": driver,
+            "attributes": attributes,
+            "capacity": capacity,
+            "allowMultipleAllocations": bool(device.get("allowMultipleAllocations", False)),
+        }
+    }
+
+
+def evaluate(program: Program, variables: dict[str, Any]) -> Outcome:
+    """Match, no match, or the error (a runtime error or a non-bool result)."""
+    try:
+        value = program.fn(variables)
+    except EvalError as exc:
+        return Outcome(Verdict.ERROR, str(exc))
+    except RecursionError:
+        return Outcome(Verdict.ERROR, "expression nested too deeply")
+    if value is True:
+        return Outcome(Verdict.MATCH)
+    if value is False:
+        return Outcome(Verdict.NO_MATCH)
+    return Outcome(
+        Verdict.ERROR, f"CEL result of type {type_name(value)} could not be converted to bool"
+    )
+
+
+def evaluate_expression(expression: str, variables: dict[str, Any]) -> Outcome:
+    """Compile (cached) and evaluate; a compile error is an error outcome."""
+    try:
+        program = compile_selector(expression)
+    except CompileError as exc:
+        return Outcome(Verdict.ERROR, str(exc))
+    return evaluate(program, variables)

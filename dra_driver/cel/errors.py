@@ -1,0 +1,57 @@
+"""The two ways a selector fails: it does not compile, or it fails while evaluating a device."""
+
+from __future__ import annotations
+
+
+class CelError(Exception):
+    """Base class of every CEL error this package raises."""
+
+
+class CompileError(CelError):
+    """A selector that does not parse or refers to something the environment lacks.
+
+    ``str()`` gives the position as ``<input>:line:column``, the message, the source line and a
+    caret under the offending column, the way the API server reports CEL compile errors.
+    """
+
+    def __init__(self, expression: str, message: str, line: int, column: int) -> None:
+        self.expression = expression
+        self.message = message
+        self.line = line
+        self.column = column
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        """The full, multi-line error text."""
+        lines = self.expression.splitlines() or [""]
+        source = lines[self.line - 1] if 0 < self.line <= len(lines) else lines[-1]
+        caret = "." * max(self.column - 1, 0) + "^"
+        return f"ERROR: <input>:{self.line}:{self.column}: {self.message}\n | {source}\n | {caret}"
+
+
+class EvalError(CelError):
+    """A runtime error: the scheduler treats it as an error of the allocation attempt."""
+
+
+class NoSuchOverload(EvalError):
+    """A function or operator was applied to argument types it does not accept."""
+
+    def __init__(self, function: str, *args: object) -> None:
+        from dra_driver.cel.values import type_name
+
+        types = ", ".join(type_name(a) for a in args)
+        super().__init__(f"no such overload: {function}({types})")
+
+
+class NoSuchKey(EvalError):
+    """A map lookup of a key that is not there (e.g. a device without that attribute)."""
+
+    def __init__(self, key: object, where: str = "") -> None:
+        self.key = key
+        self.where = where
+        text = f"no such key: {key}"
+        if where:
+            text += f" (in {where})"
+        super().__init__(
+            text + "; guard the lookup with has() or 'in' for attributes not every device has"
+        )

@@ -1,0 +1,209 @@
+"""CEL's standard functions: size, string predicates, type conversions and ``type``."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from dra_driver.cel.errors import EvalError, NoSuchOverload
+from dra_driver.cel.regex import compiled
+from dra_driver.cel.values import INT64_MAX, INT64_MIN, CelType, Uint, check_uint, type_name
+
+Function = Callable[..., Any]
+
+
+def size(value: Any) -> int:
+    """Length of a string (in code points), bytes, list or map."""
+    if isinstance(value, str | bytes | list | tuple | Mapping):
+        return len(value)
+    raise NoSuchOverload("size", value)
+
+
+def _strings(name: str, a: Any, b: Any) -> tuple[str, str]:
+    if type(a) is not str or type(b) is not str:
+        raise NoSuchOverload(name, a, b)
+    return a, b
+
+
+def contains(text: Any, part: Any) -> bool:
+    """Substring test."""
+    a, b = _strings("contains", text, part)
+    return b in a
+
+
+def starts_with(text: Any, prefix: Any) -> bool:
+    """Prefix test."""
+    a, b = _strings("startsWith", text, prefix)
+    return a.startswith(b)
+
+
+def ends_with(text: Any, suffix: Any) -> bool:
+    """Suffix test."""
+    a, b = _strings("endsWith", text, suffix)
+    return a.endswith(b)
+
+
+def matches(text: Any, pattern: Any) -> bool:
+    """Whether the regular expression matches anywhere in ``text`` (RE2 ``MatchString``)."""
+    a, b = _strings("matches", text, pattern)
+    return compiled(b).search(a) is not None
+
+
+_INT_TEXT = re.compile(r"[+-]?[0-9]+")
+
+
+def to_int(value: Any) -> int:
+    """``int(x)`` for int, uint, double (truncating), string and bool-free inputs."""
+    if isinstance(value, bool):
+        raise NoSuchOverload("int", value)
+    if isinstance(value, int):
+        result = int(value)
+    elif isinstance(value, float):
+        if math.isnan(value) or math.isinf(value) or not -(2.0**63) <= value < 2.0**63:
+            raise EvalError("int overflow")
+        result = int(value)
+    elif isinstance(value, str):
+        if not _INT_TEXT.fullmatch(value):
+            raise EvalError(f"cannot convert {value!r} to int")
+        result = int(value)
+    else:
+        raise NoSuchOverload("int", value)
+    if not INT64_MIN <= result <= INT64_MAX:
+        raise EvalError("int overflow")
+    return result
+
+
+def to_uint(value: Any) -> Uint:
+    """``uint(x)``."""
+    if isinstance(value, bool):
+        raise NoSuchOverload("uint", value)
+    if isinstance(value, int):
+        return check_uint(int(value))
+    if isinstance(value, float):
+        if math.isnan(value) or not 0 <= value < 2.0**64:
+            raise EvalError("uint overflow")
+        return Uint(int(value))
+    if isinstance(value, str):
+        if not re.fullmatch(r"\+?[0-9]+", value):
+            raise EvalError(f"cannot convert {value!r} to uint")
+        return check_uint(int(value))
+    raise NoSuchOverload("uint", value)
+
+
+def to_double(value: Any) -> float:
+    """``double(x)``."""
+    if isinstance(value, bool):
+        raise NoSuchOverload("double", value)
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            raise EvalError(f"cannot convert {value!r} to double") from None
+    raise NoSuchOverload("double", value)
+
+
+def _double_text(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    text = repr(value)
+    return text[:-2] if text.endswith(".0") else text
+
+
+def to_string(value: Any) -> str:
+    """``string(x)`` for scalars (and the library types that print themselves)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return str(int(value))
+    if isinstance(value, float):
+        return _double_text(value)
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise EvalError("invalid UTF-8 in bytes, cannot convert to string") from None
+    if type_name(value) in ("Quantity", "kubernetes.Semver"):
+        return str(value)
+    raise NoSuchOverload("string", value)
+
+
+def to_bool(value: Any) -> bool:
+    """``bool(x)`` for bools and the strings Go's ``strconv.ParseBool`` accepts."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        if value in ("1", "t", "T", "true", "TRUE", "True"):
+            return True
+        if value in ("0", "f", "F", "false", "FALSE", "False"):
+            return False
+        raise EvalError(f"cannot convert {value!r} to bool")
+    raise NoSuchOverload("bool", value)
+
+
+def to_bytes(value: Any) -> bytes:
+    """``bytes(x)``."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    raise NoSuchOverload("bytes", value)
+
+
+def dyn(value: Any) -> Any:
+    """``dyn(x)``: only a type-checker hint, the identity at runtime."""
+    return value
+
+
+def type_of(value: Any) -> CelType:
+    """``type(x)``."""
+    return CelType(type_name(value))
+
+
+#: The names that denote types when used as plain identifiers (``type(x) == string``).
+TYPE_NAMES = (
+    "bool", "int", "uint", "double", "string", "bytes", "list", "map", "null_type", "type",
+)  # fmt: skip
+
+GLOBAL: dict[str, Function] = {
+    "size": size,
+    "matches": matches,
+    "int": to_int,
+    "uint": to_uint,
+    "double": to_double,
+    "string": to_string,
+    "bool": to_bool,
+    "bytes": to_bytes,
+    "dyn": dyn,
+    "type": type_of,
+}
+
+MEMBER: dict[str, Function] = {
+    "size": size,
+    "contains": contains,
+    "startsWith": starts_with,
+    "endsWith": ends_with,
+    "matches": matches,
+}
+
+RETURNS: dict[str, str] = {
+    "size": "int",
+    "contains": "bool",
+    "startsWith": "bool",
+    "endsWith": "bool",
+    "matches": "bool",
+    "int": "int",
+    "uint": "uint",
+    "double": "double",
+    "string": "string",
+    "bool": "bool",
+    "bytes": "bytes",
+    "type": "type",
+}

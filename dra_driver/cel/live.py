@@ -1,0 +1,94 @@
+"""Read DeviceClasses, ResourceSlices and ResourceClaims from a cluster as plain JSON."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+JSON = dict[str, Any]
+API = "/apis/resource.k8s.io/v1"
+
+
+class LiveError(Exception):
+    """The API server answered with an error (the message says which request)."""
+
+
+async def get_json(client: Any, path: str, query: list[tuple[str, str]] | None = None) -> JSON:
+    """GET ``path`` and decode the JSON body; :class:`LiveError` on a non-2xx answer."""
+    serialized = await client.param_serialize(
+        method="GET",
+        resource_path=path,
+        query_params=query or [],
+        header_params={"Accept": "application/json"},
+        auth_settings=["BearerToken"],
+    )
+    response = await client.call_api(*serialized, _preload_content=False, _request_timeout=30)
+    raw = await response.read()
+    if not 200 <= response.status < 300:
+        try:
+            message = json.loads(raw).get("message", "")
+        except ValueError:
+            message = raw.decode("utf-8", "replace")[:300]
+        raise LiveError(f"GET {path}: {response.status} {message}")
+    data = json.loads(raw)
+    return data if isinstance(data, dict) else {}
+
+
+async def list_all(client: Any, path: str, kind: str) -> list[JSON]:
+    """Every object of a collection (following ``continue`` tokens), each with ``kind`` set."""
+    items: list[JSON] = []
+    token = ""
+    while True:
+        query = [("limit", "500")] + ([("continue", token)] if token else [])
+        page = await get_json(client, path, query)
+        items += [{"kind": kind, **item} for item in page.get("items") or []]
+        token = (page.get("metadata") or {}).get("continue") or ""
+        if not token:
+            return items
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """``namespace/name`` -> (namespace, name); a bare name is in ``default``."""
+    namespace, sep, name = key.partition("/")
+    return (namespace, name) if sep else ("default", key)
+
+
+async def get_class(client: Any, name: str) -> JSON:
+    """One DeviceClass."""
+    obj = await get_json(client, f"{API}/deviceclasses/{quote(name, safe='')}")
+    return {"kind": "DeviceClass", **obj}
+
+
+async def get_claim(client: Any, key: str) -> JSON:
+    """A ResourceClaim by ``namespace/name``, or else a ResourceClaimTemplate of that name."""
+    namespace, name = split_key(key)
+    base = f"{API}/namespaces/{quote(namespace, safe='')}"
+    try:
+        obj = await get_json(client, f"{base}/resourceclaims/{quote(name, safe='')}")
+        return {"kind": "ResourceClaim", **obj}
+    except LiveError as claim_error:
+        try:
+            obj = await get_json(client, f"{base}/resourceclaimtemplates/{quote(name, safe='')}")
+        except LiveError:
+            raise claim_error from None
+        return {"kind": "ResourceClaimTemplate", **obj}
+
+
+@dataclass
+class ClusterState:
+    """What explain-claim needs from the cluster."""
+
+    classes: list[JSON] = field(default_factory=list)
+    slices: list[JSON] = field(default_factory=list)
+    claims: list[JSON] = field(default_factory=list)
+
+
+async def cluster_state(client: Any) -> ClusterState:
+    """All DeviceClasses, ResourceSlices and ResourceClaims."""
+    return ClusterState(
+        classes=await list_all(client, f"{API}/deviceclasses", "DeviceClass"),
+        slices=await list_all(client, f"{API}/resourceslices", "ResourceSlice"),
+        claims=await list_all(client, f"{API}/resourceclaims", "ResourceClaim"),
+    )

@@ -1,0 +1,183 @@
+"""explain-claim as pure functions over JSON: classes, slices, claims."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dra_driver.cel.claim_explain import allocated_devices, explain_claim
+from dra_driver.cel.render import claim_text
+
+DRIVER = "gpu.dra.dev"
+A = f'device.attributes["{DRIVER}"]'
+
+
+def gpu(name: str, product: str, numa: int) -> dict[str, Any]:
+    return {
+        "name": name,
+        "attributes": {"productName": {"string": product}, "numaNode": {"int": numa}},
+        "capacity": {"memory": {"value": "80Gi"}},
+    }
+
+
+def slice_(node: str, *devices: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-slice"},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": list(devices),
+        },
+    }
+
+
+SLICES = [
+    slice_("node-a", gpu("gpu-0", "H100", 0), gpu("gpu-1", "H100", 0), gpu("gpu-2", "A100", 1)),
+    slice_("node-b", gpu("gpu-0", "A100", 0), gpu("gpu-1", "L4", 1)),
+]
+CLASSES = [
+    {
+        "kind": "DeviceClass",
+        "metadata": {"name": DRIVER},
+        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+    }
+]
+
+
+def claim(
+    name: str,
+    requests: list[dict[str, Any]],
+    constraints: list[dict[str, Any]] | None = None,
+    allocated: list[tuple[str, str, str]] | None = None,
+) -> dict[str, Any]:
+    obj: dict[str, Any] = {
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "ns"},
+        "spec": {"devices": {"requests": requests, "constraints": constraints or []}},
+    }
+    if allocated:
+        obj["status"] = {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "gpu", "driver": DRIVER, "pool": pool, "device": dev}
+                        for _, pool, dev in allocated
+                    ]
+                }
+            }
+        }
+    return obj
+
+
+def exactly(name: str, count: int = 1, *selectors: str, cls: str = DRIVER) -> dict[str, Any]:
+    return {
+        "name": name,
+        "exactly": {
+            "deviceClassName": cls,
+            "count": count,
+            "allocationMode": "ExactCount",
+            "selectors": [{"cel": {"expression": s}} for s in selectors],
+        },
+    }
+
+
+def test_counts_per_selector_and_pool() -> None:
+    c = claim("c", [exactly("gpu", 1, f'{A}.productName == "H100"')])
+    report = explain_claim(c, CLASSES, SLICES, [c])
+    (request,) = report.requests
+    pools = {p.pool: p for p in request.pools}
+    assert [n for _, _, n in pools["node-a"].steps] == [3, 2]
+    assert [n for _, _, n in pools["node-b"].steps] == [2, 0]
+    assert pools["node-a"].available == ["gpu-0", "gpu-1"]
+    assert report.blocking == []
+
+
+def test_count_larger_than_available_because_of_other_claims() -> None:
+    other = claim("other", [exactly("gpu")], allocated=[("gpu", "node-a", "gpu-0")])
+    c = claim("c", [exactly("gpu", 2, f'{A}.productName == "H100"')])
+    report = explain_claim(c, CLASSES, SLICES, [c, other])
+    pool = next(p for p in report.requests[0].pools if p.pool == "node-a")
+    assert pool.busy == {"gpu-0": "ns/other"}
+    assert len(report.blocking) == 1
+    assert "needs 2 device(s) from one pool" in report.blocking[0]
+    assert "most any pool has available is 1" in report.blocking[0]
+    assert "gpu-0 -> ns/other" in claim_text(report)
+
+
+def test_no_match_and_missing_class() -> None:
+    c = claim(
+        "c",
+        [exactly("gpu", 1, f'{A}.productName == "B200"'), exactly("mig", 1, cls="mig.gpu.dra.dev")],
+    )
+    report = explain_claim(c, CLASSES, SLICES, [])
+    assert report.blocking == [
+        "request gpu: no device in any pool matches the selectors",
+        "request mig: device class 'mig.gpu.dra.dev' does not exist",
+    ]
+
+
+def test_cel_errors_are_reported() -> None:
+    c = claim("c", [exactly("gpu", 1, f"{A}.nosuch == 1")])
+    report = explain_claim(c, CLASSES, SLICES, [])
+    pool = report.requests[0].pools[0]
+    assert "no such key: nosuch" in next(iter(pool.errors.values()))
+    assert any("fail CEL evaluation" in b for b in report.blocking)
+
+
+def test_match_attribute_without_common_value() -> None:
+    requests = [exactly("a", 1, f"{A}.numaNode == 0"), exactly("b", 1, f"{A}.numaNode == 1")]
+    c = claim("c", requests, [{"requests": ["a", "b"], "matchAttribute": f"{DRIVER}/productName"}])
+    report = explain_claim(c, CLASSES, SLICES, [])
+    assert len(report.constraints) == 1
+    assert "matchAttribute gpu.dra.dev/productName over [a, b]" in report.constraints[0]
+    ok = claim("c", requests, [{"requests": ["a", "b"], "matchAttribute": f"{DRIVER}/memory"}])
+    assert explain_claim(ok, CLASSES, SLICES, []).constraints  # memory is capacity, not attribute
+    same = claim(
+        "c", [exactly("a", 1), exactly("b", 1)], [{"matchAttribute": f"{DRIVER}/productName"}]
+    )
+    assert explain_claim(same, CLASSES, SLICES, []).constraints == []
+
+
+def test_distinct_attribute() -> None:
+    c = claim("c", [exactly("gpu", 3)], [{"distinctAttribute": f"{DRIVER}/numaNode"}])
+    report = explain_claim(c, CLASSES, SLICES, [])
+    assert report.constraints and "needs 3 distinct values" in report.constraints[0]
+    ok = claim("c", [exactly("gpu", 2)], [{"distinctAttribute": f"{DRIVER}/numaNode"}])
+    assert explain_claim(ok, CLASSES, SLICES, []).constraints == []
+
+
+def test_all_mode_blocked_by_busy_device() -> None:
+    other = claim("other", [exactly("gpu")], allocated=[("gpu", "node-b", "gpu-1")])
+    req = {"name": "gpu", "exactly": {"deviceClassName": DRIVER, "allocationMode": "All"}}
+    report = explain_claim(claim("c", [req]), CLASSES, [SLICES[1]], [other])
+    assert any("allocationMode All" in b for b in report.blocking)
+
+
+def test_first_available_subrequests_and_json() -> None:
+    req = {
+        "name": "gpu",
+        "firstAvailable": [
+            {
+                "name": "h100",
+                "deviceClassName": DRIVER,
+                "selectors": [{"cel": {"expression": f'{A}.productName == "H100"'}}],
+            },
+            {"name": "any", "deviceClassName": DRIVER},
+        ],
+    }
+    report = explain_claim(claim("c", [req]), CLASSES, SLICES, [])
+    assert [r.name for r in report.requests] == ["gpu/h100", "gpu/any"]
+    data = report.to_json()
+    assert data["firstAvailable"] == {"gpu": ["gpu/h100", "gpu/any"]}
+    assert data["requests"][0]["pools"][0]["selectors"][1]["remaining"] == 2
+    assert "firstAvailable list" in claim_text(report)
+
+
+def test_allocated_devices_skips_the_claim_itself() -> None:
+    mine = claim("c", [exactly("gpu")], allocated=[("gpu", "node-a", "gpu-0")])
+    other = claim("o", [exactly("gpu")], allocated=[("gpu", "node-a", "gpu-1")])
+    assert allocated_devices([mine, other], skip="ns/c") == {f"{DRIVER}/node-a/gpu-1": "ns/o"}
+    report = explain_claim(mine, CLASSES, SLICES, [mine, other])
+    assert report.allocated == [f"gpu: {DRIVER}/node-a/gpu-0"]
+    assert claim_text(report).startswith("claim ns/c: allocated")

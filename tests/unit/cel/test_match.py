@@ -1,0 +1,224 @@
+"""match over the simulated profiles and slice files, and the ``match`` command end to end."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dra_driver.cel import Verdict, match_devices, selector_sets
+from dra_driver.cel.commands import EXPLAIN_CLAIM, MATCH
+from dra_driver.cel.match import Selector, claim_requests
+from dra_driver.cel.sources import profile_devices, slice_file_devices
+from dra_driver.command import Command
+from dra_driver.gpu.devices import desired_pool
+from dra_driver.gpu.simulated import SimulatedDiscovery
+from dra_driver.resourceslice.pool import render_pool
+from dra_driver.settings import add_arguments, from_namespace
+
+DRIVER = "gpu.dra.dev"
+A = f'device.attributes["{DRIVER}"]'
+C = f'device.capacity["{DRIVER}"]'
+
+
+def run(command: Command, *argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, command.fields, **command.defaults)
+    assert command.arguments is not None
+    command.arguments(parser)
+    ns = parser.parse_args(list(argv))
+    return command.run(from_namespace(ns, command.fields, environ={}), ns)
+
+
+def device_class(name: str, *expressions: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {"selectors": [{"cel": {"expression": e}} for e in expressions]},
+    }
+
+
+@pytest.mark.parametrize(
+    ("profile", "expression", "matching"),
+    [
+        ("dgx-h100", f'{A}.architecture == "Hopper"', 8),
+        ("dgx-a100", f'{A}.architecture == "Hopper"', 0),
+        ("dgx-a100", f'{C}.memory.compareTo(quantity("40Gi")) >= 0', 8),
+        ("l4x4", f'{A}.cudaComputeCapability.compareTo(semver("8.9.0")) >= 0', 4),
+        ("l4x4", f'{A}.productName.matches("L4$")', 4),
+        ("dgx-h100", f"!{A}.migEnabled && {A}.numaNode == 0", 4),
+    ],
+)
+def test_profiles(profile: str, expression: str, matching: int) -> None:
+    devices = profile_devices(profile, "node-a", DRIVER)
+    results = match_devices(devices, [Selector("test", expression)])
+    assert sum(r.verdict is Verdict.MATCH for r in results) == matching
+    assert all(r.verdict is not Verdict.ERROR for r in results)
+
+
+def test_mixed_profile_missing_attribute_is_error() -> None:
+    # MIG devices have no migEnabled attribute: unguarded access is an error for them.
+    devices = profile_devices("mixed", "node-a", DRIVER)
+    results = match_devices(devices, [Selector("t", f"{A}.migEnabled == false")])
+    verdicts = {r.device.name: r.verdict for r in results}
+    assert Verdict.ERROR in verdicts.values() and Verdict.MATCH in verdicts.values()
+    guarded = match_devices(
+        devices, [Selector("t", f"has({A}.migEnabled) && {A}.migEnabled == false")]
+    )
+    assert Verdict.ERROR not in {r.verdict for r in guarded}
+
+
+@pytest.fixture
+def slices_file(tmp_path: Path) -> Path:
+    docs = []
+    for node, profile in (("node-a", "dgx-a100"), ("node-h", "dgx-h100")):
+        inventory = SimulatedDiscovery(profile, node).discover()
+        docs += render_pool(desired_pool(inventory, node, DRIVER))
+    path = tmp_path / "slices.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    return path
+
+
+def test_slices_file(slices_file: Path) -> None:
+    devices = slice_file_devices(slices_file)
+    assert {d.pool for d in devices} == {"node-a", "node-h"}
+    results = match_devices(devices, [Selector("t", f'{A}.architecture == "Hopper"')])
+    assert {r.device.pool for r in results if r.verdict is Verdict.MATCH} == {"node-h"}
+
+
+def test_claim_requests_and_selector_sets() -> None:
+    claim = {
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "ns"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": "gpu.dra.dev",
+                            "count": 2,
+                            "selectors": [{"cel": {"expression": "true"}}],
+                        },
+                    },
+                    {
+                        "name": "alt",
+                        "firstAvailable": [
+                            {"name": "big", "deviceClassName": "gpu.dra.dev"},
+                            {"name": "small", "deviceClassName": "mig.gpu.dra.dev"},
+                        ],
+                    },
+                ]
+            }
+        },
+    }
+    requests = claim_requests(claim)
+    assert requests[0].count == 2 and requests[0].selectors == ("true",)
+    assert [s.name for s in requests[1].subrequests] == ["alt/big", "alt/small"]
+    klass = device_class("gpu.dra.dev", f'device.driver == "{DRIVER}"')
+    sets = selector_sets(klass, claim)
+    assert [s.label for s in sets] == [
+        "request gpu (class gpu.dra.dev)",
+        "request alt/big (class gpu.dra.dev)",
+        "request alt/small (class mig.gpu.dra.dev, class not found: its selectors skipped)",
+    ]
+    assert [s.origin for s in sets[0].selectors] == ["class gpu.dra.dev", "request gpu"]
+
+
+def test_template_is_read_through_spec_spec() -> None:
+    template = {
+        "kind": "ResourceClaimTemplate",
+        "spec": {
+            "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "x"}}]}}
+        },
+    }
+    assert [r.name for r in claim_requests(template)] == ["r"]
+
+
+def test_match_command_table(
+    tmp_path: Path, slices_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    klass = tmp_path / "class.yaml"
+    klass.write_text(
+        yaml.safe_dump(
+            device_class(
+                "big",
+                f'{C}.memory.compareTo(quantity("70Gi")) >= 0 && {A}.architecture == "Hopper"',
+            )
+        )
+    )
+    assert run(MATCH, "--class", str(klass), "--slices", str(slices_file)) == 0
+    out = capsys.readouterr().out
+    assert "class big: 8 of 16 device(s) match" in out
+    # A100 40GB: the memory conjunct is the false one, with the value it read.
+    assert "memory = 42949672960 (40Gi)" in out
+
+
+def test_match_command_json_and_exit_status(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    klass = tmp_path / "class.json"
+    klass.write_text(json.dumps(device_class("none", f'{A}.architecture == "Volta"')))
+    assert run(MATCH, "--class", str(klass), "--profile", "l4x4", "-o", "json") == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["matched"] is False
+    first = data["sets"][0]["devices"][0]
+    assert first["verdict"] == "no match"
+    assert first["explanation"]["values"][0]["value"] == '"Ada Lovelace"'
+
+
+def test_match_command_claim_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    claim = tmp_path / "claim.yaml"
+    claim.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaimTemplate",
+                "metadata": {"name": "t"},
+                "spec": {
+                    "spec": {
+                        "devices": {
+                            "requests": [
+                                {
+                                    "name": "gpu",
+                                    "exactly": {
+                                        "deviceClassName": "gpu.dra.dev",
+                                        "selectors": [{"cel": {"expression": f"{A}.nosuch == 1"}}],
+                                    },
+                                }
+                            ]
+                        }
+                    }
+                },
+            }
+        )
+    )
+    klass = tmp_path / "class.yaml"
+    klass.write_text(yaml.safe_dump(device_class("gpu.dra.dev", "true")))
+    code = run(MATCH, "--class", str(klass), "--claim", str(claim), "--profile", "l4x4")
+    assert code == 1
+    out = capsys.readouterr().out
+    assert "error" in out and "no such key: nosuch" in out
+
+
+def test_match_command_input_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(MATCH, "--profile", "l4x4") == 2
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: ConfigMap\n")
+    assert run(MATCH, "--class", str(bad), "--profile", "l4x4") == 2
+    assert "no DeviceClass" in capsys.readouterr().err
+    klass = tmp_path / "class.yaml"
+    klass.write_text(yaml.safe_dump(device_class("x", "true")))
+    assert run(MATCH, "--class", str(klass)) == 2
+
+
+def test_explain_claim_command_has_a_positional_argument() -> None:
+    parser = argparse.ArgumentParser()
+    assert EXPLAIN_CLAIM.arguments is not None
+    EXPLAIN_CLAIM.arguments(parser)
+    assert parser.parse_args(["ns/claim"]).claim == "ns/claim"
