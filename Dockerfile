@@ -1,0 +1,56 @@
+# syntax=docker/dockerfile:1
+#
+# Image of the GPU DRA driver's node agent (`dra-driver run`, see manifests/base).
+#
+# Base image: pinned by exact tag. Pin it by digest as well when publishing
+# (python:3.11.14-slim-bookworm@sha256:<digest>, from `docker buildx imagetools inspect`)
+# so that a rebuilt tag cannot change the image underneath.
+#
+# NVIDIA software is not in the image; it comes from the host at run time:
+# - libnvidia-ml.so.1 (NVML), from the NVIDIA driver root the DaemonSet mounts read-only at
+#   /driver-root (DRA_DRIVER_ROOT). It must match the host's kernel module, which is why it
+#   is never baked into the image. Required with the nvml backend.
+# - nvidia-smi, from the same driver root: used to set the compute mode for exclusive or
+#   shared GPUs (compute policy) and for diagnostics.
+# - nvidia-ctk (NVIDIA Container Toolkit), optional: `nvidia-ctk cdi generate` supplies the
+#   driver libraries, binaries and hooks that every claim's CDI spec adds to containers.
+#   Without it the specs carry device nodes and environment only. Put it on PATH in a
+#   derived image, or let the GPU Operator's toolkit provide it.
+#
+# The agent runs as root in a privileged container (see the DaemonSet): it creates sockets in
+# the kubelet's root-owned directories, writes CDI specs for the container runtime and opens
+# the GPU device nodes. A non-root user cannot do that, so the image does not set USER.
+
+ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+
+# --- builder: a wheel of the driver and of every dependency --------------------------------
+FROM ${PYTHON_IMAGE} AS builder
+
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY dra_driver ./dra_driver
+# All dependencies ship binary wheels for linux/amd64 and linux/arm64, so no compiler is
+# needed; --only-binary makes a missing wheel fail here instead of pulling in a toolchain.
+RUN pip wheel --wheel-dir /wheels --only-binary=:all: --no-binary=dra-driver .
+
+# --- runtime: the wheels installed, nothing to build with -----------------------------------
+FROM ${PYTHON_IMAGE}
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
+    pip install --no-index --find-links=/wheels /wheels/dra_driver-*.whl \
+    && pip uninstall -y pip setuptools wheel
+
+# The agent's defaults (sockets, CDI directory) are the kubelet's and runtime's host paths;
+# the DaemonSet mounts them. gRPC health port for the liveness probe and metrics port:
+EXPOSE 51515 8080
+
+ENTRYPOINT ["dra-driver"]
+CMD ["run"]
