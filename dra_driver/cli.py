@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
 
 from dra_driver import logs
+from dra_driver.cel.commands import EXPLAIN_CLAIM, MATCH
+from dra_driver.command import Command
 from dra_driver.gpu.discovery import DiscoveryError, make_discovery
+from dra_driver.kube import KubeConfigError
 from dra_driver.settings import Settings, SettingsError, add_arguments, from_namespace
-
-Command = Callable[[Settings], int]
 
 _DISCOVERY = ("backend", "profile", "node_name")
 _LOGGING = ("log_format", "log_level")
@@ -27,7 +29,7 @@ def _print(obj: Any, output: str) -> None:
         print(yaml.safe_dump_all(obj if isinstance(obj, list) else [obj], sort_keys=False), end="")
 
 
-def _discover(settings: Settings) -> int:
+def _discover(settings: Settings, _: argparse.Namespace) -> int:
     from dra_driver.gpu.table import inventory_table
 
     inventory = make_discovery(
@@ -40,7 +42,7 @@ def _discover(settings: Settings) -> int:
     return 0
 
 
-def _slices(settings: Settings) -> int:
+def _slices(settings: Settings, _: argparse.Namespace) -> int:
     from dra_driver.gpu.devices import desired_pool
     from dra_driver.resourceslice.pool import render_pool
 
@@ -54,19 +56,115 @@ def _slices(settings: Settings) -> int:
     return 0
 
 
-# name -> (help, settings fields, per-command defaults, implementation)
-COMMANDS: dict[str, tuple[str, tuple[str, ...], dict[str, Any], Command]] = {
-    "discover": (
-        "print the node's GPU inventory",
-        (*_DISCOVERY, "output", *_LOGGING),
-        {},
-        _discover,
+def _run(settings: Settings, _: argparse.Namespace) -> int:
+    from dra_driver.agent import run_agent
+
+    return asyncio.run(run_agent(settings))
+
+
+def _cleanup(settings: Settings, _: argparse.Namespace) -> int:
+    from dra_driver.kube import api_client
+    from dra_driver.resourceslice.controller import delete_pool_slices
+
+    if not settings.node_name:
+        raise SettingsError("--node-name (DRA_NODE_NAME) is required")
+
+    async def cleanup() -> int:
+        client = await api_client(settings.kubeconfig)
+        try:
+            return await delete_pool_slices(client, settings.node_name, settings.driver_name)
+        finally:
+            await client.close()
+
+    count = asyncio.run(cleanup())
+    print(
+        f"deleted {count} ResourceSlice(s) of driver {settings.driver_name} on {settings.node_name}"
+    )
+    return 0
+
+
+_AGENT = (
+    *_DISCOVERY,
+    "driver_name",
+    "kubeconfig",
+    "cdi_root",
+    "plugins_dir",
+    "registry_dir",
+    "pod_uid",
+    "driver_root",
+    "metrics_port",
+    "health_port",
+    "ignored_xids",
+    *_LOGGING,
+)
+
+
+def _demo(settings: Settings, ns: argparse.Namespace) -> int:
+    from dra_driver.demo import run_demo
+
+    return run_demo(keep=ns.keep)
+
+
+def _demo_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--keep", action="store_true", help="leave the control plane's files for inspection"
+    )
+
+
+def _inject_health(settings: Settings, ns: argparse.Namespace) -> int:
+    from dra_driver.gpu.health import INJECT_FILE, inject
+
+    path = settings.plugins_dir / settings.driver_name / INJECT_FILE
+    if not path.parent.is_dir():
+        raise SettingsError(
+            f"{path.parent} does not exist: is the agent running with this --plugins-dir?"
+        )
+    condition = None if ns.clear else ({"lost": True} if ns.lost else {"xid": ns.xid})
+    inject(path, ns.device, condition)
+    print(f"{ns.device}: {'cleared' if condition is None else condition} ({path})")
+    return 0
+
+
+def _inject_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("device", help="device name (gpu-0, a MIG device name) or UUID")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--xid", type=int, help="report this Xid error")
+    what.add_argument("--lost", action="store_true", help="report the GPU as lost")
+    what.add_argument("--clear", action="store_true", help="the device recovered")
+
+
+COMMANDS: dict[str, Command] = {
+    "discover": Command(
+        "print the node's GPU inventory", (*_DISCOVERY, "output", *_LOGGING), _discover
     ),
-    "slices": (
+    "slices": Command(
         "print the ResourceSlices the driver would publish for this node",
         (*_DISCOVERY, "driver_name", "output", *_LOGGING),
-        {"output": "yaml"},
         _slices,
+        defaults={"output": "yaml"},
+    ),
+    "run": Command(
+        "run the node agent: serve the kubelet and publish ResourceSlices", _AGENT, _run
+    ),
+    "cleanup": Command(
+        "delete one node's ResourceSlices of this driver (after an uninstall)",
+        ("node_name", "driver_name", "kubeconfig", *_LOGGING),
+        _cleanup,
+    ),
+    "match": MATCH,
+    "explain-claim": EXPLAIN_CLAIM,
+    "inject-health": Command(
+        "simulated nodes: make a device report an Xid error, get lost, or recover",
+        ("plugins_dir", "driver_name", *_LOGGING),
+        _inject_health,
+        arguments=_inject_arguments,
+    ),
+    "demo": Command(
+        "local control plane + two simulated GPU nodes + the driver + example pods",
+        _LOGGING,
+        _demo,
+        defaults={"log_level": "warning"},
+        arguments=_demo_arguments,
     ),
 }
 
@@ -79,9 +177,11 @@ def build_parser() -> argparse.ArgumentParser:
         "Every flag can also be set as an environment variable DRA_<FLAG_NAME>.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (help_text, fields, overrides, _) in COMMANDS.items():
-        command_parser = sub.add_parser(name, help=help_text, description=help_text)
-        add_arguments(command_parser, fields, **overrides)
+    for name, command in COMMANDS.items():
+        command_parser = sub.add_parser(name, help=command.help, description=command.help)
+        add_arguments(command_parser, command.fields, **command.defaults)
+        if command.arguments is not None:
+            command.arguments(command_parser)
     return parser
 
 
@@ -89,12 +189,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dra-driver`` console script."""
     parser = build_parser()
     ns = parser.parse_args(argv)
-    _, fields, _, command = COMMANDS[ns.command]
+    command = COMMANDS[ns.command]
     try:
-        settings = from_namespace(ns, fields)
+        settings = from_namespace(ns, command.fields)
         logs.configure(settings.log_format, settings.log_level)
-        return command(settings)
-    except (SettingsError, DiscoveryError) as exc:
+        return command.run(settings, ns)
+    except (SettingsError, DiscoveryError, KubeConfigError) as exc:
         print(f"dra-driver {ns.command}: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

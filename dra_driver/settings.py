@@ -68,6 +68,24 @@ class Settings(BaseModel):
     pod_uid: str = Field(
         "", description="this pod's UID; enables rolling-update socket names (downward API)"
     )
+    driver_root: Path = Field(
+        Path("/"),
+        description="where the host's NVIDIA driver root is mounted (libnvidia-ml, /dev)",
+    )
+    metrics_port: int = Field(
+        8080, ge=0, le=65535, description="Prometheus /metrics port (0 turns it off)"
+    )
+    health_port: int = Field(
+        51515,
+        ge=0,
+        le=65535,
+        description="gRPC health port for the liveness probe (0 turns it off)",
+    )
+    ignored_xids: str = Field(
+        "13,31,43,45,68,109",
+        pattern=r"^(\d+(,\d+)*)?$",
+        description="Xid errors caused by applications, which do not taint a GPU",
+    )
 
 
 def env_name(field: str) -> str:

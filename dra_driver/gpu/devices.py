@@ -7,6 +7,7 @@ the domain only; ``migCapable``, ``migEnabled`` and ``numaNode`` are this driver
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dra_driver.gpu.inventory import Gpu, Inventory, MigDevice
@@ -166,12 +167,24 @@ def inventory_devices(inventory: Inventory) -> list[JSON]:
 
 
 def desired_pool(
-    inventory: Inventory, node_name: str, driver: str = DEFAULT_DRIVER_NAME
+    inventory: Inventory,
+    node_name: str,
+    driver: str = DEFAULT_DRIVER_NAME,
+    taints: Mapping[str, Sequence[JSON]] | None = None,
 ) -> DesiredPool:
-    """The pool the node agent publishes: pool name = node name, slices packed by API limits."""
+    """The pool the node agent publishes: pool name = node name, slices packed by API limits.
+
+    ``taints`` (device name -> device taints) marks unhealthy devices so the scheduler keeps
+    new claims away from them.
+    """
+    devices = inventory_devices(inventory)
+    if taints:
+        devices = [
+            {**d, "taints": list(taints[d["name"]])} if d["name"] in taints else d for d in devices
+        ]
     return DesiredPool(
         driver=driver,
         pool_name=node_name,
         node_name=node_name,
-        slices=contents_for(inventory_devices(inventory)),
+        slices=contents_for(devices),
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Literal, Protocol
 
 from dra_driver.gpu.inventory import Inventory
@@ -22,7 +23,9 @@ class Discovery(Protocol):
         ...
 
 
-def make_discovery(backend: Backend, *, node_name: str, profile: str | None) -> Discovery:
+def make_discovery(
+    backend: Backend, *, node_name: str, profile: str | None, driver_root: Path = Path("/")
+) -> Discovery:
     """Construct the backend the user asked for."""
     if backend == "simulated":
         from dra_driver.gpu.simulated import SimulatedDiscovery
@@ -32,7 +35,7 @@ def make_discovery(backend: Backend, *, node_name: str, profile: str | None) -> 
         return SimulatedDiscovery(profile, node_name)
     from dra_driver.gpu.nvml import NvmlDiscovery
 
-    return NvmlDiscovery()
+    return NvmlDiscovery(driver_root=driver_root)
 
 
 async def discover_async(discovery: Discovery) -> Inventory:

@@ -183,17 +183,50 @@ def _shutdown() -> None:
         pynvml.nvmlShutdown()
 
 
+#: Where driver installations put libnvidia-ml, relative to the driver root.
+LIBRARY_DIRS = (
+    "usr/lib64",
+    "usr/lib/x86_64-linux-gnu",
+    "usr/lib/aarch64-linux-gnu",
+    "lib64",
+    "usr/lib",
+)
+LIBRARY = "libnvidia-ml.so.1"
+
+
+def preload_library(driver_root: Path) -> Path | None:
+    """Load libnvidia-ml from a driver root mounted into the container, if it is there.
+
+    pynvml opens the library by its soname; once a library with that soname is loaded, the
+    dynamic loader hands out the same one, so nothing else from the host's library
+    directories leaks into this process (as it would with LD_LIBRARY_PATH).
+    """
+    if driver_root == Path("/"):
+        return None
+    for directory in LIBRARY_DIRS:
+        candidate = driver_root / directory / LIBRARY
+        if candidate.exists():
+            ctypes.CDLL(str(candidate), mode=ctypes.RTLD_GLOBAL)
+            return candidate
+    return None
+
+
 class NvmlDiscovery:
     """Discovery backend that asks the NVIDIA driver through NVML."""
 
-    def __init__(self, sysfs_root: Path | None = None) -> None:
+    def __init__(self, sysfs_root: Path | None = None, driver_root: Path = Path("/")) -> None:
         """``sysfs_root`` defaults to ``$DRA_SYSFS_ROOT``, else ``/sys``."""
         if sysfs_root is None:
             sysfs_root = Path(os.environ.get(SYSFS_ROOT_ENV) or "/sys")
         self._sysfs_root = sysfs_root
+        self._driver_root = driver_root
+        self._preloaded = False
 
     def discover(self) -> Inventory:
         """Read the node's GPUs from NVML. Blocks; run it on a worker thread."""
+        if not self._preloaded:
+            preload_library(self._driver_root)
+            self._preloaded = True
         _init()
         try:
             return self._inventory()

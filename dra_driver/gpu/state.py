@@ -150,6 +150,16 @@ class DeviceState:
         with self._lock:
             return {uid: rec.model_copy(deep=True) for uid, rec in self._data.claims.items()}
 
+    def record(self, claim_uid: str) -> ClaimRecord | None:
+        """A copy of one claim's record."""
+        with self._lock:
+            rec = self._data.claims.get(claim_uid)
+            return rec.model_copy(deep=True) if rec else None
+
+    def prepared_count(self) -> int:
+        """How many claims are prepared (or being prepared)."""
+        return len(self._data.claims)
+
     # --- prepare --------------------------------------------------------------------------
 
     def _plan(self, claim: ClaimToPrepare) -> _Plan:

@@ -1,0 +1,232 @@
+"""The node agent (``dra-driver run``): kubelet plugin, slice publisher and health in one loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from dra_driver import metrics
+from dra_driver.cdi.spec import NO_EDITS
+from dra_driver.claimreport import ClaimReporter
+from dra_driver.events import post_event
+from dra_driver.gpu import ctk, devnodes
+from dra_driver.gpu.checkpoint import read_boot_id
+from dra_driver.gpu.claim_spec import parse_mig_minors
+from dra_driver.gpu.devices import desired_pool
+from dra_driver.gpu.discovery import discover_async, make_discovery
+from dra_driver.gpu.driver import GpuDriver
+from dra_driver.gpu.health import (
+    INJECT_FILE,
+    HealthBroadcaster,
+    HealthEvent,
+    HealthTracker,
+    NvmlEventWatcher,
+    parse_xids,
+    watch_injected,
+)
+from dra_driver.gpu.inventory import Inventory
+from dra_driver.gpu.state import DeviceState
+from dra_driver.kube import api_client
+from dra_driver.kubeletplugin.claims import KubeClaimFetcher
+from dra_driver.kubeletplugin.liveness import serve_liveness
+from dra_driver.kubeletplugin.plugin import Plugin, PluginConfig
+from dra_driver.resourceslice.controller import SliceController
+from dra_driver.settings import Settings, SettingsError
+
+log = structlog.get_logger(__name__)
+
+MIG_MINORS = Path("/proc/driver/nvidia-caps/mig-minors")
+REGISTRATION_GRACE = 10.0
+
+
+def _mig_minors(driver_root: Path) -> dict[str, int] | None:
+    try:
+        return parse_mig_minors((driver_root / str(MIG_MINORS).lstrip("/")).read_text())
+    except OSError:
+        return None
+
+
+def build_state(settings: Settings, inventory: Inventory) -> DeviceState:
+    """The node's claim state (blocking: reads and may rewrite the checkpoint)."""
+    real = settings.backend == "nvml"
+    return DeviceState(
+        inventory=inventory,
+        driver_name=settings.driver_name,
+        node_name=settings.node_name,
+        cdi_root=settings.cdi_root,
+        state_dir=settings.plugins_dir / settings.driver_name,
+        boot_id=read_boot_id(),
+        common_edits=ctk.common_edits(str(settings.driver_root)) if real else NO_EDITS,
+        mig_minors=_mig_minors(settings.driver_root),
+        device_nodes=devnodes.host(settings.driver_root) if real else devnodes.simulated,
+    )
+
+
+class NodeAgent:
+    """Everything one node runs, wired together."""
+
+    def __init__(
+        self, settings: Settings, inventory: Inventory, state: DeviceState, client: Any
+    ) -> None:
+        self.settings = settings
+        self.node = settings.node_name
+        self.driver = settings.driver_name
+        self.inventory = inventory
+        self.state = state
+        self.client = client
+        self.slices = SliceController(client, driver=self.driver, node_name=self.node)
+        self.health = HealthTracker(inventory, self.driver, parse_xids(settings.ignored_xids))
+        self.broadcaster = HealthBroadcaster(self.health.device_health(self.node))
+        self.reporter = ClaimReporter(client, self.driver, self.node)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.plugin = Plugin(
+            PluginConfig(
+                driver_name=self.driver,
+                node_name=self.node,
+                registry_dir=settings.registry_dir,
+                plugins_dir=settings.plugins_dir,
+                pod_uid=settings.pod_uid or None,
+            ),
+            GpuDriver(state, self.reporter),
+            KubeClaimFetcher(client),
+            health=self.broadcaster,
+            on_registered=lambda: self._spawn(self.publish()),
+        )
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def publish(self) -> None:
+        """Hand the publisher the pool as it should be now (health taints included)."""
+        pool = desired_pool(self.inventory, self.node, self.driver, self.health.taints())
+        metrics.PUBLISHED_DEVICES.set(sum(len(s.devices) for s in pool.slices))
+        metrics.PUBLISHED_SLICES.set(len(pool.slices))
+        await self.slices.set_pool(pool)
+
+    def on_health_event(self, event: HealthEvent) -> None:
+        """Taint or untaint devices and tell the kubelet; called on the event loop."""
+        label = "gpu-lost" if event.problem == "gpu-lost" else str(event.xid or "")
+        if event.problem != "recovered":
+            ignored = event.problem == "xid" and event.xid in self.health.ignored_xids
+            metrics.HEALTH_EVENTS.labels(xid=label, ignored=str(ignored).lower()).inc()
+        if not self.health.apply(event):
+            return
+        bad = self.health.unhealthy()
+        metrics.UNHEALTHY_DEVICES.set(len(bad))
+        log.warning(
+            "device health changed",
+            uuid=event.uuid,
+            problem=event.problem,
+            xid=event.xid,
+            unhealthy=sorted(bad),
+        )
+        self._spawn(self.publish())
+        self._spawn(self.broadcaster.publish(self.health.device_health(self.node)))
+        if event.problem == "gpu-lost":
+            self._spawn(
+                post_event(
+                    self.client,
+                    kind="Node",
+                    name=self.node,
+                    reason="GPULost",
+                    message=f"GPU {event.uuid} is lost",
+                )
+            )
+
+    async def _watch_health(self) -> None:
+        if self.settings.backend == "simulated":
+            await watch_injected(self.state.state_dir / INJECT_FILE, self.on_health_event)
+            return
+        watcher = NvmlEventWatcher(
+            [g.uuid for g in self.inventory.gpus], self.on_health_event, asyncio.get_running_loop()
+        )
+        watcher.start()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            watcher.stop()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until ``stop`` is set; slices and prepared claims stay in place afterwards."""
+        if self.state.corrupt is not None:
+            await post_event(
+                self.client,
+                kind="Node",
+                name=self.node,
+                reason="CheckpointCorrupt",
+                message=str(self.state.corrupt),
+            )
+        await self.publish()
+        liveness = None
+        async with self.plugin:
+            if self.settings.health_port:
+                liveness = await serve_liveness(self.plugin.paths, self.settings.health_port)
+            log.info(
+                "kubelet plugin serving",
+                driver=self.driver,
+                prepared_claims=self.state.prepared_count(),
+                gpus=len(self.inventory.gpus),
+            )
+            await _await_registration(self.plugin, REGISTRATION_GRACE)
+            background = [
+                asyncio.create_task(self.slices.run(), name="publisher"),
+                asyncio.create_task(self.reporter.run(), name="claim-reporter"),
+                asyncio.create_task(self._watch_health(), name="health"),
+            ]
+            await stop.wait()
+            log.info("stopping: slices stay published, prepared claims stay prepared")
+            for task in background + list(self._tasks):
+                task.cancel()
+            for task in background:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            if liveness is not None:
+                await liveness.stop(1.0)
+
+
+async def _await_registration(plugin: Plugin, grace: float) -> None:
+    """Publish only once the kubelet can prepare what the scheduler allocates, within reason.
+
+    Pods scheduled onto devices before the kubelet knows the plugin fail their first prepare;
+    waiting a moment avoids that. A kubelet that never registers the plugin must not keep the
+    devices unpublished forever, so after ``grace`` seconds the agent publishes anyway.
+    """
+    try:
+        async with asyncio.timeout(grace):
+            await plugin.registered.wait()
+    except TimeoutError:
+        log.warning("kubelet has not registered the plugin yet; publishing anyway", waited_s=grace)
+
+
+async def run_agent(settings: Settings) -> int:
+    """Discover, then serve the kubelet and publish slices until SIGTERM/SIGINT."""
+    if not settings.node_name:
+        raise SettingsError("--node-name (DRA_NODE_NAME) is required")
+    structlog.contextvars.bind_contextvars(node=settings.node_name)
+    discovery = make_discovery(
+        settings.backend,
+        node_name=settings.node_name,
+        profile=settings.profile,
+        driver_root=settings.driver_root,
+    )
+    inventory = await discover_async(discovery)
+    state = await asyncio.to_thread(build_state, settings, inventory)
+    if settings.metrics_port:
+        metrics.serve(settings.metrics_port, settings.driver_name)
+    client = metrics.instrument_api_client(await api_client(settings.kubeconfig))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await NodeAgent(settings, inventory, state, client).run(stop)
+    finally:
+        await client.close()
+    return 0

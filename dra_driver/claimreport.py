@@ -1,0 +1,152 @@
+"""What the driver tells the API server about claims: device status and failure events.
+
+Writes happen in the background so they never add to prepare latency. Device status goes
+through server-side apply on the status subresource with this driver as field manager: the
+API server merges our entries by (driver, pool, device) and leaves other drivers' entries
+alone, so there is no read-modify-write and no conflict to retry. Later updates of one claim
+replace earlier ones that have not been written yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from dra_driver.events import post_event
+from dra_driver.kubeletplugin.interfaces import ClaimRef
+
+log = structlog.get_logger(__name__)
+
+APPLY_PATCH = "application/apply-patch+yaml"
+MAX_ATTEMPTS = 6
+
+
+@dataclass(frozen=True)
+class DeviceStatus:
+    """One device of a claim: its name and the data to publish (e.g. the GPU UUID)."""
+
+    device: str
+    data: Mapping[str, Any]
+
+
+def status_body(
+    ref: ClaimRef, driver: str, pool: str, devices: Sequence[DeviceStatus], now: str
+) -> dict[str, Any]:
+    """The apply configuration for a claim's ``status.devices`` (empty list clears ours)."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": ref.name, "namespace": ref.namespace, "uid": ref.uid},
+        "status": {
+            "devices": [
+                {
+                    "driver": driver,
+                    "pool": pool,
+                    "device": d.device,
+                    "conditions": [
+                        {
+                            "type": "Ready",
+                            "status": "True",
+                            "reason": "Prepared",
+                            "message": "prepared on the node; CDI spec written",
+                            "lastTransitionTime": now,
+                        }
+                    ],
+                    "data": dict(d.data),
+                }
+                for d in devices
+            ]
+        },
+    }
+
+
+class ClaimReporter:
+    """Background writer of claim device status and prepare-failure events."""
+
+    def __init__(self, api_client: Any, driver: str, pool: str) -> None:
+        from kubernetes.aio.client import ResourceV1Api
+
+        self._client = api_client
+        self._api = ResourceV1Api(api_client)
+        self._driver = driver
+        self._pool = pool
+        self._pending: dict[str, tuple[ClaimRef, list[DeviceStatus]]] = {}
+        self._wake = asyncio.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def set_devices(self, ref: ClaimRef, devices: Sequence[DeviceStatus]) -> None:
+        """Publish the claim's prepared devices (an empty list clears them)."""
+        self._pending[ref.uid] = (ref, list(devices))
+        self._wake.set()
+
+    def prepare_failed(self, ref: ClaimRef, message: str) -> None:
+        """A Warning event on the claim, so ``kubectl describe`` shows why."""
+        task = asyncio.create_task(
+            post_event(
+                self._client,
+                kind="ResourceClaim",
+                name=ref.name,
+                namespace=ref.namespace,
+                uid=ref.uid,
+                reason="PrepareFailed",
+                message=message,
+                component=self._driver,
+            )
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def run(self) -> None:
+        """Write pending updates until cancelled."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._pending:
+                uid = next(iter(self._pending))
+                ref, devices = self._pending.pop(uid)
+                await self._apply(ref, devices)
+
+    async def _apply(self, ref: ClaimRef, devices: list[DeviceStatus]) -> None:
+        for attempt in range(MAX_ATTEMPTS):
+            if ref.uid in self._pending:
+                return  # superseded while we were backing off
+            now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            body = status_body(ref, self._driver, self._pool, devices, now)
+            try:
+                response = (
+                    await self._api.patch_namespaced_resource_claim_status_without_preload_content(
+                        ref.name,
+                        ref.namespace,
+                        body,
+                        field_manager=self._driver,
+                        force=True,
+                        _content_type=APPLY_PATCH,
+                    )
+                )
+                status = int(response.status)
+                text = (await response.read()).decode("utf-8", "replace")
+            except Exception as exc:  # connection trouble: retry below
+                status, text = 0, str(exc)
+            if 200 <= status < 300 or status == 404:
+                return  # 404: the claim is gone, nothing to report on
+            if status in (400, 403, 422):
+                log.error(
+                    "claim status rejected", claim=str(ref), status=status, error=_message(text)
+                )
+                return
+            await asyncio.sleep(min(10.0, 0.2 * 2**attempt) * random.uniform(0.5, 1.0))
+        log.warning("giving up on claim status", claim=str(ref), attempts=MAX_ATTEMPTS)
+
+
+def _message(text: str) -> str:
+    try:
+        return str(json.loads(text).get("message", text))[:500]
+    except (ValueError, AttributeError):
+        return text[:500]

@@ -1,0 +1,66 @@
+"""Kubernetes Events, so problems show up in ``kubectl describe`` and not only in logs."""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+
+async def post_event(
+    api_client: Any,
+    *,
+    kind: str,
+    name: str,
+    reason: str,
+    message: str,
+    namespace: str = "",
+    uid: str = "",
+    event_type: str = "Warning",
+    component: str = "dra-driver",
+) -> bool:
+    """Create a core/v1 Event about an object; failures are logged, never raised."""
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    event_ns = namespace or "default"  # events about cluster-scoped objects live in default
+    body = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{name}.{uuid.uuid4().hex[:12]}", "namespace": event_ns},
+        "involvedObject": {
+            "apiVersion": "v1" if kind == "Node" else "resource.k8s.io/v1",
+            "kind": kind,
+            "name": name,
+            **({"namespace": namespace} if namespace else {}),
+            **({"uid": uid} if uid else {}),
+        },
+        "reason": reason,
+        "message": message[:1024],
+        "type": event_type,
+        "source": {"component": component},
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+    try:
+        serialized = await api_client.param_serialize(
+            method="POST",
+            resource_path=f"/api/v1/namespaces/{event_ns}/events",
+            header_params={"Accept": "application/json", "Content-Type": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = await api_client.call_api(*serialized, _preload_content=False)
+        await response.read()
+        ok = bool(200 <= response.status < 300)
+    except Exception as exc:  # an event is best effort: never let it break the caller
+        log.warning("posting event failed", reason=reason, object=f"{kind}/{name}", error=str(exc))
+        return False
+    if not ok:
+        log.warning(
+            "posting event refused", reason=reason, object=f"{kind}/{name}", status=response.status
+        )
+    return ok

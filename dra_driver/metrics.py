@@ -1,0 +1,90 @@
+"""Prometheus metrics of the node agent, served on ``/metrics``.
+
+The default registry also carries the process collector (resident memory, open file
+descriptors, CPU time), which is what an operator watches for leaks.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+import time
+from importlib import metadata
+from typing import Any
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+PREPARE_SECONDS = Histogram(
+    "dra_driver_prepare_seconds",
+    "Time to prepare one claim (its batch's duration), by outcome.",
+    ["outcome"],
+    buckets=_LATENCY_BUCKETS,
+)
+UNPREPARE_SECONDS = Histogram(
+    "dra_driver_unprepare_seconds",
+    "Time to unprepare one claim (its batch's duration), by outcome.",
+    ["outcome"],
+    buckets=_LATENCY_BUCKETS,
+)
+PREPARED_CLAIMS = Gauge("dra_driver_prepared_claims", "Claims prepared on this node.")
+PUBLISHED_DEVICES = Gauge("dra_driver_published_devices", "Devices in this node's pool.")
+PUBLISHED_SLICES = Gauge("dra_driver_published_slices", "ResourceSlices in this node's pool.")
+UNHEALTHY_DEVICES = Gauge("dra_driver_unhealthy_devices", "Devices tainted as unhealthy.")
+API_REQUESTS = Counter(
+    "dra_driver_api_requests_total",
+    "Requests to the Kubernetes API server, by verb and HTTP status code.",
+    ["verb", "code"],
+)
+HEALTH_EVENTS = Counter(
+    "dra_driver_health_events_total",
+    "GPU health events seen, by Xid (or gpu-lost, ecc-dbe), ignored ones included.",
+    ["xid", "ignored"],
+)
+BUILD_INFO = Gauge(
+    "dra_driver_build_info", "Build information (always 1).", ["version", "python", "driver"]
+)
+
+
+def version() -> str:
+    """The installed package version."""
+    try:
+        return metadata.version("dra-driver")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def serve(port: int, driver_name: str, address: str = "0.0.0.0") -> None:
+    """Start the /metrics endpoint in a background thread."""
+    BUILD_INFO.labels(version=version(), python=platform.python_version(), driver=driver_name).set(
+        1
+    )
+    start_http_server(port, addr=address)
+
+
+def observe_batch(histogram: Histogram, started: float, outcomes: dict[str, Any]) -> None:
+    """Record one observation per claim of a batch, labelled success or error."""
+    elapsed = time.perf_counter() - started
+    for outcome in outcomes.values():
+        histogram.labels(outcome="error" if isinstance(outcome, Exception) else "success").observe(
+            elapsed
+        )
+
+
+def instrument_api_client(client: Any) -> Any:
+    """Count every request ``client`` (a kubernetes.aio ApiClient) sends, by verb and status."""
+    original = client.call_api
+
+    @functools.wraps(original)
+    async def call_api(method: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            response = await original(method, *args, **kwargs)
+        except Exception:
+            API_REQUESTS.labels(verb=method, code="error").inc()
+            raise
+        API_REQUESTS.labels(verb=method, code=str(getattr(response, "status", "unknown"))).inc()
+        return response
+
+    client.call_api = call_api
+    return client
