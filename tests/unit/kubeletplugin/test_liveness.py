@@ -30,7 +30,7 @@ async def test_serving_while_sockets_answer_and_not_after(plugin: Plugin) -> Non
     try:
         assert await _check(port) == health_pb2.HealthCheckResponse.SERVING
         # The DRA server stops answering (its socket file may still be there).
-        dra: UnixServer = plugin._dra  # noqa: SLF001 - the test needs the server itself
+        dra: UnixServer = plugin._dra
         await dra.stop(0)
         assert await _check(port) == health_pb2.HealthCheckResponse.NOT_SERVING
     finally:
