@@ -7,14 +7,19 @@ import os
 from pathlib import Path
 from typing import Any
 
+from dra_driver import faults
+
 
 def spec_file_name(vendor: str, cls: str, spec_id: str) -> str:
     """The transient spec file name ``<vendor>-<class>_<id>.json``."""
     return f"{vendor}-{cls}_{spec_id}.json"
 
 
-def write_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write JSON to ``path`` via a temp file, fsync and rename, then fsync the directory."""
+def write_atomic(path: Path, data: dict[str, Any], fault: str | None = None) -> None:
+    """Write JSON to ``path`` via a temp file, fsync and rename, then fsync the directory.
+
+    ``fault`` names a crash point between the fsync and the rename (see :mod:`faults`).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     # A dot-prefixed temp name: runtimes only load files ending in .json/.yaml.
     tmp = path.with_name(f".{path.name}.tmp")
@@ -25,6 +30,8 @@ def write_atomic(path: Path, data: dict[str, Any]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+    if fault is not None:
+        faults.point(fault)
     os.replace(tmp, path)
     fsync_dir(path.parent)
 

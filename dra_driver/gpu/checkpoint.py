@@ -92,7 +92,11 @@ def _body(data: CheckpointData) -> str:
 def save(path: Path, data: CheckpointData) -> None:
     """Write the checkpoint atomically with its checksum."""
     body = _body(data)
-    write_atomic(path, {"checksum": _checksum(body), "data": json.loads(body)})
+    write_atomic(
+        path,
+        {"checksum": _checksum(body), "data": json.loads(body)},
+        fault="checkpoint.before-rename",
+    )
 
 
 def load(path: Path, boot_id: str) -> CheckpointData:

@@ -16,6 +16,7 @@ from typing import Any
 
 import structlog
 
+from dra_driver import faults
 from dra_driver.cdi.spec import NO_EDITS, ContainerEdits
 from dra_driver.cdi.writer import remove, spec_file_name, write_atomic
 from dra_driver.gpu import checkpoint, devnodes
@@ -265,8 +266,10 @@ class DeviceState:
                 plans.append(plan)
             if plans:
                 checkpoint.save(self._path, self._data)
+                faults.point("prepare.started-recorded")
                 out.update({plan.ref.uid: self._write_spec(plan) for plan in plans})
                 checkpoint.save(self._path, self._data)
+                faults.point("prepare.completed-recorded")
             return out
 
     def _write_spec(self, plan: _Plan) -> PrepareResult:
@@ -284,7 +287,8 @@ class DeviceState:
                 mps_host_dir=mps_dir,
                 device_nodes=self._device_nodes,
             )
-            write_atomic(self.spec_path(uid), spec.to_json())
+            write_atomic(self.spec_path(uid), spec.to_json(), fault="cdi.before-rename")
+            faults.point("prepare.cdi-written")
         except OSError as exc:
             del self._data.claims[uid]
             with contextlib.suppress(OSError):
@@ -315,6 +319,7 @@ class DeviceState:
                 except OSError as exc:
                     out[ref.uid] = ClaimError(f"claim {ref}: cannot remove CDI spec: {exc}")
                     continue
+                faults.point("unprepare.cdi-removed")
                 if self._data.claims.pop(ref.uid, None) is not None:
                     changed = True
                     log.info(
@@ -323,6 +328,7 @@ class DeviceState:
                 out[ref.uid] = None
             if changed:
                 checkpoint.save(self._path, self._data)
+                faults.point("unprepare.recorded")
             return out
 
 

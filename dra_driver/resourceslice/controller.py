@@ -24,6 +24,7 @@ from typing import Any
 
 import structlog
 
+from dra_driver import faults
 from dra_driver.resourceslice.backoff import Backoff
 from dra_driver.resourceslice.dropped import describe_dropped, feature_gate_for, find_dropped
 from dra_driver.resourceslice.planner import Plan, plan
@@ -427,6 +428,7 @@ class SliceController:
             for body in result.creates:
                 self.writes += 1
                 stored = await self._api.create_slice(body, self._field_manager)
+                faults.point("publisher.after-create")
                 self._after_write(body, stored, dropped)
             for body in result.updates:
                 self.writes += 1
@@ -436,6 +438,7 @@ class SliceController:
             # Reported once per round, grouped by feature gate, even if a later write failed.
             await self._report_dropped(dropped)
         for name in result.deletes:
+            faults.point("publisher.before-delete")
             uid = _meta(self._store.get(name) or {}).get("uid")
             self.writes += 1
             await self._api.delete_slice(name, str(uid) if uid else None)
