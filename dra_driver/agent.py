@@ -17,7 +17,6 @@ from dra_driver.events import post_event
 from dra_driver.gpu import ctk, devnodes
 from dra_driver.gpu.checkpoint import read_boot_id
 from dra_driver.gpu.claim_spec import parse_mig_minors
-from dra_driver.gpu.devices import desired_pool
 from dra_driver.gpu.discovery import discover_async, make_discovery
 from dra_driver.gpu.driver import GpuDriver
 from dra_driver.gpu.health import (
@@ -30,6 +29,8 @@ from dra_driver.gpu.health import (
     watch_injected,
 )
 from dra_driver.gpu.inventory import Inventory
+from dra_driver.gpu.mig import MigBackend, make_mig_backend
+from dra_driver.gpu.mig_publishing import MigPublishing
 from dra_driver.gpu.state import DeviceState
 from dra_driver.kube import api_client
 from dra_driver.kubeletplugin.claims import KubeClaimFetcher
@@ -51,8 +52,23 @@ def _mig_minors(driver_root: Path) -> dict[str, int] | None:
         return None
 
 
-def build_state(settings: Settings, inventory: Inventory) -> DeviceState:
-    """The node's claim state (blocking: reads and may rewrite the checkpoint)."""
+def build_mig(settings: Settings, inventory: Inventory) -> MigBackend | None:
+    """The MIG backend when dynamic MIG is on (blocking: may read or seed its state)."""
+    if not settings.dynamic_mig:
+        return None
+    return make_mig_backend(
+        settings.backend,
+        state_dir=settings.plugins_dir / settings.driver_name,
+        inventory=inventory,
+        driver_root=settings.driver_root,
+    )
+
+
+def build_state(
+    settings: Settings, inventory: Inventory, mig: MigBackend | None = None
+) -> DeviceState:
+    """The node's claim state (blocking: reads and may rewrite the checkpoint; with dynamic
+    MIG it also destroys MIG devices no prepared claim uses)."""
     real = settings.backend == "nvml"
     return DeviceState(
         inventory=inventory,
@@ -64,6 +80,7 @@ def build_state(settings: Settings, inventory: Inventory) -> DeviceState:
         common_edits=ctk.common_edits(str(settings.driver_root)) if real else NO_EDITS,
         mig_minors=_mig_minors(settings.driver_root),
         device_nodes=devnodes.host(settings.driver_root) if real else devnodes.simulated,
+        mig=mig,
     )
 
 
@@ -71,7 +88,12 @@ class NodeAgent:
     """Everything one node runs, wired together."""
 
     def __init__(
-        self, settings: Settings, inventory: Inventory, state: DeviceState, client: Any
+        self,
+        settings: Settings,
+        inventory: Inventory,
+        state: DeviceState,
+        client: Any,
+        mig: MigBackend | None = None,
     ) -> None:
         self.settings = settings
         self.node = settings.node_name
@@ -79,7 +101,10 @@ class NodeAgent:
         self.inventory = inventory
         self.state = state
         self.client = client
-        self.slices = SliceController(client, driver=self.driver, node_name=self.node)
+        self.mig_publishing = MigPublishing(mig, inventory)
+        self.slices = SliceController(
+            client, driver=self.driver, node_name=self.node, on_dropped=self._on_dropped
+        )
         self.health = HealthTracker(inventory, self.driver, parse_xids(settings.ignored_xids))
         self.broadcaster = HealthBroadcaster(self.health.device_health(self.node))
         self.reporter = ClaimReporter(client, self.driver, self.node)
@@ -105,10 +130,17 @@ class NodeAgent:
 
     async def publish(self) -> None:
         """Hand the publisher the pool as it should be now (health taints included)."""
-        pool = desired_pool(self.inventory, self.node, self.driver, self.health.taints())
+        pool = self.mig_publishing.pool(
+            self.inventory, self.node, self.driver, self.health.taints()
+        )
         metrics.PUBLISHED_DEVICES.set(sum(len(s.devices) for s in pool.slices))
         metrics.PUBLISHED_SLICES.set(len(pool.slices))
         await self.slices.set_pool(pool)
+
+    async def _on_dropped(self, gates: frozenset[str]) -> None:
+        """The API server drops fields: give up dynamic MIG if that is what it drops."""
+        if await self.mig_publishing.on_dropped(gates):
+            self._spawn(self.publish())
 
     def on_health_event(self, event: HealthEvent) -> None:
         """Taint or untaint devices and tell the kubelet; called on the event loop."""
@@ -217,7 +249,8 @@ async def run_agent(settings: Settings) -> int:
         driver_root=settings.driver_root,
     )
     inventory = await discover_async(discovery)
-    state = await asyncio.to_thread(build_state, settings, inventory)
+    mig = await asyncio.to_thread(build_mig, settings, inventory)
+    state = await asyncio.to_thread(build_state, settings, inventory, mig)
     if settings.metrics_port:
         metrics.serve(settings.metrics_port, settings.driver_name)
     client = metrics.instrument_api_client(await api_client(settings.kubeconfig))
@@ -226,7 +259,7 @@ async def run_agent(settings: Settings) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await NodeAgent(settings, inventory, state, client).run(stop)
+        await NodeAgent(settings, inventory, state, client, mig).run(stop)
     finally:
         await client.close()
     return 0

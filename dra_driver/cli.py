@@ -95,6 +95,7 @@ _AGENT = (
     "metrics_port",
     "health_port",
     "ignored_xids",
+    "dynamic_mig",
     *_LOGGING,
 )
 

@@ -81,6 +81,11 @@ class Settings(BaseModel):
         le=65535,
         description="gRPC health port for the liveness probe (0 turns it off)",
     )
+    dynamic_mig: bool = Field(
+        False,
+        description="create MIG devices on demand: publish every MIG placement with shared "
+        "counters (needs the DRAPartitionableDevices feature; true/false)",
+    )
     ignored_xids: str = Field(
         "13,31,43,45,68,109",
         pattern=r"^(\d+(,\d+)*)?$",

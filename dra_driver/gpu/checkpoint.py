@@ -13,8 +13,16 @@ import json
 import time
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+)
 
 from dra_driver.cdi.writer import write_atomic
 
@@ -27,10 +35,29 @@ class ClaimState(StrEnum):
 
     PREPARE_STARTED = "PrepareStarted"
     PREPARE_COMPLETED = "PrepareCompleted"
+    # Dynamic MIG: recorded before the claim's MIG devices are destroyed, so a restart
+    # finishes the unprepare instead of forgetting the devices.
+    UNPREPARE_STARTED = "UnprepareStarted"
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class MigRecord(_Model):
+    """A MIG device created for the claim on demand (dynamic MIG).
+
+    Written before the GPU instance is created: the GPU and placement identify the
+    instance even if a crash comes before its ids are known, so a restart can destroy it.
+    """
+
+    gpu_uuid: str = Field(alias="gpuUUID")
+    profile_id: int = Field(alias="profileID")
+    profile: str
+    start: int
+    size: int
+    gpu_instance_id: int | None = Field(default=None, alias="gpuInstanceID")
+    compute_instance_id: int | None = Field(default=None, alias="computeInstanceID")
 
 
 class DeviceRecord(_Model):
@@ -43,6 +70,16 @@ class DeviceRecord(_Model):
     share_id: str | None = Field(default=None, alias="shareID")
     uuid: str = ""
     sharing: str | None = None  # the applied sharing strategy, if any
+    mig: MigRecord | None = None  # set for MIG devices created on demand
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_mig(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Files written before dynamic MIG have no "mig" key; leaving it out when unset keeps
+        # their checksums (computed over the re-serialised body) valid.
+        body: dict[str, Any] = handler(self)
+        if body.get("mig") is None:
+            body.pop("mig", None)
+        return body
 
 
 class ClaimRecord(_Model):

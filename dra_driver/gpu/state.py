@@ -7,6 +7,7 @@ kubelet plugin's node-wide lock; the internal lock only guards against misuse.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shutil
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -20,7 +21,13 @@ from dra_driver import faults
 from dra_driver.cdi.spec import NO_EDITS, ContainerEdits
 from dra_driver.cdi.writer import remove, spec_file_name, write_atomic
 from dra_driver.gpu import checkpoint, devnodes
-from dra_driver.gpu.checkpoint import CheckpointData, ClaimRecord, ClaimState, DeviceRecord
+from dra_driver.gpu.checkpoint import (
+    CheckpointData,
+    ClaimRecord,
+    ClaimState,
+    DeviceRecord,
+    MigRecord,
+)
 from dra_driver.gpu.claim_spec import (
     CDI_CLASS,
     CDI_VENDOR,
@@ -30,8 +37,10 @@ from dra_driver.gpu.claim_spec import (
     uses_mps,
 )
 from dra_driver.gpu.config import ConfigError, parse_allocation_config, resolve_config
-from dra_driver.gpu.devices import devices_for_gpu
-from dra_driver.gpu.inventory import Gpu, Inventory, MigDevice
+from dra_driver.gpu.devices import devices_for_gpu, gpu_device_name
+from dra_driver.gpu.inventory import Gpu, Inventory, MigDevice, Placement
+from dra_driver.gpu.mig import MigBackend, MigError, overlaps
+from dra_driver.gpu.partitions import PlacementSpec, placement_index
 from dra_driver.kubeletplugin.interfaces import (
     ClaimRef,
     ClaimToPrepare,
@@ -54,6 +63,12 @@ class _Plan:
     ref: ClaimRef
     devices: tuple[AllocatedDevice, ...]
     results: tuple[dict[str, Any], ...]
+    # Dynamic MIG: the placement to create for each device (None: the device exists).
+    carve: tuple[PlacementSpec | None, ...] = ()
+
+
+# A device's footprint on its GPU: the GPU's UUID and the placement it takes (None: all of it).
+_Footprint = tuple[str, Placement | None]
 
 
 def _device_index(inventory: Inventory) -> dict[str, tuple[Gpu, MigDevice | None]]:
@@ -82,7 +97,10 @@ class DeviceState:
         common_edits: ContainerEdits = NO_EDITS,
         mig_minors: Mapping[str, int] | None = None,
         device_nodes: devnodes.Resolver = devnodes.plain,
+        mig: MigBackend | None = None,
     ) -> None:
+        """``mig`` turns on dynamic MIG: MIG devices are created when a claim for one of the
+        published placements is prepared and destroyed when it is unprepared."""
         self.driver_name = driver_name
         self.node_name = node_name
         self.cdi_root = cdi_root
@@ -92,6 +110,14 @@ class DeviceState:
         self._device_nodes = device_nodes
         self._lock = threading.Lock()
         self._devices = _device_index(inventory)
+        self._mig = mig
+        self._gpus = {g.uuid: g for g in inventory.gpus}
+        self._placements = placement_index(inventory) if mig is not None else {}
+        if mig is not None:
+            # A MIG-capable GPU is published whole as well as in placements.
+            for gpu in inventory.gpus:
+                if gpu.mig.capable:
+                    self._devices[gpu_device_name(gpu)] = (gpu, None)
         self._path = state_dir / CHECKPOINT_FILE
         self.corrupt: checkpoint.CorruptCheckpoint | None = None
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -117,18 +143,68 @@ class DeviceState:
             )
         else:
             stale = [
-                uid for uid, rec in data.claims.items() if rec.state is ClaimState.PREPARE_STARTED
+                uid
+                for uid, rec in data.claims.items()
+                if rec.state is not ClaimState.PREPARE_COMPLETED
             ]
         for uid in stale:
             rec = data.claims.pop(uid)
             self._remove_artifacts(uid)
+            # An interrupted unprepare is finished, an interrupted prepare undone: either way
+            # the claim goes, and its MIG devices with it (see _destroy_orphans).
             log.info(
-                "undid interrupted prepare", claim=f"{rec.namespace}/{rec.name}", claim_uid=uid
+                "finished interrupted unprepare"
+                if rec.state is ClaimState.UNPREPARE_STARTED
+                else "undid interrupted prepare",
+                claim=f"{rec.namespace}/{rec.name}",
+                claim_uid=uid,
             )
         data.boot_id = boot_id
         if stale or not self._path.exists():
             checkpoint.save(self._path, data)
+        if self._mig is not None:
+            self._destroy_orphans(data)
         return data
+
+    def _destroy_orphans(self, data: CheckpointData) -> None:
+        """Destroy MIG devices no prepared claim uses (dynamic MIG owns the GPUs' layout).
+
+        Covers instances left by a crash mid-prepare (their claim was just dropped) and
+        MIG devices made before the driver started; a claim's devices are recognised by the
+        placement recorded for them, or by the device name (claims prepared statically).
+        """
+        assert self._mig is not None
+        kept_names = {d.device_name for rec in data.claims.values() for d in rec.devices}
+        kept = {
+            (d.mig.gpu_uuid, d.mig.profile_id, d.mig.start)
+            for rec in data.claims.values()
+            for d in rec.devices
+            if d.mig is not None
+        }
+        for gpu in self._gpus.values():
+            if not gpu.mig.capable:
+                continue
+            for inst in self._mig.list(gpu):
+                spec = next(
+                    (
+                        s
+                        for s in self._placements.values()
+                        if s.gpu.uuid == gpu.uuid
+                        and s.profile.profile_id == inst.profile_id
+                        and s.placement.start == inst.placement.start
+                    ),
+                    None,
+                )
+                name = spec.device_name if spec else ""
+                if (gpu.uuid, inst.profile_id, inst.placement.start) in kept or name in kept_names:
+                    continue
+                self._mig.destroy(gpu, inst.gpu_instance_id)
+                log.info(
+                    "destroyed MIG device no claim uses",
+                    gpu=gpu.uuid,
+                    device=name or f"gi{inst.gpu_instance_id}",
+                    uuid=inst.device.uuid if inst.device else None,
+                )
 
     # --- paths ----------------------------------------------------------------------------
 
@@ -167,9 +243,12 @@ class DeviceState:
         ref = claim.ref
         configs = parse_allocation_config(claim.config, driver=self.driver_name, claim=str(ref))
         devices: list[AllocatedDevice] = []
+        carve: list[PlacementSpec | None] = []
         for result in claim.results:
             name = str(result.get("device", ""))
-            found = self._devices.get(name)
+            placement = self._placements.get(name)
+            found = (placement.gpu, None) if placement else self._devices.get(name)
+            carve.append(placement)
             if found is None:
                 known = ", ".join(sorted(self._devices)) or "none"
                 raise ClaimError(
@@ -179,13 +258,14 @@ class DeviceState:
                 )
             gpu, mig = found
             request = str(result.get("request", ""))
-            config = resolve_config(configs, request, "mig" if mig else "gpu", claim=str(ref))
+            kind = "mig" if mig or placement else "gpu"
+            config = resolve_config(configs, request, kind, claim=str(ref))
             devices.append(
                 AllocatedDevice(
                     requests=(request,), device_name=name, gpu=gpu, mig=mig, config=config
                 )
             )
-        return _Plan(ref=ref, devices=tuple(devices), results=claim.results)
+        return _Plan(ref=ref, devices=tuple(devices), results=claim.results, carve=tuple(carve))
 
     def _holders(self) -> dict[str, str]:
         """Device name -> UID of the claim holding it exclusively."""
@@ -198,7 +278,7 @@ class DeviceState:
 
     def _records(self, plan: _Plan) -> list[DeviceRecord]:
         records = []
-        for device, result in zip(plan.devices, plan.results, strict=True):
+        for device, result, spec in zip(plan.devices, plan.results, plan.carve, strict=True):
             admin = bool(result.get("adminAccess"))
             strategy = (
                 device.config.sharing.strategy if device.config and device.config.sharing else None
@@ -210,11 +290,54 @@ class DeviceState:
                     device_name=device.device_name,
                     cdi_device_ids=[cdi_device_id(plan.ref.uid, device.device_name)],
                     share_id=result.get("shareID"),
-                    uuid=device.uuid,
+                    uuid="" if spec else device.uuid,
                     sharing="admin" if admin else strategy,
+                    mig=_mig_record(spec) if spec else None,
                 )
             )
         return records
+
+    def _footprint(self, rec: DeviceRecord) -> _Footprint | None:
+        """Which part of which GPU a recorded device occupies."""
+        if rec.mig is not None:
+            return rec.mig.gpu_uuid, Placement(start=rec.mig.start, size=rec.mig.size)
+        spec = self._placements.get(rec.device_name)
+        if spec is not None:
+            return spec.gpu.uuid, spec.placement
+        found = self._devices.get(rec.device_name)
+        if found is None:
+            return None
+        gpu, mig = found
+        return gpu.uuid, mig.placement if mig else None
+
+    def _check_gpu_free(
+        self,
+        ref: ClaimRef,
+        records: Sequence[DeviceRecord],
+        others: Sequence[tuple[str, DeviceRecord]],
+    ) -> None:
+        """Dynamic MIG: a whole GPU and MIG devices of it (or overlapping ones) exclude each other.
+
+        The scheduler's counters already prevent such allocations; this double-checks, and
+        it is what keeps MIG mode from changing under a claim that holds the whole GPU.
+        """
+        taken = [(uid, r, self._footprint(r)) for uid, r in others if r.sharing != "admin"]
+        for rec in records:
+            mine = self._footprint(rec)
+            if mine is None or rec.sharing == "admin":
+                continue
+            for uid, other, theirs in taken:
+                if uid == ref.uid or theirs is None or theirs[0] != mine[0]:
+                    continue
+                if mine[1] is None or theirs[1] is None or overlaps(mine[1], theirs[1]):
+                    holder = self._data.claims.get(uid)
+                    owner = f"{holder.namespace}/{holder.name}" if holder else uid
+                    raise ClaimError(
+                        f"claim {ref}: device {rec.device_name} cannot be prepared while claim "
+                        f"{owner} holds {other.device_name} on the same GPU {mine[0]} (a whole "
+                        "GPU and its MIG devices exclude each other; MIG mode can only change "
+                        "on an idle GPU)"
+                    )
 
     def _check_free(
         self, ref: ClaimRef, records: Sequence[DeviceRecord], held: Mapping[str, str]
@@ -240,6 +363,7 @@ class DeviceState:
             out: dict[str, PrepareResult] = {}
             plans: list[_Plan] = []
             held = self._holders()
+            others = [(u, d) for u, r in self._data.claims.items() for d in r.devices]
             for claim in claims:
                 uid = claim.ref.uid
                 done = self._data.claims.get(uid)
@@ -250,13 +374,29 @@ class DeviceState:
                     plan = self._plan(claim)
                     records = self._records(plan)
                     self._check_free(claim.ref, records, held)
+                    if self._mig is not None:
+                        self._check_gpu_free(claim.ref, records, others)
                 except (ClaimError, ConfigError) as exc:
                     log.warning(
                         "prepare refused", claim=str(claim.ref), claim_uid=uid, error=str(exc)
                     )
                     out[uid] = exc
                     continue
+                except (TypeError, ValueError, AttributeError, KeyError) as exc:
+                    # A result or config of the wrong shape (nothing the API server accepts, but
+                    # the claim comes from outside) fails this claim only, before anything of it
+                    # is recorded; the other claims of the batch go ahead.
+                    error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                    log.warning(
+                        "prepare refused: malformed allocation",
+                        claim=str(claim.ref),
+                        claim_uid=uid,
+                        error=error,
+                    )
+                    out[uid] = ClaimError(f"claim {claim.ref}: malformed allocation: {error}")
+                    continue
                 held.update({r.device_name: uid for r in records if r.sharing != "admin"})
+                others += [(uid, r) for r in records]
                 self._data.claims[uid] = ClaimRecord(
                     state=ClaimState.PREPARE_STARTED,
                     namespace=claim.ref.namespace,
@@ -267,10 +407,87 @@ class DeviceState:
             if plans:
                 checkpoint.save(self._path, self._data)
                 faults.point("prepare.started-recorded")
-                out.update({plan.ref.uid: self._write_spec(plan) for plan in plans})
+                out.update({plan.ref.uid: self._finish(plan) for plan in plans})
                 checkpoint.save(self._path, self._data)
                 faults.point("prepare.completed-recorded")
             return out
+
+    def _finish(self, plan: _Plan) -> PrepareResult:
+        """Create the claim's MIG devices (dynamic MIG), then write its CDI spec."""
+        records = list(self._data.claims[plan.ref.uid].devices)
+        try:
+            plan = self._carve(plan)
+        except MigError as exc:
+            self._undo_carve(plan.ref, records)
+            log.error("creating MIG device failed", claim=str(plan.ref), error=str(exc))
+            return ClaimError(f"claim {plan.ref}: {exc}")
+        result = self._write_spec(plan)
+        if isinstance(result, Exception):
+            self._undo_carve(plan.ref, records)
+        return result
+
+    def _carve(self, plan: _Plan) -> _Plan:
+        """Make the GPUs match the claim: MIG devices created, or MIG mode off for whole GPUs.
+
+        The intent (GPU, profile, placement) is already in the checkpoint, so a crash at any
+        step leaves something a restart recognises and destroys.
+        """
+        if self._mig is None:
+            return plan
+        record = self._data.claims[plan.ref.uid]
+        devices = list(plan.devices)
+        for i, (device, rec, spec) in enumerate(
+            zip(plan.devices, record.devices, plan.carve, strict=True)
+        ):
+            if spec is None:
+                if (
+                    device.mig is None
+                    and device.gpu.mig.capable
+                    and self._mig.mig_enabled(device.gpu)
+                ):
+                    # A whole GPU in MIG mode cannot run CUDA work; it is idle (checked above).
+                    self._mig.set_mig_mode(device.gpu, False)
+                    faults.point("prepare.mig-disabled")
+                continue
+            if not self._mig.mig_enabled(spec.gpu):
+                self._mig.set_mig_mode(spec.gpu, True)
+                faults.point("prepare.mig-enabled")
+            created = self._mig.create(spec.gpu, spec.profile, spec.placement.start)
+            faults.point("prepare.mig-created")
+            assert rec.mig is not None
+            rec.mig.gpu_instance_id = created.gpu_instance_id
+            rec.mig.compute_instance_id = created.compute_instance_id
+            rec.uuid = created.uuid
+            devices[i] = dataclasses.replace(device, mig=created)
+            log.info(
+                "created MIG device",
+                claim=str(plan.ref),
+                device=device.device_name,
+                uuid=created.uuid,
+                gpu_instance=created.gpu_instance_id,
+            )
+        return dataclasses.replace(plan, devices=tuple(devices))
+
+    def _undo_carve(self, ref: ClaimRef, records: Sequence[DeviceRecord]) -> None:
+        """Best effort: destroy what a failed prepare created (a restart sweeps the rest)."""
+        self._data.claims.pop(ref.uid, None)
+        for rec in records:
+            if rec.mig is not None:
+                try:
+                    self._destroy(rec.mig)
+                except MigError as exc:
+                    log.error("destroying MIG device failed", claim=str(ref), error=str(exc))
+
+    def _destroy(self, mig: MigRecord) -> None:
+        """Destroy the MIG device recorded for a claim, if it (still) exists."""
+        assert self._mig is not None
+        gpu = self._gpus.get(mig.gpu_uuid)
+        if gpu is None:
+            return
+        for inst in self._mig.list(gpu):
+            if inst.profile_id == mig.profile_id and inst.placement.start == mig.start:
+                self._mig.destroy(gpu, inst.gpu_instance_id)
+                log.info("destroyed MIG device", gpu=gpu.uuid, profile=mig.profile, start=mig.start)
 
     def _write_spec(self, plan: _Plan) -> PrepareResult:
         uid = plan.ref.uid
@@ -314,12 +531,27 @@ class DeviceState:
             out: dict[str, UnprepareResult] = {}
             changed = False
             for ref in refs:
+                rec = self._data.claims.get(ref.uid)
+                migs = [d.mig for d in rec.devices if d.mig is not None] if rec else []
+                if rec is not None and migs and rec.state is not ClaimState.UNPREPARE_STARTED:
+                    # Recorded first: a restart finishes what this unprepare starts.
+                    rec.state = ClaimState.UNPREPARE_STARTED
+                    checkpoint.save(self._path, self._data)
+                    faults.point("unprepare.started-recorded")
                 try:
                     self._remove_artifacts(ref.uid)
                 except OSError as exc:
                     out[ref.uid] = ClaimError(f"claim {ref}: cannot remove CDI spec: {exc}")
                     continue
                 faults.point("unprepare.cdi-removed")
+                try:
+                    for mig in migs:
+                        self._destroy(mig)
+                except MigError as exc:
+                    out[ref.uid] = ClaimError(f"claim {ref}: cannot destroy MIG device: {exc}")
+                    continue
+                if migs:
+                    faults.point("unprepare.mig-destroyed")
                 if self._data.claims.pop(ref.uid, None) is not None:
                     changed = True
                     log.info(
@@ -330,6 +562,16 @@ class DeviceState:
                 checkpoint.save(self._path, self._data)
                 faults.point("unprepare.recorded")
             return out
+
+
+def _mig_record(spec: PlacementSpec) -> MigRecord:
+    return MigRecord(
+        gpu_uuid=spec.gpu.uuid,
+        profile_id=spec.profile.profile_id,
+        profile=spec.profile.name,
+        start=spec.placement.start,
+        size=spec.placement.size,
+    )
 
 
 def _prepared(record: ClaimRecord) -> list[PreparedDevice]:

@@ -40,9 +40,11 @@
  *                                       reports the engines and memory of the GI's profile
  *
  * The library keeps the whole file in memory. Calls that change MIG state
- * (nvmlDeviceCreateGpuInstanceWithPlacement, nvmlGpuInstanceDestroy) write it back in the
- * same format (save_data), so the change is what the next process sees. Compute instances
- * (and so MIG devices) are only read from the file for now.
+ * (nvmlDeviceSetMigMode, nvmlDeviceCreateGpuInstanceWithPlacement, nvmlGpuInstanceDestroy,
+ * nvmlGpuInstanceCreateComputeInstance, nvmlComputeInstanceDestroy) write it back in the
+ * same format (save_data), so the change is what the next process sees. A GPU instance has
+ * at most one compute instance, spanning it (the layout MIG devices made on demand use);
+ * a new compute instance gets a random MIG UUID, as on real hardware.
  */
 
 #include <stdarg.h>
@@ -77,6 +79,7 @@ enum {
 
 typedef struct nvmlDevice_st *nvmlDevice_t;
 typedef struct nvmlGpuInstance_st *nvmlGpuInstance_t;
+typedef struct nvmlComputeInstance_st *nvmlComputeInstance_t;
 
 typedef struct {
     unsigned long long total;
@@ -137,12 +140,45 @@ typedef struct {
     unsigned long long memorySizeMB;
 } nvmlDeviceAttributes_t;
 
+typedef struct {
+    unsigned int version;
+    unsigned int id;
+    unsigned int sliceCount;
+    unsigned int instanceCount;
+    unsigned int multiprocessorCount;
+    unsigned int sharedCopyEngineCount;
+    unsigned int sharedDecoderCount;
+    unsigned int sharedEncoderCount;
+    unsigned int sharedJpegCount;
+    unsigned int sharedOfaCount;
+    char name[96];
+} nvmlComputeInstanceProfileInfo_v2_t;
+
+#define nvmlComputeInstanceProfileInfo_v2 \
+    (unsigned int)(sizeof(nvmlComputeInstanceProfileInfo_v2_t) | (2 << 24U))
+
+typedef struct {
+    unsigned int start;
+    unsigned int size;
+} nvmlComputeInstancePlacement_t;
+
+typedef struct {
+    nvmlDevice_t device;
+    nvmlGpuInstance_t gpuInstance;
+    unsigned int id;
+    unsigned int profileId;
+    nvmlComputeInstancePlacement_t placement;
+} nvmlComputeInstanceInfo_t;
+
 /* The sizes pynvml's ctypes structures have on x86-64 / aarch64 Linux. */
 _Static_assert(sizeof(nvmlMemory_t) == 24, "nvmlMemory_t");
 _Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t");
 _Static_assert(sizeof(nvmlGpuInstanceProfileInfo_v2_t) == 0x98, "nvmlGpuInstanceProfileInfo_v2_t");
 _Static_assert(sizeof(nvmlGpuInstanceInfo_t) == 24, "nvmlGpuInstanceInfo_t");
 _Static_assert(sizeof(nvmlDeviceAttributes_t) == 40, "nvmlDeviceAttributes_t");
+_Static_assert(sizeof(nvmlComputeInstanceProfileInfo_v2_t) == 0x88,
+               "nvmlComputeInstanceProfileInfo_v2_t");
+_Static_assert(sizeof(nvmlComputeInstanceInfo_t) == 32, "nvmlComputeInstanceInfo_t");
 
 /* ---- the fake's state ------------------------------------------------------------------ */
 
@@ -171,11 +207,17 @@ typedef struct {
     struct nvmlGpuInstance_st handle;
 } fake_gi;
 
+struct nvmlComputeInstance_st {
+    int gpu;
+    int ci; /* index into fake_gpu.cis */
+};
+
 typedef struct {
     int used;
     unsigned int gi_id, ci_id;
     char uuid[TEXT];
-    struct nvmlDevice_st handle;
+    struct nvmlDevice_st handle;           /* the MIG device */
+    struct nvmlComputeInstance_st ci_handle; /* the compute instance */
 } fake_ci;
 
 typedef struct {
@@ -410,6 +452,8 @@ static int parse_line(char *line, fake_gpu **cur) {
             ci->used = 1;
             ci->handle.gpu = (int)(gpu - g_gpus);
             ci->handle.mig = i;
+            ci->ci_handle.gpu = ci->handle.gpu;
+            ci->ci_handle.ci = i;
             return 0;
         }
         return -1;
@@ -956,5 +1000,217 @@ nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t gpuInstance) {
     nvmlReturn_t rc = save_data();
     if (rc != NVML_SUCCESS)
         gi->used = 1;
+    return rc;
+}
+
+/* ---- MIG mode and compute instances (persisted to the data file) ----------------------- */
+
+nvmlReturn_t nvmlDeviceSetMigMode(nvmlDevice_t device, unsigned int mode,
+                                  nvmlReturn_t *activationStatus) {
+    FAIL_POINT("nvmlDeviceSetMigMode");
+    NEED_INIT();
+    fake_gpu *gpu = whole_gpu(device);
+    if (!gpu || !activationStatus || mode > 1)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!gpu->mig_supported)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (!mode)
+        for (int i = 0; i < MAX_GIS; i++)
+            if (gpu->gis[i].used)
+                return NVML_ERROR_IN_USE;
+    unsigned int old_current = gpu->mig_current, old_pending = gpu->mig_pending;
+    /* The stand-in switches at once, as a GPU without processes does after its reset. */
+    gpu->mig_current = gpu->mig_pending = mode;
+    nvmlReturn_t rc = save_data();
+    if (rc != NVML_SUCCESS) {
+        gpu->mig_current = old_current;
+        gpu->mig_pending = old_pending;
+    }
+    *activationStatus = rc;
+    return rc;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned int profileId,
+                                       nvmlGpuInstance_t *gpuInstances, unsigned int *count) {
+    FAIL_POINT("nvmlDeviceGetGpuInstances");
+    NEED_INIT();
+    fake_gpu *gpu = whole_gpu(device);
+    if (!gpu || !gpuInstances || !count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!gpu->mig_supported || !gpu->mig_current)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (!profile_by_id(gpu, profileId))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int n = 0;
+    for (int i = 0; i < MAX_GIS; i++)
+        if (gpu->gis[i].used && gpu->gis[i].profile_id == profileId)
+            gpuInstances[n++] = &gpu->gis[i].handle;
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+static fake_gi *gi_of(nvmlGpuInstance_t gpuInstance, fake_gpu **gpu_out) {
+    if (!gpuInstance || gpuInstance->gpu < 0 || gpuInstance->gpu >= g_ngpus ||
+        gpuInstance->gi < 0 || gpuInstance->gi >= MAX_GIS)
+        return NULL;
+    fake_gpu *gpu = &g_gpus[gpuInstance->gpu];
+    fake_gi *gi = &gpu->gis[gpuInstance->gi];
+    if (!gi->used)
+        return NULL;
+    *gpu_out = gpu;
+    return gi;
+}
+
+/* NVML_COMPUTE_INSTANCE_PROFILE_* index of the compute instance spanning `slices` slices. */
+static int full_ci_profile(unsigned int slices) {
+    static const int by_slices[9] = {-1, 0, 1, 2, 3, -1, 6, 4, 5};
+    return slices < 9 ? by_slices[slices] : -1;
+}
+
+nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfoV(
+    nvmlGpuInstance_t gpuInstance, unsigned int profile, unsigned int engProfile,
+    nvmlComputeInstanceProfileInfo_v2_t *info) {
+    FAIL_POINT("nvmlGpuInstanceGetComputeInstanceProfileInfoV");
+    NEED_INIT();
+    fake_gpu *gpu = NULL;
+    fake_gi *gi = gi_of(gpuInstance, &gpu);
+    if (!gi || !info || engProfile != 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (info->version != nvmlComputeInstanceProfileInfo_v2)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    fake_profile *p = profile_by_id(gpu, gi->profile_id);
+    /* Only the compute instance that spans the whole GPU instance is modelled. */
+    if (!p || full_ci_profile(p->slices) != (int)profile)
+        return NVML_ERROR_NOT_SUPPORTED;
+    info->id = profile;
+    info->sliceCount = p->slices;
+    info->instanceCount = 1;
+    info->multiprocessorCount = p->sm;
+    info->sharedCopyEngineCount = p->ce;
+    info->sharedDecoderCount = p->dec;
+    info->sharedEncoderCount = p->enc;
+    info->sharedJpegCount = p->jpeg;
+    info->sharedOfaCount = p->ofa;
+    snprintf(info->name, sizeof info->name, "MIG %ug", p->slices);
+    return NVML_SUCCESS;
+}
+
+static void random_mig_uuid(char *out, size_t cap) {
+    unsigned char b[16] = {0};
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (!f || fread(b, 1, sizeof b, f) != sizeof b) {
+        for (size_t i = 0; i < sizeof b; i++)
+            b[i] = (unsigned char)rand();
+    }
+    if (f)
+        fclose(f);
+    snprintf(out, cap,
+             "MIG-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+             b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+             b[14], b[15]);
+}
+
+nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(nvmlGpuInstance_t gpuInstance,
+                                                  unsigned int profileId,
+                                                  nvmlComputeInstance_t *computeInstance) {
+    FAIL_POINT("nvmlGpuInstanceCreateComputeInstance");
+    NEED_INIT();
+    fake_gpu *gpu = NULL;
+    fake_gi *gi = gi_of(gpuInstance, &gpu);
+    if (!gi || !computeInstance)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    fake_profile *p = profile_by_id(gpu, gi->profile_id);
+    if (!p || full_ci_profile(p->slices) != (int)profileId)
+        return NVML_ERROR_NOT_SUPPORTED;
+    int free_slot = -1;
+    for (int i = 0; i < MAX_CIS; i++) {
+        if (gpu->cis[i].used && gpu->cis[i].gi_id == gi->id)
+            return NVML_ERROR_INSUFFICIENT_RESOURCES; /* the GI is fully used */
+        if (!gpu->cis[i].used && free_slot < 0)
+            free_slot = i;
+    }
+    if (free_slot < 0)
+        return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    fake_ci *ci = &gpu->cis[free_slot];
+    memset(ci, 0, sizeof *ci);
+    ci->used = 1;
+    ci->gi_id = gi->id;
+    ci->ci_id = 0;
+    random_mig_uuid(ci->uuid, sizeof ci->uuid);
+    ci->handle.gpu = ci->ci_handle.gpu = (int)(gpu - g_gpus);
+    ci->handle.mig = ci->ci_handle.ci = free_slot;
+    nvmlReturn_t rc = save_data();
+    if (rc != NVML_SUCCESS) {
+        ci->used = 0;
+        return rc;
+    }
+    *computeInstance = &ci->ci_handle;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlGpuInstanceGetComputeInstances(nvmlGpuInstance_t gpuInstance,
+                                                unsigned int profileId,
+                                                nvmlComputeInstance_t *computeInstances,
+                                                unsigned int *count) {
+    FAIL_POINT("nvmlGpuInstanceGetComputeInstances");
+    NEED_INIT();
+    fake_gpu *gpu = NULL;
+    fake_gi *gi = gi_of(gpuInstance, &gpu);
+    if (!gi || !computeInstances || !count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    fake_profile *p = profile_by_id(gpu, gi->profile_id);
+    unsigned int n = 0;
+    if (p && full_ci_profile(p->slices) == (int)profileId)
+        for (int i = 0; i < MAX_CIS; i++)
+            if (gpu->cis[i].used && gpu->cis[i].gi_id == gi->id)
+                computeInstances[n++] = &gpu->cis[i].ci_handle;
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+static fake_ci *ci_of(nvmlComputeInstance_t computeInstance, fake_gpu **gpu_out) {
+    if (!computeInstance || computeInstance->gpu < 0 || computeInstance->gpu >= g_ngpus ||
+        computeInstance->ci < 0 || computeInstance->ci >= MAX_CIS)
+        return NULL;
+    fake_gpu *gpu = &g_gpus[computeInstance->gpu];
+    fake_ci *ci = &gpu->cis[computeInstance->ci];
+    if (!ci->used)
+        return NULL;
+    *gpu_out = gpu;
+    return ci;
+}
+
+nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t computeInstance,
+                                           nvmlComputeInstanceInfo_t *info) {
+    FAIL_POINT("nvmlComputeInstanceGetInfo_v2");
+    NEED_INIT();
+    fake_gpu *gpu = NULL;
+    fake_ci *ci = ci_of(computeInstance, &gpu);
+    if (!ci || !info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    fake_gi *gi = gi_by_id(gpu, ci->gi_id);
+    fake_profile *p = gi ? profile_by_id(gpu, gi->profile_id) : NULL;
+    if (!p)
+        return NVML_ERROR_UNKNOWN;
+    info->device = &gpu->handle;
+    info->gpuInstance = &gi->handle;
+    info->id = ci->ci_id;
+    info->profileId = (unsigned int)full_ci_profile(p->slices);
+    info->placement.start = 0;
+    info->placement.size = p->slices;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t computeInstance) {
+    FAIL_POINT("nvmlComputeInstanceDestroy");
+    NEED_INIT();
+    fake_gpu *gpu = NULL;
+    fake_ci *ci = ci_of(computeInstance, &gpu);
+    if (!ci)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    ci->used = 0;
+    nvmlReturn_t rc = save_data();
+    if (rc != NVML_SUCCESS)
+        ci->used = 1;
     return rc;
 }
