@@ -26,6 +26,7 @@ $(STAMP): pyproject.toml
 
 lint: install
 	$(BIN)/ruff check dra_driver tests bench
+	$(BIN)/ruff format --check dra_driver
 	$(BIN)/mypy
 
 unit: install
@@ -34,7 +35,7 @@ unit: install
 e2e: install testenv
 	$(BIN)/pytest -m e2e
 
-test: install testenv lint
+test: install testenv tools lint
 	$(BIN)/pytest
 
 demo: install testenv
@@ -47,3 +48,4 @@ clean:
 	rm -rf $(VENV) .cache
 
 include testenv/testenv.mk
+include hack/tools.mk

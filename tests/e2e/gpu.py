@@ -1,0 +1,147 @@
+"""Shared pieces of the driver's end-to-end tests: GPU nodes, the DeviceClass, pods.
+
+The fixtures are registered through conftest.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from dra_driver.localcluster import LocalCluster
+from dra_driver.simnode import GpuNode, start_gpu_node
+from tests.e2e.conftest import raw
+
+DRIVER = "gpu.dra.dev"
+
+
+@pytest.fixture
+def gpu_node(
+    cluster: LocalCluster, kube_api: Any, unique_name: Callable[[str], str]
+) -> Iterator[Callable[..., GpuNode]]:
+    """``gpu_node(profile, **kw)``: kubelet-dra + the driver for a fresh node; removed after."""
+    from kubernetes import client as k
+
+    made: list[GpuNode] = []
+
+    def make(profile: str, **kw: Any) -> GpuNode:
+        name = unique_name("gpu")
+        node = start_gpu_node(cluster, name, profile, labels={"e2e-node": name}, **kw)
+        made.append(node)
+        return node
+
+    yield make
+    for node in made:
+        cluster.stop_process(f"driver-{node.name}")
+        cluster.stop_node(node.name)
+        try:
+            k.CoreV1Api(kube_api).delete_node(node.name)
+        except Exception as exc:
+            print(f"deleting node {node.name}: {exc}")
+
+
+def node_slices(kube_api: Any, node: str) -> list[dict[str, Any]]:
+    from kubernetes import client as k
+
+    body = raw(
+        k.ResourceV1Api(kube_api).list_resource_slice, field_selector=f"spec.nodeName={node}"
+    )
+    return list(body["items"])
+
+
+def published_devices(kube_api: Any, node: str) -> list[str]:
+    return [d["name"] for s in node_slices(kube_api, node) for d in s["spec"].get("devices", [])]
+
+
+def apply(kube_api: Any, namespace: str, docs: str) -> None:
+    """Create every object of a YAML stream (namespaced ones in ``namespace``)."""
+    from kubernetes import dynamic
+
+    client = dynamic.DynamicClient(kube_api)
+    for doc in yaml.safe_load_all(docs):
+        if not doc:
+            continue
+        api = client.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+        if api.namespaced:
+            api.create(body=doc, namespace=namespace)
+        else:
+            api.create(body=doc)
+
+
+def gpu_pod(name: str, node: str, claim_template: str, selector: str = "") -> str:
+    sel = (
+        f"\n        selectors:\n        - cel:\n            expression: '{selector}'"
+        if selector
+        else ""
+    )
+    return f"""
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {{name: {claim_template}}}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly:
+          deviceClassName: {DRIVER}{sel}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}}}
+spec:
+  nodeSelector: {{e2e-node: {node}}}
+  terminationGracePeriodSeconds: 1
+  resourceClaims:
+  - name: gpu
+    resourceClaimTemplateName: {claim_template}
+  containers:
+  - name: main
+    image: registry.k8s.io/pause:3.10
+    resources:
+      claims: [{{name: gpu}}]
+"""
+
+
+@pytest.fixture(scope="module")
+def gpu_class(kube_api: Any) -> Iterator[str]:
+    """The DeviceClass ``gpu.dra.dev`` (whole GPUs of this driver)."""
+    from kubernetes import client as k
+
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": DRIVER},
+        "spec": {
+            "selectors": [
+                {
+                    "cel": {
+                        "expression": f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "gpu"'
+                    }
+                }
+            ]
+        },
+    }
+    api = k.ResourceV1Api(kube_api)
+    try:
+        api.create_device_class(body)
+    except k.exceptions.ApiException as exc:
+        if exc.status != 409:
+            raise
+    yield DRIVER
+
+
+def claim_of(kube_api: Any, namespace: str, pod: str) -> dict[str, Any]:
+    from kubernetes import client as k
+
+    claims = raw(k.ResourceV1Api(kube_api).list_namespaced_resource_claim, namespace)["items"]
+    mine = [
+        c
+        for c in claims
+        if any(o.get("name") == pod for o in c["metadata"].get("ownerReferences", []))
+    ]
+    assert len(mine) == 1, claims
+    return dict(mine[0])

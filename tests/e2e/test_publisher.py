@@ -1,0 +1,420 @@
+"""The ResourceSlice publisher against a real kube-apiserver (and the garbage collector).
+
+Each test creates its own Node object through the API (no kubelet is needed to publish slices)
+and runs a :class:`SliceController` for it inside the test's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+from dra_driver.localcluster import ClusterError, LocalCluster
+from dra_driver.resourceslice import DesiredPool, SliceController, contents_for, delete_pool_slices
+from dra_driver.resourceslice.controller import field_selector
+from dra_driver.resourceslice.rawapi import SLICES_PATH, RawApi
+
+pytestmark = pytest.mark.e2e
+
+JSON = dict[str, Any]
+DRIVER = "gpu.dra.dev"
+
+
+def device(i: int, memory: str = "80Gi") -> JSON:
+    return {
+        "name": f"gpu-{i}",
+        "attributes": {
+            "index": {"int": i},
+            "productName": {"string": "NVIDIA H100 80GB HBM3"},
+            "driverVersion": {"version": "550.54.15"},
+        },
+        "capacity": {"memory": {"value": memory}},
+    }
+
+
+def pool_for(node: str, count: int = 4, memory: str = "80Gi") -> DesiredPool:
+    devices = [device(i, memory) for i in range(count)]
+    # Two groups -> two slices, so a single-slice repair is distinguishable from a republish.
+    half = count // 2
+    return DesiredPool(
+        DRIVER, node, node, contents_for([], groups=[devices[:half], devices[half:]])
+    )
+
+
+async def eventually(
+    check: Callable[[], Awaitable[bool]], within: float, interval: float = 0.05
+) -> float:
+    """Wait until ``check`` passes; return how long it took."""
+    start = time.monotonic()
+    while True:
+        if await check():
+            return time.monotonic() - start
+        if time.monotonic() - start > within:
+            raise AssertionError(f"condition not met within {within} s")
+        await asyncio.sleep(interval)
+
+
+@pytest.fixture
+def raw(aio_api_client: Any) -> RawApi:
+    return RawApi(aio_api_client)
+
+
+@pytest.fixture
+async def node(raw: RawApi) -> AsyncIterator[JSON]:
+    name = f"pub-{uuid.uuid4().hex[:8]}"
+    created = await raw.create_node(
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+    )
+    yield created
+    await raw.delete_node(name)
+    await delete_pool_slices(raw, name, DRIVER)
+
+
+async def slices_of(raw: RawApi, node_name: str) -> list[JSON]:
+    listing = await raw.list_slices(field_selector(node_name, DRIVER))
+    return sorted(listing["items"], key=lambda o: o["metadata"]["name"])
+
+
+@asynccontextmanager
+async def running(controller: SliceController, desired: DesiredPool) -> AsyncIterator[None]:
+    task = asyncio.create_task(controller.run())
+    try:
+        await controller.set_pool(desired)
+        async with asyncio.timeout(20):
+            await controller.wait_synced()
+        yield
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+def make_controller(api: Any, node_name: str) -> SliceController:
+    return SliceController(api, driver=DRIVER, node_name=node_name)
+
+
+def content(objs: list[JSON]) -> list[tuple[str, int, int, list[str]]]:
+    return [
+        (
+            o["metadata"]["name"],
+            o["spec"]["pool"]["generation"],
+            o["spec"]["pool"]["resourceSliceCount"],
+            [d["name"] for d in o["spec"]["devices"]],
+        )
+        for o in objs
+    ]
+
+
+async def test_publish_and_update(aio_api_client: Any, raw: RawApi, node: JSON) -> None:
+    name = node["metadata"]["name"]
+    controller = make_controller(aio_api_client, name)
+    async with running(controller, pool_for(name)):
+        objs = await slices_of(raw, name)
+        assert [c[1:] for c in content(objs)] == [
+            (1, 2, ["gpu-0", "gpu-1"]),
+            (1, 2, ["gpu-2", "gpu-3"]),
+        ]
+        for obj in objs:
+            assert obj["spec"]["nodeName"] == name
+            assert obj["spec"]["pool"]["name"] == name
+            assert obj["metadata"]["ownerReferences"] == [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "name": name,
+                    "uid": node["metadata"]["uid"],
+                    "controller": True,
+                }
+            ]
+        assert controller.writes == 2
+        assert controller.dropped_fields == frozenset()
+
+        # Growing the pool past one more slice republishes at a new generation.
+        await controller.set_pool(pool_for(name, count=6))
+        async with asyncio.timeout(10):
+            await controller.wait_synced()
+        objs = await slices_of(raw, name)
+        assert [c[1:3] for c in content(objs)] == [(2, 2), (2, 2)]
+        assert sum(len(o["spec"]["devices"]) for o in objs) == 6
+
+
+async def test_hand_deleted_slice_is_restored_within_2s(
+    aio_api_client: Any, raw: RawApi, node: JSON
+) -> None:
+    name = node["metadata"]["name"]
+    controller = make_controller(aio_api_client, name)
+    async with running(controller, pool_for(name)):
+        before = content(await slices_of(raw, name))
+        victim = before[0][0]
+        assert await raw.delete_slice(victim)
+
+        async def restored() -> bool:
+            return content(await slices_of(raw, name)) == before
+
+        took = await eventually(restored, within=2.0)
+        print(f"slice restored after {took:.2f} s")
+
+
+async def test_kubelet_style_wipe_is_restored_within_2s(
+    aio_api_client: Any, raw: RawApi, node: JSON
+) -> None:
+    """The kubelet deletes a driver's slices with one DeleteCollection by field selector."""
+    name = node["metadata"]["name"]
+    controller = make_controller(aio_api_client, name)
+    async with running(controller, pool_for(name)):
+        api = raw.api_client
+        serialized = await api.param_serialize(
+            method="DELETE",
+            resource_path=SLICES_PATH,
+            query_params=[("fieldSelector", field_selector(name, DRIVER))],
+            header_params={"Content-Type": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        response = await api.call_api(*serialized, _preload_content=False)
+        assert response.status == 200, await response.read()
+        response.response.release()
+
+        async def republished() -> bool:
+            objs = await slices_of(raw, name)
+            return len(objs) == 2 and {o["spec"]["pool"]["resourceSliceCount"] for o in objs} == {2}
+
+        await eventually(republished, within=2.0)
+
+
+async def test_hand_edited_slice_is_restored(aio_api_client: Any, raw: RawApi, node: JSON) -> None:
+    name = node["metadata"]["name"]
+    controller = make_controller(aio_api_client, name)
+    async with running(controller, pool_for(name)):
+        objs = await slices_of(raw, name)
+        edited = objs[1]
+        edited["spec"]["devices"][0]["attributes"]["productName"] = {"string": "tampered"}
+        edited["spec"]["devices"].pop()
+        await raw.replace_slice(edited, "someone-else")
+
+        async def restored() -> bool:
+            now = await slices_of(raw, name)
+            dev = now[1]["spec"]["devices"]
+            return len(dev) == 2 and dev[0]["attributes"]["productName"]["string"] != "tampered"
+
+        await eventually(restored, within=2.0)
+        # One slice repaired in place: the pool keeps its generation.
+        assert {o["spec"]["pool"]["generation"] for o in await slices_of(raw, name)} == {1}
+
+
+async def test_steady_state_makes_no_writes(aio_api_client: Any, raw: RawApi, node: JSON) -> None:
+    name = node["metadata"]["name"]
+    controller = make_controller(aio_api_client, name)
+    async with running(controller, pool_for(name)):
+        writes = controller.writes
+        versions = [o["metadata"]["resourceVersion"] for o in await slices_of(raw, name)]
+        # Setting an identical pool must not write either.
+        await controller.set_pool(pool_for(name))
+        await asyncio.sleep(60)
+        assert controller.writes == writes
+        assert [o["metadata"]["resourceVersion"] for o in await slices_of(raw, name)] == versions
+        assert controller.synced
+
+
+async def test_deleted_node_takes_its_slices_along(
+    aio_api_client: Any, raw: RawApi, node: JSON
+) -> None:
+    name = node["metadata"]["name"]
+    controller = make_controller(aio_api_client, name)
+    async with running(controller, pool_for(name)):
+        assert len(await slices_of(raw, name)) == 2
+        await raw.delete_node(name)
+
+        async def gone() -> bool:
+            return not await slices_of(raw, name)
+
+        # The garbage collector deletes dependents; the controller must not bring them back
+        # for a node that no longer exists.
+        await eventually(gone, within=60.0, interval=0.5)
+        await asyncio.sleep(2)
+        assert not await slices_of(raw, name)
+
+
+async def test_cleanup_deletes_only_that_node(aio_api_client: Any, raw: RawApi, node: JSON) -> None:
+    name = node["metadata"]["name"]
+    other = await raw.create_node(
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"{name}-other"}}
+    )
+    other_name = other["metadata"]["name"]
+    try:
+        for node_name in (name, other_name):
+            controller = make_controller(aio_api_client, node_name)
+            async with running(controller, pool_for(node_name)):
+                pass
+        # Controllers stopped: their slices stay.
+        assert len(await slices_of(raw, name)) == 2
+        assert await delete_pool_slices(aio_api_client, name, DRIVER) == 2
+        assert await slices_of(raw, name) == []
+        assert len(await slices_of(raw, other_name)) == 2
+    finally:
+        await raw.delete_node(other_name)
+        await delete_pool_slices(raw, other_name, DRIVER)
+
+
+async def test_recovers_after_the_api_server_was_down_for_30s(
+    aio_api_client: Any, raw: RawApi, node: JSON, cluster: LocalCluster
+) -> None:
+    name = node["metadata"]["name"]
+    controller = make_controller(aio_api_client, name)
+    async with running(controller, pool_for(name)):
+        await asyncio.to_thread(cluster.stop_apiserver)
+        try:
+            # Ask for a change while the server is away: it must land once it is back.
+            await controller.set_pool(pool_for(name, memory="40Gi"))
+            await asyncio.sleep(30)
+        finally:
+            # Returns once /readyz answers; the publisher must notice on its own.
+            await asyncio.to_thread(cluster.start_apiserver)
+
+        async def republished() -> bool:
+            try:
+                objs = await slices_of(raw, name)
+            except Exception:
+                return False
+            return bool(objs) and all(
+                d["capacity"]["memory"]["value"] == "40Gi"
+                for o in objs
+                for d in o["spec"]["devices"]
+            )
+
+        took = await eventually(republished, within=60.0, interval=0.5)
+        print(f"republished {took:.1f} s after the API server came back")
+        async with asyncio.timeout(10):
+            await controller.wait_synced()
+
+        # And it still repairs: the watch is back as well.
+        victim = (await slices_of(raw, name))[0]["metadata"]["name"]
+        await raw.delete_slice(victim)
+
+        async def restored() -> bool:
+            return len(await slices_of(raw, name)) == 2
+
+        await eventually(restored, within=5.0)
+
+
+# Gates switched off in a second, short-lived control plane, with the gates that depend on them.
+_GATES_OFF = (
+    "DRAPartitionableDevices",
+    "DRAPartitionableDevicesType",
+    "DRADeviceCompatibilityGroups",
+    "DRAConsumableCapacity",
+    "DRAFractionalCapacityRange",
+)
+
+
+@pytest.fixture(scope="module")
+def gated_cluster(cluster: LocalCluster) -> Iterator[LocalCluster]:
+    """A control plane whose API server drops partitionable-device and capacity fields."""
+    off = ",".join(f"{gate}=false" for gate in _GATES_OFF)
+    gated = LocalCluster(
+        binary=cluster.binary,
+        apiserver_extra_args=(f"--feature-gates={off}",),
+        controllers=("garbage-collector-controller",),
+    )
+    try:
+        gated.start()
+    except ClusterError as err:
+        pytest.skip(f"cannot start an API server with {off}: {err}")
+    try:
+        yield gated
+    finally:
+        gated.stop()
+
+
+def partitioned_pool(node: str) -> DesiredPool:
+    shared = [{"name": "gpu-0-counters", "counters": {"multiprocessors": {"value": "7"}}}]
+    devices = [
+        {
+            "name": f"gpu-0-mig-1g-{i}",
+            "attributes": {"profile": {"string": "1g.10gb"}},
+            "capacity": {
+                "memory": {
+                    "value": "10Gi",
+                    "requestPolicy": {"default": "1Gi", "validRange": {"min": "1Gi"}},
+                }
+            },
+            "allowMultipleAllocations": True,
+            "consumesCounters": [
+                {"counterSet": "gpu-0-counters", "counters": {"multiprocessors": {"value": "1"}}}
+            ],
+        }
+        for i in range(2)
+    ]
+    return DesiredPool(DRIVER, node, node, contents_for(devices, counter_sets=shared))
+
+
+async def test_dropped_fields_are_reported_once_and_not_fought_over(
+    gated_cluster: LocalCluster,
+) -> None:
+    from kubernetes.aio import config as aio_config
+    from kubernetes.aio.client import ApiClient, Configuration
+
+    configuration = Configuration()
+    await aio_config.load_kube_config(
+        config_file=str(gated_cluster.kubeconfig), client_configuration=configuration
+    )
+    async with ApiClient(configuration) as api:
+        raw = RawApi(api)
+        name = f"gated-{uuid.uuid4().hex[:8]}"
+        await raw.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+        reported: list[frozenset[str]] = []
+        controller = SliceController(api, driver=DRIVER, node_name=name, on_dropped=reported.append)
+        async with running(controller, partitioned_pool(name)):
+            assert controller.dropped_features == {
+                "DRAPartitionableDevices",
+                "DRAConsumableCapacity",
+            }
+            assert controller.dropped_fields >= {
+                "sharedCounters",
+                "devices[].consumesCounters",
+                "devices[].allowMultipleAllocations",
+                "devices[].capacity.*.requestPolicy",
+            }
+            assert set().union(*reported) == controller.dropped_features
+            writes = controller.writes
+            await asyncio.sleep(3)
+            assert controller.writes == writes, "the controller keeps rewriting dropped fields"
+
+            # The driver's fallback: publish whole devices only.
+            await controller.set_pool(pool_for(name))
+            async with asyncio.timeout(10):
+                await controller.wait_synced()
+            objs = await slices_of(raw, name)
+            assert sorted(d["name"] for o in objs for d in o["spec"]["devices"]) == [
+                f"gpu-{i}" for i in range(4)
+            ]
+
+
+async def test_forbidden_does_not_crash_or_write(cluster: LocalCluster, node: JSON) -> None:
+    from kubernetes.aio import config as aio_config
+    from kubernetes.aio.client import ApiClient, Configuration
+
+    configuration = Configuration()
+    await aio_config.load_kube_config(
+        config_file=str(cluster.kubeconfig), client_configuration=configuration
+    )
+    async with ApiClient(configuration) as api:
+        # A user without any RBAC grants: every request is forbidden.
+        api.set_default_header("Impersonate-User", "e2e-nobody")
+        controller = make_controller(api, node["metadata"]["name"])
+        task = asyncio.create_task(controller.run())
+        try:
+            await controller.set_pool(pool_for(node["metadata"]["name"]))
+            await asyncio.sleep(3)
+            assert not task.done()
+            assert controller.writes == 0
+            assert not controller.synced
+        finally:
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task

@@ -1,0 +1,307 @@
+"""Pure parts of the local control-plane launcher (no binaries, no network)."""
+
+from __future__ import annotations
+
+import base64
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dra_driver import localcluster as lc
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_pick_free_ports_distinct_and_bindable() -> None:
+    ports = lc.pick_free_ports(5)
+    assert len(set(ports)) == 5
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+    assert lc.pick_free_ports(0) == []
+    with pytest.raises(ValueError):
+        lc.pick_free_ports(-1)
+
+
+def test_ports_pick() -> None:
+    p = lc.Ports.pick()
+    values = [p.etcd_client, p.etcd_peer, p.apiserver, p.scheduler, p.controller_manager]
+    assert len(set(values)) == 5
+    assert all(1024 <= v < 65536 for v in values)
+
+
+def test_token_auth_line() -> None:
+    line = lc.token_auth_line("abc", "admin", "uid-1", ["system:masters", "devs"])
+    assert line == 'abc,admin,uid-1,"system:masters,devs"'
+    assert lc.token_auth_line("abc", "admin", "uid-1", []) == "abc,admin,uid-1"
+    for bad in ("a,b", 'a"b', "", "a\nb"):
+        with pytest.raises(ValueError):
+            lc.token_auth_line(bad, "admin", "uid", ["g"])
+
+
+def test_render_kubeconfig_with_ca() -> None:
+    text = lc.render_kubeconfig("https://127.0.0.1:6443", "tok", ca_data=b"PEM")
+    cfg = yaml.safe_load(text)
+    assert cfg["kind"] == "Config"
+    assert cfg["current-context"] == "testenv"
+    cluster = cfg["clusters"][0]["cluster"]
+    assert cluster["server"] == "https://127.0.0.1:6443"
+    assert base64.b64decode(cluster["certificate-authority-data"]) == b"PEM"
+    assert "insecure-skip-tls-verify" not in cluster
+    assert cfg["users"][0]["user"] == {"token": "tok"}
+    ctx = cfg["contexts"][0]
+    assert ctx == {"name": "testenv", "context": {"cluster": "testenv", "user": "admin"}}
+
+
+def test_render_kubeconfig_insecure() -> None:
+    cfg = yaml.safe_load(lc.render_kubeconfig("https://x:1", "t", cluster="c", user="u"))
+    assert cfg["clusters"][0] == {
+        "name": "c",
+        "cluster": {"server": "https://x:1", "insecure-skip-tls-verify": True},
+    }
+    assert cfg["contexts"][0]["context"] == {"cluster": "c", "user": "u"}
+
+
+def _flag_map(flags: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for f in flags:
+        key, _, value = f.partition("=")
+        out[key] = value
+    return out
+
+
+def test_apiserver_flags(tmp_path: Path) -> None:
+    flags = lc.apiserver_flags(
+        port=6443,
+        etcd_port=2379,
+        pki_dir=tmp_path / "pki",
+        cert_dir=tmp_path / "certs",
+        token_file=tmp_path / "tokens.csv",
+        feature_gates="A=true,B=true",
+        runtime_config="resource.k8s.io/v1beta1=true",
+        extra=["--v=5"],
+    )
+    m = _flag_map(flags)
+    assert m["--bind-address"] == "127.0.0.1"
+    assert m["--secure-port"] == "6443"
+    assert m["--etcd-servers"] == "http://127.0.0.1:2379"
+    assert m["--authorization-mode"] == "Node,RBAC"
+    assert m["--token-auth-file"] == str(tmp_path / "tokens.csv")
+    assert m["--service-account-key-file"] == str(tmp_path / "pki" / "sa.pub")
+    assert m["--service-account-signing-key-file"] == str(tmp_path / "pki" / "sa.key")
+    assert m["--service-account-issuer"].startswith("https://")
+    assert m["--feature-gates"] == "A=true,B=true"
+    assert m["--runtime-config"] == "resource.k8s.io/v1beta1=true"
+    assert flags[-1] == "--v=5"  # extra args come last and win
+    # nothing listens beyond loopback
+    assert not any(f.endswith(("=0.0.0.0", "=::")) for f in flags)
+
+
+def test_apiserver_flags_omit_empty_gates(tmp_path: Path) -> None:
+    flags = lc.apiserver_flags(
+        port=1,
+        etcd_port=2,
+        pki_dir=tmp_path,
+        cert_dir=tmp_path,
+        token_file=tmp_path / "t",
+        feature_gates="",
+        runtime_config="",
+    )
+    assert not any(f.startswith(("--feature-gates", "--runtime-config")) for f in flags)
+
+
+def test_scheduler_and_controller_manager_flags(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    sched = _flag_map(
+        lc.scheduler_flags(
+            port=10259, kubeconfig=kubeconfig, cert_dir=tmp_path / "s", feature_gates="X=true"
+        )
+    )
+    assert sched["--kubeconfig"] == str(kubeconfig)
+    assert sched["--authentication-kubeconfig"] == str(kubeconfig)
+    assert sched["--bind-address"] == "127.0.0.1"
+    assert sched["--secure-port"] == "10259"
+    assert sched["--leader-elect"] == "false"
+    assert sched["--feature-gates"] == "X=true"
+
+    cm = _flag_map(
+        lc.controller_manager_flags(
+            port=10257,
+            kubeconfig=kubeconfig,
+            cert_dir=tmp_path / "c",
+            pki_dir=tmp_path / "pki",
+            feature_gates="X=true",
+        )
+    )
+    assert cm["--use-service-account-credentials"] == "false"
+    controllers = cm["--controllers"].split(",")
+    for needed in (
+        "resourceclaim-controller",
+        "garbage-collector-controller",
+        "namespace-controller",
+        "serviceaccount-controller",
+        "device-taint-eviction-controller",
+    ):
+        assert needed in controllers
+    assert cm["--service-account-private-key-file"] == str(tmp_path / "pki" / "sa.key")
+
+
+def test_kubelet_flags(tmp_path: Path) -> None:
+    flags = lc.kubelet_flags(
+        kubeconfig=tmp_path / "kc",
+        node_name="n1",
+        root_dir=tmp_path / "n1",
+        labels={"b": "2", "a": "1"},
+        cdi_dirs=[tmp_path / "etc-cdi", tmp_path / "run-cdi"],
+        feature_gates="G=true",
+    )
+    assert "--node-name=n1" in flags
+    assert [f for f in flags if f.startswith("--node-label=")] == [
+        "--node-label=a=1",
+        "--node-label=b=2",
+    ]
+    assert [f for f in flags if f.startswith("--cdi-dir=")] == [
+        f"--cdi-dir={tmp_path / 'etc-cdi'}",
+        f"--cdi-dir={tmp_path / 'run-cdi'}",
+    ]
+    assert "--feature-gates=G=true" in flags
+
+
+def test_etcd_flags(tmp_path: Path) -> None:
+    flags = lc.etcd_flags(tmp_path / "etcd", 2379, 2380)
+    assert flags[:2] == ["--data-dir", str(tmp_path / "etcd")]
+    assert "http://127.0.0.1:2379" in flags
+    assert "http://127.0.0.1:2380" in flags
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("n1", ("n1", {})),
+        ("n1:", ("n1", {})),
+        ("n1:a=1,b=x/y", ("n1", {"a": "1", "b": "x/y"})),
+        ("n1:gpu.dra.dev/present=", ("n1", {"gpu.dra.dev/present": ""})),
+    ],
+)
+def test_parse_node_spec(spec: str, expected: tuple[str, dict[str, str]]) -> None:
+    assert lc.parse_node_spec(spec) == expected
+
+
+@pytest.mark.parametrize("spec", [":a=1", "n1:novalue", "n1:=x"])
+def test_parse_node_spec_rejects(spec: str) -> None:
+    with pytest.raises(ValueError):
+        lc.parse_node_spec(spec)
+
+
+def test_binary_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("DRA_TESTENV_BIN", raising=False)
+    assert lc.binary_path() == ROOT / ".cache" / "testenv" / "bin" / "testenv"
+    monkeypatch.setenv("DRA_TESTENV_BIN", str(tmp_path / "te"))
+    assert lc.binary_path() == tmp_path / "te"
+
+
+def test_missing_binary_says_make_testenv(tmp_path: Path) -> None:
+    cluster = lc.LocalCluster(base_dir=tmp_path, binary=tmp_path / "nope")
+    with pytest.raises(lc.ClusterError, match="make testenv"):
+        cluster.start()
+    with pytest.raises(lc.ClusterError, match="make testenv"):
+        _ = cluster.version
+
+
+def test_tail(tmp_path: Path) -> None:
+    log = tmp_path / "x.log"
+    log.write_text("".join(f"line {i}\n" for i in range(100)))
+    assert lc.tail(log, 3) == "line 97\nline 98\nline 99"
+    assert lc.tail(tmp_path / "missing") == "(no log)"
+
+
+def test_stop_rank_orders_etcd_last() -> None:
+    names = ["etcd", "kube-apiserver", "kubelet-n1", "kube-scheduler", "driver-x"]
+    ordered = sorted(names, key=lc._stop_rank)
+    assert ordered[:2] == ["kubelet-n1", "driver-x"]
+    assert ordered[-1] == "etcd"
+    assert ordered.index("kube-apiserver") > ordered.index("kube-scheduler")
+
+
+def test_managed_process_stops_whole_group(tmp_path: Path) -> None:
+    # A shell that starts a child which ignores SIGTERM: the group must still go.
+    script = "trap '' TERM; sleep 60 & echo child $!; wait"
+    proc = lc.ManagedProcess("grp", ["sh", "-c", script], tmp_path / "grp.log")
+    proc.start()
+    lc.wait_for(lambda: proc.log_tail(1).startswith("child "), 10, "child started", proc)
+    child = int(proc.log_tail(1).split()[1])
+    t0 = time.monotonic()
+    proc.stop(timeout=1)
+    assert time.monotonic() - t0 < 8
+    assert not proc.alive()
+    lc.wait_for(lambda: not lc._pid_alive(child), 5, "child gone")
+
+
+def test_wait_for_reports_log_of_dead_process(tmp_path: Path) -> None:
+    proc = lc.ManagedProcess(
+        "boom",
+        [sys.executable, "-c", "print('exploded here'); raise SystemExit(3)"],
+        tmp_path / "b.log",
+    )
+    proc.start()
+    with pytest.raises(lc.ClusterError) as exc:
+        lc.wait_for(lambda: False, 10, "never", proc)
+    assert "exited (code 3)" in str(exc.value)
+    assert "exploded here" in str(exc.value)
+
+
+def test_wait_for_timeout() -> None:
+    with pytest.raises(lc.ClusterError, match="timed out"):
+        lc.wait_for(lambda: False, 0.2, "nothing")
+
+
+def test_managed_process_signal_constant() -> None:
+    # stop() defaults to SIGTERM first
+    assert lc.ManagedProcess.stop.__defaults__ == (10.0, signal.SIGTERM)
+
+
+# --- the Kubernetes version lives in testenv/K8S_VERSION only ---------------------------
+
+
+def _k8s_version() -> str:
+    return (ROOT / "testenv" / "K8S_VERSION").read_text().strip()
+
+
+def test_k8s_version_file_format() -> None:
+    assert re.fullmatch(r"v1\.\d+\.\d+", _k8s_version())
+
+
+def test_go_mod_agrees_with_k8s_version() -> None:
+    version = _k8s_version()
+    minor_patch = version.split(".", 1)[1]
+    staging = f"v0.{minor_patch}"
+    gomod = (ROOT / "testenv" / "go.mod").read_text()
+    assert re.search(rf"^\s*k8s\.io/kubernetes {re.escape(version)}\b", gomod, re.M), (
+        f"go.mod does not require k8s.io/kubernetes {version}; run testenv/pin.sh"
+    )
+    replaces = re.findall(
+        r"^\s*(?:replace\s+)?(k8s\.io/[\w.-]+) => (k8s\.io/[\w.-]+) (v\S+)\s*$", gomod, re.M
+    )
+    assert len(replaces) >= 25, "staging replace directives missing; run testenv/pin.sh"
+    for src, dst, ver in replaces:
+        assert src == dst
+        assert ver == staging, f"{src} pinned to {ver}, want {staging}; run testenv/pin.sh"
+
+
+def test_pin_script_check_mode() -> None:
+    if not (ROOT / "testenv" / "pin.sh").is_file():
+        pytest.skip("pin.sh missing")
+    out = subprocess.run(
+        ["bash", str(ROOT / "testenv" / "pin.sh"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
