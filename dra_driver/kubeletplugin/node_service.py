@@ -7,8 +7,9 @@ replaced claim, an API error, or a driver exception affects that claim alone.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 
@@ -41,6 +42,68 @@ def _unique(claims: Sequence[ClaimRef]) -> list[ClaimRef]:
     return list(seen.values())
 
 
+_Results = Mapping[str, Any]
+
+
+@dataclass(eq=False)
+class _Waiter:
+    kind: str  # "prepare" or "unprepare"
+    items: Sequence[Any]
+    result: asyncio.Future[_Results] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+class _Coalescer:
+    """Runs driver calls one at a time under the node lock, merging calls that queue up.
+
+    Each driver call fsyncs the checkpoint twice, whatever the batch size; while one call runs,
+    the calls waiting behind it are merged into one batch. Only a run of consecutive calls of
+    the same kind is merged, so prepares and unprepares still happen in the order they queued.
+    If the call that runs a batch is cancelled (its caller's deadline), the others of the batch
+    find their result unset when they get the lock and run their own claims.
+    """
+
+    def __init__(
+        self,
+        lock: NodeLock,
+        calls: Mapping[str, Callable[[list[Any]], Awaitable[_Results]]],
+        key: Mapping[str, Callable[[Any], str]],
+    ) -> None:
+        self._lock = lock
+        self._calls = calls
+        self._key = key
+        self._queue: list[_Waiter] = []
+
+    async def run(self, kind: str, items: Sequence[Any]) -> _Results:
+        me = _Waiter(kind, items)
+        self._queue.append(me)
+        try:
+            async with self._lock.hold():
+                if me.result.done():
+                    return me.result.result()
+                batch = [me]
+                for other in self._queue:
+                    if other is me or other.result.done():
+                        continue
+                    if other.kind != kind:
+                        break
+                    batch.append(other)
+                self._queue = [w for w in self._queue if w not in batch]
+                merged: dict[str, Any] = {}
+                for waiter in batch:
+                    for item in waiter.items:
+                        merged.setdefault(self._key[kind](item), item)
+                results = await self._calls[kind](list(merged.values()))
+                for waiter in batch[1:]:
+                    if not waiter.result.done():
+                        waiter.result.set_result(results)
+                return results
+        finally:
+            if me in self._queue:
+                self._queue.remove(me)
+
+
 class NodeService:
     """Fetches and checks claims, then calls the driver under the node lock."""
 
@@ -60,6 +123,11 @@ class NodeService:
         self._driver_name = driver_name
         self._node = node_name
         self._pool = pool_name
+        self._batches = _Coalescer(
+            lock,
+            {"prepare": self._driver_prepare, "unprepare": self._driver_unprepare},
+            {"prepare": lambda c: c.ref.uid, "unprepare": lambda r: r.uid},
+        )
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareOutcome]:
         """Prepare each claim; the result has one entry per distinct claim UID."""
@@ -83,12 +151,7 @@ class NodeService:
         refs = _unique(claims)
         if not refs:
             return {}
-        try:
-            async with self._lock.hold():
-                results: Mapping[str, Exception | None] = await self._driver.unprepare(refs)
-        except Exception as exc:
-            log.exception("driver unprepare failed", node=self._node, claims=len(refs))
-            results = dict.fromkeys((r.uid for r in refs), exc)
+        results = await self._batches.run("unprepare", refs)
         errors: dict[str, str] = {}
         for ref in refs:
             if ref.uid not in results:
@@ -129,12 +192,25 @@ class NodeService:
     async def _call_prepare(
         self, ready: Sequence[ClaimToPrepare]
     ) -> Mapping[str, Sequence[PreparedDevice] | Exception]:
+        return await self._batches.run("prepare", ready)
+
+    async def _driver_prepare(
+        self, ready: list[ClaimToPrepare]
+    ) -> Mapping[str, Sequence[PreparedDevice] | Exception]:
+        """One driver call for a batch (under the node lock); failures become per-claim."""
         try:
-            async with self._lock.hold():
-                return await self._driver.prepare(ready)
+            return await self._driver.prepare(ready)
         except Exception as exc:
             log.exception("driver prepare failed", node=self._node, claims=len(ready))
             return dict.fromkeys((c.ref.uid for c in ready), exc)
+
+    async def _driver_unprepare(self, refs: list[ClaimRef]) -> Mapping[str, Exception | None]:
+        """One driver call for a batch (under the node lock); failures become per-claim."""
+        try:
+            return await self._driver.unprepare(refs)
+        except Exception as exc:
+            log.exception("driver unprepare failed", node=self._node, claims=len(refs))
+            return dict.fromkeys((r.uid for r in refs), exc)
 
     def _prepare_outcome(
         self, ref: ClaimRef, result: Sequence[PreparedDevice] | Exception | None

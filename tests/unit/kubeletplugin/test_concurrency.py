@@ -38,7 +38,30 @@ async def test_concurrent_prepare_and_unprepare_are_serialised(
             calls.append(v1_stub.NodeUnprepareResources(unprepare_request(v1_pb2, ref), timeout=10))
     responses = await asyncio.gather(*calls)
     assert all(not c.error for r in responses for c in r.claims.values())
-    assert len(driver.calls) == len(calls)
+    # Calls that queue up behind a running one may be merged into one driver call.
+    assert len(driver.calls) <= len(calls)
+    assert {u for _, uids in driver.calls for u in uids} == {r.uid for r in refs}
+    assert driver.overlaps == 0
+
+
+async def test_waiting_calls_are_merged_into_one_driver_call(
+    v1_stub: v1_grpc.DRAPluginStub, driver: FakeDriver, fetcher: FakeFetcher
+) -> None:
+    """While one driver call runs, the prepares queued behind it go in one batch."""
+    driver.delay = 0.2
+    refs = [fetcher.add(make_claim(f"u{i}")) for i in range(16)]
+    first = asyncio.ensure_future(
+        v1_stub.NodePrepareResources(prepare_request(v1_pb2, refs[0]), timeout=10)
+    )
+    await asyncio.wait_for(driver.started.wait(), 5)
+    rest = [
+        v1_stub.NodePrepareResources(prepare_request(v1_pb2, ref), timeout=10) for ref in refs[1:]
+    ]
+    responses = [await first, *await asyncio.gather(*rest)]
+    for ref, response in zip(refs, responses, strict=True):
+        assert [d.device_name for d in response.claims[ref.uid].devices] == [f"gpu-{ref.uid}"]
+    assert len(driver.calls) == 2
+    assert sorted(driver.calls[1][1]) == sorted(r.uid for r in refs[1:])
     assert driver.overlaps == 0
 
 
@@ -58,7 +81,7 @@ async def test_two_instances_share_the_node_lock(short_dir: Path, fetcher: FakeF
             calls.append(stub.NodePrepareResources(prepare_request(v1_pb2, ref), timeout=10))
             calls.append(stub.NodeUnprepareResources(unprepare_request(v1_pb2, ref), timeout=10))
         await asyncio.gather(*calls)
-    assert len(shared.calls) == 12
+    assert 2 <= len(shared.calls) <= 12  # calls queued in one instance may be merged
     assert shared.overlaps == 0
 
 
