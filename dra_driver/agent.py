@@ -31,6 +31,8 @@ from dra_driver.gpu.health import (
 from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.mig import MigBackend, make_mig_backend
 from dra_driver.gpu.mig_publishing import MigPublishing
+from dra_driver.gpu.shared_gpus import parse_selection, shared_uuids
+from dra_driver.gpu.sharing import make_sharing_backend
 from dra_driver.gpu.state import DeviceState
 from dra_driver.kube import api_client
 from dra_driver.kubeletplugin.claims import KubeClaimFetcher
@@ -81,6 +83,12 @@ def build_state(
         mig_minors=_mig_minors(settings.driver_root),
         device_nodes=devnodes.host(settings.driver_root) if real else devnodes.simulated,
         mig=mig,
+        shared_gpus=shared_uuids(inventory, parse_selection(settings.shared_gpus)),
+        sharing=make_sharing_backend(
+            settings.backend,
+            state_dir=settings.plugins_dir / settings.driver_name,
+            driver_root=settings.driver_root,
+        ),
     )
 
 
@@ -101,7 +109,10 @@ class NodeAgent:
         self.inventory = inventory
         self.state = state
         self.client = client
-        self.mig_publishing = MigPublishing(mig, inventory)
+        shared = shared_uuids(inventory, parse_selection(settings.shared_gpus))
+        if shared:
+            log.info("sharing GPUs by memory", gpus=sorted(shared))
+        self.mig_publishing = MigPublishing(mig, inventory, shared)
         self.slices = SliceController(
             client, driver=self.driver, node_name=self.node, on_dropped=self._on_dropped
         )

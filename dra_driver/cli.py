@@ -43,7 +43,8 @@ def _discover(settings: Settings, _: argparse.Namespace) -> int:
 
 
 def _slices(settings: Settings, _: argparse.Namespace) -> int:
-    from dra_driver.gpu.devices import desired_pool
+    from dra_driver.gpu.devices import desired_pool, gpu_device_name
+    from dra_driver.gpu.shared_gpus import parse_selection, share_pool, shared_uuids
     from dra_driver.resourceslice.pool import render_pool
 
     if not settings.node_name:
@@ -51,7 +52,12 @@ def _slices(settings: Settings, _: argparse.Namespace) -> int:
     inventory = make_discovery(
         settings.backend, node_name=settings.node_name, profile=settings.profile
     ).discover()
-    slices = render_pool(desired_pool(inventory, settings.node_name, settings.driver_name))
+    shared = shared_uuids(inventory, parse_selection(settings.shared_gpus))
+    pool = share_pool(
+        desired_pool(inventory, settings.node_name, settings.driver_name),
+        {gpu_device_name(g) for g in inventory.gpus if g.uuid in shared},
+    )
+    slices = render_pool(pool)
     _print(slices, settings.output)
     return 0
 
@@ -96,6 +102,7 @@ _AGENT = (
     "health_port",
     "ignored_xids",
     "dynamic_mig",
+    "shared_gpus",
     *_LOGGING,
 )
 
@@ -140,7 +147,7 @@ COMMANDS: dict[str, Command] = {
     ),
     "slices": Command(
         "print the ResourceSlices the driver would publish for this node",
-        (*_DISCOVERY, "driver_name", "output", *_LOGGING),
+        (*_DISCOVERY, "driver_name", "shared_gpus", "output", *_LOGGING),
         _slices,
         defaults={"output": "yaml"},
     ),

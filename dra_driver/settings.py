@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 ENV_PREFIX = "DRA_"
 
@@ -86,11 +86,24 @@ class Settings(BaseModel):
         description="create MIG devices on demand: publish every MIG placement with shared "
         "counters (needs the DRAPartitionableDevices feature; true/false)",
     )
+    shared_gpus: str = Field(
+        "",
+        description="GPUs shared among claims by memory (MPS limits): all; index:0,1; "
+        "uuid:GPU-...; model:L4 (terms joined by ';'; empty: none)",
+    )
     ignored_xids: str = Field(
         "13,31,43,45,68,109",
         pattern=r"^(\d+(,\d+)*)?$",
         description="Xid errors caused by applications, which do not taint a GPU",
     )
+
+    @field_validator("shared_gpus")
+    @classmethod
+    def _check_shared_gpus(cls, value: str) -> str:
+        from dra_driver.gpu.shared_gpus import parse_selection
+
+        parse_selection(value)
+        return value
 
 
 def env_name(field: str) -> str:

@@ -60,6 +60,31 @@ class MigRecord(_Model):
     compute_instance_id: int | None = Field(default=None, alias="computeInstanceID")
 
 
+class MpsRecord(_Model):
+    """An MPS control daemon a claim uses, written before the daemon is started.
+
+    The id and directories are enough to stop it after a crash; UUIDs and limits let a
+    restarted agent start it again if it died while its claims were prepared.
+    """
+
+    daemon: str
+    uuids: list[str] = Field(default_factory=list)
+    pipe_dir: str = Field(alias="pipeDir")
+    log_dir: str = Field(alias="logDir")
+    shm_dir: str = Field(alias="shmDir")
+    active_thread_percentage: int | None = Field(default=None, alias="activeThreadPercentage")
+    pinned_memory: dict[str, str] = Field(default_factory=dict, alias="pinnedMemory")
+
+
+def _omit_none(body: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    # Files written before a field existed lack its key; leaving it out when unset keeps their
+    # checksums (computed over the re-serialised body) valid.
+    for key in keys:
+        if body.get(key) is None:
+            body.pop(key, None)
+    return body
+
+
 class DeviceRecord(_Model):
     """One device prepared for a claim, with what was returned for it."""
 
@@ -71,15 +96,14 @@ class DeviceRecord(_Model):
     uuid: str = ""
     sharing: str | None = None  # the applied sharing strategy, if any
     mig: MigRecord | None = None  # set for MIG devices created on demand
+    timeslice: str | None = None  # the time-slice interval set on the GPU for this claim
+    # A share of a shared GPU: what the scheduler counted, and the GPU's MPS daemon.
+    consumed_capacity: dict[str, str] | None = Field(default=None, alias="consumedCapacity")
+    mps: MpsRecord | None = None
 
     @model_serializer(mode="wrap")
-    def _omit_unset_mig(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # Files written before dynamic MIG have no "mig" key; leaving it out when unset keeps
-        # their checksums (computed over the re-serialised body) valid.
-        body: dict[str, Any] = handler(self)
-        if body.get("mig") is None:
-            body.pop("mig", None)
-        return body
+    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _omit_none(handler(self), ("mig", "timeslice", "consumedCapacity", "mps"))
 
 
 class ClaimRecord(_Model):
@@ -89,6 +113,11 @@ class ClaimRecord(_Model):
     namespace: str
     name: str
     devices: list[DeviceRecord] = Field(default_factory=list)
+    mps: MpsRecord | None = None  # the claim's own MPS control daemon (MPS config)
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _omit_none(handler(self), ("mps",))
 
 
 class CheckpointData(_Model):

@@ -20,6 +20,7 @@ from dra_driver.cdi.spec import (
 from dra_driver.gpu import devnodes
 from dra_driver.gpu.config import DeviceConfig, memory_bytes
 from dra_driver.gpu.inventory import Gpu, MigDevice
+from dra_driver.gpu.shares import Share
 
 CDI_VENDOR = "k8s.gpu.dra.dev"
 CDI_CLASS = "claim"
@@ -28,6 +29,7 @@ CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"
 #: Device nodes every CUDA process needs besides its GPUs'.
 CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 MPS_PIPE_IN_CONTAINER = "/tmp/nvidia-mps"
+MPS_SHM_IN_CONTAINER = "/dev/shm"
 
 # Layout of /proc/driver/nvidia-caps/mig-minors: after "config" (1) and "monitor" (2), each GPU
 # has 15 GPU instances with one access minor each followed by 8 compute-instance minors.
@@ -44,6 +46,7 @@ class AllocatedDevice:
     gpu: Gpu
     mig: MigDevice | None = None
     config: DeviceConfig | None = None
+    share: Share | None = None  # a share of a shared GPU (several claims on one GPU)
 
     @property
     def uuid(self) -> str:
@@ -56,14 +59,15 @@ class AllocatedDevice:
         return "mig" if self.mig else "gpu"
 
 
-def cdi_device_name(claim_uid: str, device_name: str) -> str:
-    """``<claimUID>-<deviceName>``."""
-    return f"{claim_uid}-{device_name}"
+def cdi_device_name(claim_uid: str, device_name: str, share_id: str | None = None) -> str:
+    """``<claimUID>-<deviceName>``, with ``-<shareID>`` for a share of a shared GPU."""
+    name = f"{claim_uid}-{device_name}"
+    return f"{name}-{share_id}" if share_id else name
 
 
-def cdi_device_id(claim_uid: str, device_name: str) -> str:
+def cdi_device_id(claim_uid: str, device_name: str, share_id: str | None = None) -> str:
     """The fully qualified CDI ID returned to the kubelet."""
-    return qualified_name(CDI_KIND, cdi_device_name(claim_uid, device_name))
+    return qualified_name(CDI_KIND, cdi_device_name(claim_uid, device_name, share_id))
 
 
 def mig_cap_minors(
@@ -106,12 +110,20 @@ def _device_edits(
     return ContainerEdits(device_nodes=tuple(nodes))
 
 
-def _mps_edits(devices: Sequence[AllocatedDevice], mps_host_dir: str) -> ContainerEdits:
-    """MPS client settings for the claim's devices that asked for MPS, in CUDA's units."""
+def _mps_edits(
+    devices: Sequence[AllocatedDevice], mps_host_dir: str, mps_shm_dir: str | None
+) -> ContainerEdits:
+    """MPS client settings for the claim's devices that asked for MPS or are shares of a
+    shared GPU, in CUDA's units; the daemon's pipe (and shm) directories mounted."""
     env = [f"CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_IN_CONTAINER}"]
     limits: list[str] = []
     percentage: int | None = None
     for ordinal, device in enumerate(devices):
+        if device.share is not None:
+            # A share's limits are what the scheduler counted for it.
+            limits.append(f"{ordinal}={device.share.memory_bytes // 2**20}M")
+            percentage = device.share.thread_percentage or percentage
+            continue
         mps = device.config.sharing.mps_config if device.config and device.config.sharing else None
         if mps is None:
             continue
@@ -129,16 +141,23 @@ def _mps_edits(devices: Sequence[AllocatedDevice], mps_host_dir: str) -> Contain
         env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={percentage}")
     if limits:
         env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={','.join(limits)}")
-    mount = Mount(
-        host_path=mps_host_dir, container_path=MPS_PIPE_IN_CONTAINER, options=("rbind", "rw")
-    )
-    return ContainerEdits(env=tuple(env), mounts=(mount,))
+    mounts = [
+        Mount(host_path=mps_host_dir, container_path=MPS_PIPE_IN_CONTAINER, options=("rbind", "rw"))
+    ]
+    if mps_shm_dir is not None:
+        shm = Mount(
+            host_path=mps_shm_dir, container_path=MPS_SHM_IN_CONTAINER, options=("rbind", "rw")
+        )
+        mounts.append(shm)
+    return ContainerEdits(env=tuple(env), mounts=tuple(mounts))
 
 
 def uses_mps(devices: Sequence[AllocatedDevice]) -> bool:
-    """Whether any device of the claim is configured for MPS."""
+    """Whether any device of the claim is configured for MPS or is a share of a shared GPU."""
     return any(
-        d.config and d.config.sharing and d.config.sharing.strategy == "MPS" for d in devices
+        d.share is not None
+        or (d.config and d.config.sharing and d.config.sharing.strategy == "MPS")
+        for d in devices
     )
 
 
@@ -150,6 +169,7 @@ def build_claim_spec(
     mig_minors: Mapping[str, int] | None = None,
     mps_host_dir: str | None = None,
     device_nodes: devnodes.Resolver = devnodes.plain,
+    mps_shm_dir: str | None = None,
 ) -> Spec:
     """The claim's CDI spec.
 
@@ -162,7 +182,7 @@ def build_claim_spec(
     nodes = [device_nodes(p) for p in CONTROL_NODES] + list(common.device_nodes)
     mounts = list(common.mounts)
     if uses_mps(devices) and mps_host_dir is not None:
-        mps = _mps_edits(devices, mps_host_dir)
+        mps = _mps_edits(devices, mps_host_dir, mps_shm_dir)
         env += mps.env
         mounts += mps.mounts
     claim_edits = ContainerEdits(
@@ -172,7 +192,9 @@ def build_claim_spec(
         kind=CDI_KIND,
         devices=tuple(
             Device(
-                name=cdi_device_name(claim_uid, d.device_name),
+                name=cdi_device_name(
+                    claim_uid, d.device_name, d.share.share_id if d.share else None
+                ),
                 edits=_device_edits(d, mig_minors, device_nodes),
             )
             for d in devices

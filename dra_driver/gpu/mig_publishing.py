@@ -15,10 +15,11 @@ from typing import Any
 
 import structlog
 
-from dra_driver.gpu.devices import desired_pool
+from dra_driver.gpu.devices import desired_pool, gpu_device_name
 from dra_driver.gpu.inventory import Inventory, MigState
 from dra_driver.gpu.mig import MigBackend, live_inventory
 from dra_driver.gpu.partitions import dynamic_pool
+from dra_driver.gpu.shared_gpus import share_pool
 from dra_driver.resourceslice.pool import DesiredPool
 
 log = structlog.get_logger(__name__)
@@ -45,9 +46,16 @@ def fallback_inventory(inventory: Inventory, backend: MigBackend) -> Inventory:
 class MigPublishing:
     """Chooses the desired pool and falls back when the cluster lacks partitionable devices."""
 
-    def __init__(self, backend: MigBackend | None, inventory: Inventory) -> None:
+    def __init__(
+        self,
+        backend: MigBackend | None,
+        inventory: Inventory,
+        shared: frozenset[str] = frozenset(),
+    ) -> None:
+        """``shared``: UUIDs of the GPUs published as shared GPUs (sharing by memory)."""
         self.backend = backend
         self._inventory = inventory
+        self.shared = shared
         self.fallback: Inventory | None = None  # set once dynamic MIG had to be given up
 
     @property
@@ -64,8 +72,11 @@ class MigPublishing:
     ) -> DesiredPool:
         """The pool to publish now."""
         if self.dynamic:
-            return dynamic_pool(inventory, node_name, driver, taints)
-        return desired_pool(self.fallback or inventory, node_name, driver, taints)
+            pool = dynamic_pool(inventory, node_name, driver, taints, self.shared)
+        else:
+            pool = desired_pool(self.fallback or inventory, node_name, driver, taints)
+        names = {gpu_device_name(g) for g in inventory.gpus if g.uuid in self.shared}
+        return share_pool(pool, names)
 
     async def on_dropped(self, gates: Iterable[str]) -> bool:
         """Handle the publisher's dropped-fields report; True if the pool must be republished."""

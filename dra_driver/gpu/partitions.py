@@ -12,7 +12,7 @@ Everything here is pure: inventory in, JSON out.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -217,9 +217,14 @@ class DynamicLayout:
 
 
 def dynamic_layout(
-    inventory: Inventory, taints: Mapping[str, Sequence[JSON]] | None = None
+    inventory: Inventory,
+    taints: Mapping[str, Sequence[JSON]] | None = None,
+    shared: Collection[str] = (),
 ) -> DynamicLayout:
     """Counter sets and devices for every GPU; MIG-capable GPUs get one slice group each.
+
+    GPUs in ``shared`` (UUIDs of GPUs shared by memory) are published whole, without
+    placements: see :mod:`dra_driver.gpu.shared_gpus`.
 
     One GPU's group holds its whole-GPU device plus all its placements (20 on an H100),
     well within the 64-device limit for slices whose devices consume counters. Taints of a
@@ -231,7 +236,7 @@ def dynamic_layout(
     plain: list[JSON] = []
     for gpu in inventory.gpus:
         inherited = list(taints.get(gpu_device_name(gpu), ()))
-        if not gpu.mig.capable or not gpu.mig_profiles:
+        if not gpu.mig.capable or not gpu.mig_profiles or gpu.uuid in shared:
             plain.append(_tainted(gpu_device(gpu, inventory), taints, inherited))
             continue
         sets.append(counter_set(gpu))
@@ -256,9 +261,10 @@ def dynamic_pool(
     node_name: str,
     driver: str,
     taints: Mapping[str, Sequence[JSON]] | None = None,
+    shared: Collection[str] = (),
 ) -> DesiredPool:
     """The node's pool with dynamic MIG: counter sets in their own slice, a slice per GPU."""
-    layout = dynamic_layout(inventory, taints)
+    layout = dynamic_layout(inventory, taints, shared)
     return DesiredPool(
         driver=driver,
         pool_name=node_name,

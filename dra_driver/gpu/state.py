@@ -41,6 +41,9 @@ from dra_driver.gpu.devices import devices_for_gpu, gpu_device_name
 from dra_driver.gpu.inventory import Gpu, Inventory, MigDevice, Placement
 from dra_driver.gpu.mig import MigBackend, MigError, overlaps
 from dra_driver.gpu.partitions import PlacementSpec, placement_index
+from dra_driver.gpu.shares import ShareError, share_of
+from dra_driver.gpu.sharing import SharingBackend, SharingError
+from dra_driver.gpu.sharing_manager import SharingManager, with_share
 from dra_driver.kubeletplugin.interfaces import (
     ClaimRef,
     ClaimToPrepare,
@@ -82,6 +85,13 @@ def _device_index(inventory: Inventory) -> dict[str, tuple[Gpu, MigDevice | None
     return index
 
 
+def _usable_uid(uid: str) -> bool:
+    """Whether a claim UID can name files: the API server's UIDs are UUIDs, and a UID with a
+    path separator or a NUL (only a broken or hostile caller sends one) must never reach a
+    path, where ``..`` would point outside the driver's directories."""
+    return bool(uid) and "/" not in uid and "\x00" not in uid and uid not in (".", "..")
+
+
 class DeviceState:
     """Prepared claims of one node, kept in a checkpoint and in one CDI spec per claim."""
 
@@ -98,9 +108,14 @@ class DeviceState:
         mig_minors: Mapping[str, int] | None = None,
         device_nodes: devnodes.Resolver = devnodes.plain,
         mig: MigBackend | None = None,
+        sharing: SharingBackend | None = None,
+        shared_gpus: frozenset[str] = frozenset(),
     ) -> None:
         """``mig`` turns on dynamic MIG: MIG devices are created when a claim for one of the
-        published placements is prepared and destroyed when it is unprepared."""
+        published placements is prepared and destroyed when it is unprepared. ``sharing``
+        applies time-slicing and runs MPS daemons (without it, only the CDI spec carries
+        the sharing settings). ``shared_gpus``: UUIDs of GPUs published as shared GPUs, whose
+        allocations are shares (several claims, each limited by what the scheduler counted)."""
         self.driver_name = driver_name
         self.node_name = node_name
         self.cdi_root = cdi_root
@@ -111,6 +126,8 @@ class DeviceState:
         self._lock = threading.Lock()
         self._devices = _device_index(inventory)
         self._mig = mig
+        self._sharing = SharingManager(sharing, state_dir / "mps")
+        self._shared_gpus = shared_gpus
         self._gpus = {g.uuid: g for g in inventory.gpus}
         self._placements = placement_index(inventory) if mig is not None else {}
         if mig is not None:
@@ -147,8 +164,14 @@ class DeviceState:
                 for uid, rec in data.claims.items()
                 if rec.state is not ClaimState.PREPARE_COMPLETED
             ]
-        for uid in stale:
-            rec = data.claims.pop(uid)
+        dropped = [data.claims.pop(uid) for uid in stale]
+        try:
+            # Daemons first: their pipe directories go with the claims' artifacts.
+            self._sharing.release(dropped, data.claims.values())
+        except SharingError as exc:
+            log.error("undoing sharing of dropped claims failed", error=str(exc))
+        self._sharing.sweep(data.claims.values())
+        for uid, rec in zip(stale, dropped, strict=True):
             self._remove_artifacts(uid)
             # An interrupted unprepare is finished, an interrupted prepare undone: either way
             # the claim goes, and its MIG devices with it (see _destroy_orphans).
@@ -260,21 +283,36 @@ class DeviceState:
             request = str(result.get("request", ""))
             kind = "mig" if mig or placement else "gpu"
             config = resolve_config(configs, request, kind, claim=str(ref))
-            devices.append(
-                AllocatedDevice(
-                    requests=(request,), device_name=name, gpu=gpu, mig=mig, config=config
-                )
+            device = AllocatedDevice(
+                requests=(request,), device_name=name, gpu=gpu, mig=mig, config=config
             )
+            shared = gpu.uuid in self._shared_gpus and mig is None and placement is None
+            if shared and not result.get("adminAccess"):
+                # A shared GPU: the scheduler counted this claim's share of it.
+                if not result.get("shareID"):
+                    raise ClaimError(
+                        f"claim {ref}: device {name} is a shared GPU but its allocation has no "
+                        "shareID; is the DRAConsumableCapacity feature on in the scheduler?"
+                    )
+                share = share_of(str(result["shareID"]), result.get("consumedCapacity"))
+                device = with_share(device, share)
+            devices.append(device)
         return _Plan(ref=ref, devices=tuple(devices), results=claim.results, carve=tuple(carve))
 
     def _holders(self) -> dict[str, str]:
-        """Device name -> UID of the claim holding it exclusively."""
+        """Device name -> UID of the claim holding it exclusively, or of a share of it."""
         held: dict[str, str] = {}
         for uid, rec in self._data.claims.items():
             for dev in rec.devices:
                 if dev.sharing != "admin":
                     held[dev.device_name] = uid
         return held
+
+    def _shared(self) -> set[str]:
+        """Devices held by shares (several claims may hold a share of a shared GPU)."""
+        return {
+            d.device_name for r in self._data.claims.values() for d in r.devices if _is_share(d)
+        }
 
     def _records(self, plan: _Plan) -> list[DeviceRecord]:
         records = []
@@ -288,7 +326,13 @@ class DeviceState:
                     request_names=list(device.requests),
                     pool_name=self.node_name,
                     device_name=device.device_name,
-                    cdi_device_ids=[cdi_device_id(plan.ref.uid, device.device_name)],
+                    cdi_device_ids=[
+                        cdi_device_id(
+                            plan.ref.uid,
+                            device.device_name,
+                            device.share.share_id if device.share else None,
+                        )
+                    ],
                     share_id=result.get("shareID"),
                     uuid="" if spec else device.uuid,
                     sharing="admin" if admin else strategy,
@@ -321,10 +365,16 @@ class DeviceState:
         The scheduler's counters already prevent such allocations; this double-checks, and
         it is what keeps MIG mode from changing under a claim that holds the whole GPU.
         """
-        taken = [(uid, r, self._footprint(r)) for uid, r in others if r.sharing != "admin"]
+        # Shares of a shared GPU are whole-GPU users that coexist by design (a shared GPU has
+        # no MIG placements published).
+        taken = [
+            (uid, r, self._footprint(r))
+            for uid, r in others
+            if r.sharing != "admin" and not _is_share(r)
+        ]
         for rec in records:
             mine = self._footprint(rec)
-            if mine is None or rec.sharing == "admin":
+            if mine is None or rec.sharing == "admin" or _is_share(rec):
                 continue
             for uid, other, theirs in taken:
                 if uid == ref.uid or theirs is None or theirs[0] != mine[0]:
@@ -340,12 +390,23 @@ class DeviceState:
                     )
 
     def _check_free(
-        self, ref: ClaimRef, records: Sequence[DeviceRecord], held: Mapping[str, str]
+        self,
+        ref: ClaimRef,
+        records: Sequence[DeviceRecord],
+        held: Mapping[str, str],
+        shared: set[str] | None = None,
     ) -> None:
-        """The last line of defence against double allocation."""
+        """The last line of defence against double allocation.
+
+        Shares of a shared GPU may hold it together (``shared``: devices held by shares); an
+        exclusive claim and a share may not.
+        """
+        shared = shared or set()
         for rec in records:
             holder = held.get(rec.device_name)
             if rec.sharing == "admin" or holder in (None, ref.uid):
+                continue
+            if _is_share(rec) and rec.device_name in shared:
                 continue
             other = self._data.claims.get(holder) if holder else None
             owner = f"{other.namespace}/{other.name}" if other else holder
@@ -363,9 +424,13 @@ class DeviceState:
             out: dict[str, PrepareResult] = {}
             plans: list[_Plan] = []
             held = self._holders()
+            shared = self._shared()
             others = [(u, d) for u, r in self._data.claims.items() for d in r.devices]
             for claim in claims:
                 uid = claim.ref.uid
+                if not _usable_uid(uid):
+                    out[uid] = ClaimError(f"claim {claim.ref}: invalid claim UID {uid!r}")
+                    continue
                 done = self._data.claims.get(uid)
                 if done is not None and done.state is ClaimState.PREPARE_COMPLETED:
                     out[uid] = _prepared(done)
@@ -373,10 +438,16 @@ class DeviceState:
                 try:
                     plan = self._plan(claim)
                     records = self._records(plan)
-                    self._check_free(claim.ref, records, held)
+                    own_mps = self._sharing.annotate(uid, plan.devices, records)
+                    self._check_free(claim.ref, records, held, shared)
                     if self._mig is not None:
                         self._check_gpu_free(claim.ref, records, others)
-                except (ClaimError, ConfigError) as exc:
+                    self._sharing.check(
+                        str(claim.ref),
+                        plan.devices,
+                        [r for u, r in self._data.claims.items() if u != uid],
+                    )
+                except (ClaimError, ConfigError, ShareError) as exc:
                     log.warning(
                         "prepare refused", claim=str(claim.ref), claim_uid=uid, error=str(exc)
                     )
@@ -396,12 +467,14 @@ class DeviceState:
                     out[uid] = ClaimError(f"claim {claim.ref}: malformed allocation: {error}")
                     continue
                 held.update({r.device_name: uid for r in records if r.sharing != "admin"})
+                shared.update(r.device_name for r in records if _is_share(r))
                 others += [(uid, r) for r in records]
                 self._data.claims[uid] = ClaimRecord(
                     state=ClaimState.PREPARE_STARTED,
                     namespace=claim.ref.namespace,
                     name=claim.ref.name,
                     devices=records,
+                    mps=own_mps,
                 )
                 plans.append(plan)
             if plans:
@@ -421,10 +494,27 @@ class DeviceState:
             self._undo_carve(plan.ref, records)
             log.error("creating MIG device failed", claim=str(plan.ref), error=str(exc))
             return ClaimError(f"claim {plan.ref}: {exc}")
+        record = self._data.claims[plan.ref.uid]
+        try:
+            self._sharing.apply(str(plan.ref), record)
+        except SharingError as exc:
+            log.error("applying sharing failed", claim=str(plan.ref), error=str(exc))
+            self._undo_sharing(plan.ref, record)
+            self._undo_carve(plan.ref, records)
+            return ClaimError(f"claim {plan.ref}: {exc}")
         result = self._write_spec(plan)
         if isinstance(result, Exception):
+            self._undo_sharing(plan.ref, record)
             self._undo_carve(plan.ref, records)
         return result
+
+    def _undo_sharing(self, ref: ClaimRef, record: ClaimRecord) -> None:
+        """Best effort: stop what a failed prepare started (a restart sweeps the rest)."""
+        others = [r for u, r in self._data.claims.items() if u != ref.uid]
+        try:
+            self._sharing.release([record], others)
+        except SharingError as exc:
+            log.error("undoing sharing failed", claim=str(ref), error=str(exc))
 
     def _carve(self, plan: _Plan) -> _Plan:
         """Make the GPUs match the claim: MIG devices created, or MIG mode off for whole GPUs.
@@ -492,17 +582,18 @@ class DeviceState:
     def _write_spec(self, plan: _Plan) -> PrepareResult:
         uid = plan.ref.uid
         try:
-            mps_dir = None
-            if uses_mps(plan.devices):
-                self.mps_dir(uid).mkdir(parents=True, exist_ok=True)
-                mps_dir = str(self.mps_dir(uid))
+            dirs = self._sharing.pipe_and_shm(self._data.claims[uid])
+            if uses_mps(plan.devices) and dirs is not None:
+                for directory in dirs:
+                    Path(directory).mkdir(parents=True, exist_ok=True)
             spec = build_claim_spec(
                 uid,
                 plan.devices,
                 common=self._common,
                 mig_minors=self._mig_minors,
-                mps_host_dir=mps_dir,
+                mps_host_dir=dirs[0] if dirs else None,
                 device_nodes=self._device_nodes,
+                mps_shm_dir=dirs[1] if dirs else None,
             )
             write_atomic(self.spec_path(uid), spec.to_json(), fault="cdi.before-rename")
             faults.point("prepare.cdi-written")
@@ -531,6 +622,9 @@ class DeviceState:
             out: dict[str, UnprepareResult] = {}
             changed = False
             for ref in refs:
+                if not _usable_uid(ref.uid):
+                    out[ref.uid] = None  # never prepared: nothing can exist under that name
+                    continue
                 rec = self._data.claims.get(ref.uid)
                 migs = [d.mig for d in rec.devices if d.mig is not None] if rec else []
                 if rec is not None and migs and rec.state is not ClaimState.UNPREPARE_STARTED:
@@ -538,6 +632,15 @@ class DeviceState:
                     rec.state = ClaimState.UNPREPARE_STARTED
                     checkpoint.save(self._path, self._data)
                     faults.point("unprepare.started-recorded")
+                if rec is not None:
+                    try:
+                        # Before the artifacts: a daemon is stopped through its pipe directory.
+                        others = [r for u, r in self._data.claims.items() if u != ref.uid]
+                        self._sharing.release([rec], others)
+                    except SharingError as exc:
+                        out[ref.uid] = ClaimError(f"claim {ref}: cannot undo sharing: {exc}")
+                        continue
+                    faults.point("unprepare.sharing-released")
                 try:
                     self._remove_artifacts(ref.uid)
                 except OSError as exc:
@@ -562,6 +665,11 @@ class DeviceState:
                 checkpoint.save(self._path, self._data)
                 faults.point("unprepare.recorded")
             return out
+
+
+def _is_share(rec: DeviceRecord) -> bool:
+    """Whether the record is a share of a shared GPU (it records what the share consumed)."""
+    return rec.consumed_capacity is not None
 
 
 def _mig_record(spec: PlacementSpec) -> MigRecord:

@@ -81,6 +81,8 @@ EXAMPLES: dict[str, Expect] = {
     "time-slicing": Expect(devices=ANY_WHOLE_GPU),
     "mps": Expect(devices=ANY_WHOLE_GPU),
     "mig-1g10gb": Expect(devices={"mixed": r"gpu-0-mig-1g10gb-19-6|gpu-1-mig-1g10gb-19-[45]"}),
+    # Without --dynamic-mig (as here) the existing 3g.40gb and 4g.40gb devices serve it.
+    "dynamic-mig": Expect(devices={"mixed": r"gpu-0-mig-3g40gb-9-0|gpu-1-mig-4g40gb-5-0"}),
     "mig-multiple-same-parent": Expect(devices={"mixed": r"gpu-1-mig-1g10gb-19-[45]"}, count=2),
     "admin-access": Expect(
         devices=ANY_WHOLE_GPU, count=None, namespace_labels={ADMIN_ACCESS_LABEL: "true"}
@@ -89,6 +91,9 @@ EXAMPLES: dict[str, Expect] = {
     "selector-typo": Expect(
         scheduled=False, count=None, message="CEL runtime error: no such key: prodcutName"
     ),
+    # The demo nodes share no GPU (no --shared-gpus): the shared class matches nothing there;
+    # tests/e2e/test_shared_gpus.py runs it on a node that shares its GPU.
+    "shared-gpu-memory": Expect(scheduled=False, count=None, message="cannot allocate all claims"),
 }
 
 

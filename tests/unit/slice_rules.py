@@ -71,6 +71,58 @@ def check_device(device: dict[str, Any]) -> list[str]:
         errors += check_qualified_name(key)
         if not QUANTITY.match(str(cap.get("value", ""))):
             errors.append(f"{name}/{key}: {cap.get('value')!r} is not a quantity")
+        if "requestPolicy" in cap:
+            if device.get("allowMultipleAllocations") is not True:
+                errors.append(f"{name}/{key}: requestPolicy needs allowMultipleAllocations")
+            errors += [f"{name}/{key}: {e}" for e in check_request_policy(cap)]
+    return errors
+
+
+def _int(text: str) -> int:
+    """A whole-number quantity as an int (the shapes a driver publishes)."""
+    from dra_driver.cel.quantity import NANOS, parse_quantity
+
+    nanos = parse_quantity(text).nanos
+    assert nanos % NANOS == 0, text
+    return nanos // NANOS
+
+
+def check_request_policy(cap: dict[str, Any]) -> list[str]:
+    """The CapacityRequestPolicy rules: one of validValues/validRange, a default that is valid."""
+    policy = cap["requestPolicy"]
+    value = _int(str(cap["value"]))
+    unknown = set(policy) - {"default", "validValues", "validRange"}
+    if unknown:
+        return [f"unknown requestPolicy fields {sorted(unknown)}"]
+    if "validValues" in policy and "validRange" in policy:
+        return ["validValues and validRange are exclusive"]
+    if ("validValues" in policy or "validRange" in policy) and "default" not in policy:
+        return ["default is required with validValues or validRange"]
+    errors = []
+    default = _int(str(policy["default"])) if "default" in policy else None
+    if "validValues" in policy:
+        values = [_int(str(v)) for v in policy["validValues"]]
+        if values != sorted(values) or len(values) > 10 or any(v > value for v in values):
+            errors.append(f"validValues {values} unsorted, too many or above {value}")
+        if default not in values:
+            errors.append(f"default {default} not in validValues")
+    if "validRange" in policy:
+        rng = policy["validRange"]
+        if "min" not in rng:
+            return ["validRange.min is required"]
+        low = _int(str(rng["min"]))
+        high = _int(str(rng["max"])) if "max" in rng else None
+        assert default is not None
+        if low < 0 or low > value or (high is not None and not low <= high <= value):
+            errors.append(f"validRange min {low} / max {high} outside 0..{value}")
+        if default < low or (high is not None and default > high):
+            errors.append(f"default {default} outside the range")
+        if "step" in rng:
+            step = _int(str(rng["step"]))
+            if step <= 0 or low + step > value:
+                errors.append(f"step {step} is not positive or one step exceeds {value}")
+            elif (default - low) % step or (high is not None and (high - low) % step):
+                errors.append("default or max is not a whole number of steps from min")
     return errors
 
 

@@ -328,7 +328,7 @@ def test_device_classes() -> None:
     classes = {
         o["metadata"]["name"]: o for o in base_objects().values() if o["kind"] == "DeviceClass"
     }
-    assert set(classes) == {DRIVER, f"mig.{DRIVER}", f"extended.{DRIVER}"}
+    assert set(classes) == {DRIVER, f"mig.{DRIVER}", f"extended.{DRIVER}", f"shared.{DRIVER}"}
     for dc in classes.values():
         assert dc["apiVersion"] == "resource.k8s.io/v1"
         for selector in dc["spec"]["selectors"]:
@@ -339,6 +339,8 @@ def test_device_classes() -> None:
     assert gpu.endswith(f'device.attributes["{DRIVER}"].type == "gpu"')
     mig = classes[f"mig.{DRIVER}"]["spec"]["selectors"][0]["cel"]["expression"]
     assert mig.endswith(f'device.attributes["{DRIVER}"].type == "mig"')
+    shared = classes[f"shared.{DRIVER}"]["spec"]["selectors"][0]["cel"]["expression"]
+    assert shared == f"{gpu} && device.allowMultipleAllocations"
     extended = classes[f"extended.{DRIVER}"]["spec"]
     assert extended["extendedResourceName"] == "nvidia.com/gpu"
     assert extended["selectors"] == classes[DRIVER]["spec"]["selectors"]
@@ -352,6 +354,7 @@ WANTED_EXAMPLES = {
     "single-gpu", "gpu-min-memory", "gpu-by-model", "gpu-compute-capability",
     "two-gpus-same-pcie-root", "prioritized-list", "shared-claim", "time-slicing", "mps",
     "mig-1g10gb", "mig-multiple-same-parent", "admin-access", "all-gpus", "selector-typo",
+    "shared-gpu-memory",
 }  # fmt: skip
 
 
@@ -400,7 +403,7 @@ def test_example_selectors_use_published_names(directory: Path) -> None:
     for obj in example_objects(directory):
         for spec in claim_specs(obj):
             for entry in request_entries(spec):
-                assert entry["deviceClassName"] in (DRIVER, f"mig.{DRIVER}")
+                assert entry["deviceClassName"] in (DRIVER, f"mig.{DRIVER}", f"shared.{DRIVER}")
                 for selector in entry.get("selectors", []):
                     expression = selector["cel"]["expression"]
                     for kind, domain, name in re.findall(
@@ -538,13 +541,18 @@ def test_helm_values(values: dict[str, str]) -> None:
         assert env["DRA_FEATURE_GATES"] == "dynamicMig=true,healthMonitoring=true,sharedGpus=true"
     if "admissionPolicy.enabled" in values:
         assert "ValidatingAdmissionPolicy" not in kinds
-        assert kinds.count("DeviceClass") == 2
+        assert kinds.count("DeviceClass") == 3
     if "namespace" in values:
         assert ds["metadata"]["namespace"] == "gpu-system"
         assert container["image"] == "ghcr.io/example/dra-driver:v0.1.0"  # appVersion
         assert env["DRA_DRIVER_NAME"] == "gpu.example.com"
         names = {o["metadata"]["name"] for o in objects.values() if o["kind"] == "DeviceClass"}
-        assert names == {"gpu.example.com", "mig.gpu.example.com", "extended.gpu.example.com"}
+        assert names == {
+            "gpu.example.com",
+            "mig.gpu.example.com",
+            "extended.gpu.example.com",
+            "shared.gpu.example.com",
+        }
         (policy,) = [o for o in objects.values() if o["kind"] == "ValidatingAdmissionPolicy"]
         assert (
             policy["spec"]["matchConditions"][0]["expression"]

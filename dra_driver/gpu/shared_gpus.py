@@ -1,0 +1,148 @@
+"""Shared GPUs (pure): which GPUs a node shares by memory, and how they are published.
+
+``--shared-gpus`` (``DRA_SHARED_GPUS``) picks them; empty (the default) shares none. The value
+is one or more terms separated by ``;``, and a GPU is shared if any term matches it:
+
+- ``all``: every GPU
+- ``index:0,1``: GPUs by NVML index
+- ``uuid:GPU-1234...,GPU-5678...``: GPUs by UUID
+- ``model:L4``: GPUs whose product name contains the text (case-insensitive), e.g. ``model:H100``
+
+A shared GPU is published with ``allowMultipleAllocations: true``: the scheduler hands it to
+several claims and counts what each consumes of its capacities (DRAConsumableCapacity):
+
+- ``memory``: the GPU's memory; a request takes at least 1Gi, in steps of 1Gi (default 1Gi).
+- ``compute``: 100 (percent of the GPU's SMs); a request takes 0 (no limit, the default) to 100.
+- ``multiprocessors``: stays readable for selectors but is never consumed (``validValues [0]``);
+  ask for SMs through ``compute``.
+
+Each share's memory and compute become MPS client limits (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``,
+``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``) under one MPS daemon per GPU.
+
+A GPU in MIG mode is not shared (its MIG devices are published instead), and with dynamic MIG a
+shared GPU publishes no MIG placements: MIG would repartition the memory and SMs the shares were
+counted against, and changing MIG mode needs an idle GPU, which a shared GPU rarely is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+from dra_driver.gpu.inventory import Gpu, Inventory
+from dra_driver.resourceslice.pool import DesiredPool
+
+JSON = dict[str, Any]
+GIB = 2**30
+
+#: The requestPolicy of a shared GPU's ``memory``: 1Gi steps, at least 1Gi.
+MEMORY_STEP = GIB
+#: The ``compute`` capacity: a percentage of the GPU's SMs.
+COMPUTE_TOTAL = 100
+
+
+class SelectionError(ValueError):
+    """A ``--shared-gpus`` value that does not parse; the message shows the syntax."""
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A parsed ``--shared-gpus`` value."""
+
+    all: bool = False
+    indices: frozenset[int] = frozenset()
+    uuids: frozenset[str] = frozenset()
+    models: tuple[str, ...] = ()
+
+    def matches(self, gpu: Gpu) -> bool:
+        """Whether ``gpu`` is selected."""
+        name = gpu.product_name.lower()
+        return (
+            self.all
+            or gpu.index in self.indices
+            or gpu.uuid in self.uuids
+            or any(m in name for m in self.models)
+        )
+
+    @property
+    def empty(self) -> bool:
+        """Whether nothing is shared."""
+        return self == Selection()
+
+
+SYNTAX = "all | index:<i>[,<i>...] | uuid:<uuid>[,...] | model:<text>, terms separated by ';'"
+
+
+def parse_selection(text: str) -> Selection:
+    """Parse a ``--shared-gpus`` value (see the module docstring)."""
+    selection = Selection()
+    for term in filter(None, (t.strip() for t in text.split(";"))):
+        if term == "all":
+            selection = dataclasses.replace(selection, all=True)
+            continue
+        kind, sep, values = term.partition(":")
+        items = [v.strip() for v in values.split(",") if v.strip()] if sep else []
+        if not items:
+            raise SelectionError(f"shared GPUs: {term!r} is not a term of: {SYNTAX}")
+        if kind == "index":
+            if not all(i.isdigit() for i in items):
+                raise SelectionError(f"shared GPUs: {term!r}: indices are whole numbers")
+            selection = dataclasses.replace(
+                selection, indices=selection.indices | {int(i) for i in items}
+            )
+        elif kind == "uuid":
+            selection = dataclasses.replace(selection, uuids=selection.uuids | set(items))
+        elif kind == "model":
+            selection = dataclasses.replace(
+                selection, models=(*selection.models, values.strip().lower())
+            )
+        else:
+            raise SelectionError(f"shared GPUs: unknown term {kind!r}; use {SYNTAX}")
+    return selection
+
+
+def shared_uuids(inventory: Inventory, selection: Selection) -> frozenset[str]:
+    """UUIDs of the GPUs to share: selected and not in MIG mode."""
+    return frozenset(g.uuid for g in inventory.gpus if selection.matches(g) and not g.mig_enabled)
+
+
+def memory_policy() -> JSON:
+    """``requestPolicy`` of a shared GPU's memory: at least one step, whole steps, one by
+    default (the maximum is the capacity itself)."""
+    step = str(MEMORY_STEP)
+    return {"default": step, "validRange": {"min": step, "step": step}}
+
+
+def shared_device(device: JSON) -> JSON:
+    """A whole-GPU device as a shared one: multiple allocations, consumable capacities."""
+    capacity = dict(device.get("capacity") or {})
+    capacity["memory"] = {**capacity["memory"], "requestPolicy": memory_policy()}
+    if "multiprocessors" in capacity:
+        capacity["multiprocessors"] = {
+            **capacity["multiprocessors"],
+            "requestPolicy": {"default": "0", "validValues": ["0"]},
+        }
+    capacity["compute"] = {
+        "value": str(COMPUTE_TOTAL),
+        "requestPolicy": {
+            "default": "0",
+            "validRange": {"min": "0", "max": str(COMPUTE_TOTAL), "step": "1"},
+        },
+    }
+    return {**device, "allowMultipleAllocations": True, "capacity": capacity}
+
+
+def share_pool(pool: DesiredPool, names: Collection[str]) -> DesiredPool:
+    """``pool`` with the devices named in ``names`` published as shared GPUs."""
+    if not names:
+        return pool
+    slices = tuple(
+        dataclasses.replace(
+            content,
+            devices=tuple(shared_device(d) if d["name"] in names else d for d in content.devices),
+        )
+        for content in pool.slices
+    )
+    return dataclasses.replace(pool, slices=slices)
