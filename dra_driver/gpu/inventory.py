@@ -39,6 +39,24 @@ class MigProfile(_Model):
     ofa_engines: int = Field(ge=0)
     placements: tuple[Placement, ...]
 
+    def device(self, placement: Placement, uuid: str, gi_id: int, ci_id: int = 0) -> MigDevice:
+        """The MIG device a GPU instance of this profile with one full-size compute instance is."""
+        return MigDevice(
+            uuid=uuid,
+            gpu_instance_id=gi_id,
+            compute_instance_id=ci_id,
+            profile_id=self.profile_id,
+            profile_name=self.name,
+            placement=placement,
+            memory_bytes=self.memory_bytes,
+            multiprocessors=self.multiprocessors,
+            copy_engines=self.copy_engines,
+            decoders=self.decoders,
+            encoders=self.encoders,
+            jpeg_engines=self.jpeg_engines,
+            ofa_engines=self.ofa_engines,
+        )
+
 
 class MigDevice(_Model):
     """A MIG device that exists on a GPU (a GPU instance plus its compute instance)."""

@@ -106,27 +106,6 @@ def profile_by_id(gpu: Gpu, profile_id: int) -> MigProfile | None:
     return next((p for p in gpu.mig_profiles if p.profile_id == profile_id), None)
 
 
-def mig_device_for(
-    profile: MigProfile, placement: Placement, uuid: str, gi_id: int, ci_id: int = 0
-) -> MigDevice:
-    """The MIG device a full-size CI of ``profile`` makes."""
-    return MigDevice(
-        uuid=uuid,
-        gpu_instance_id=gi_id,
-        compute_instance_id=ci_id,
-        profile_id=profile.profile_id,
-        profile_name=profile.name,
-        placement=placement,
-        memory_bytes=profile.memory_bytes,
-        multiprocessors=profile.multiprocessors,
-        copy_engines=profile.copy_engines,
-        decoders=profile.decoders,
-        encoders=profile.encoders,
-        jpeg_engines=profile.jpeg_engines,
-        ofa_engines=profile.ofa_engines,
-    )
-
-
 def live_inventory(inventory: Inventory, backend: MigBackend) -> Inventory:
     """``inventory`` with each MIG-capable GPU's mode and MIG devices as they are now."""
     gpus = []
@@ -258,7 +237,7 @@ class SimulatedMig:
             profile = profile_by_id(gpu, i.profile_id)
             device = None
             if i.ci_id is not None and profile is not None:
-                device = mig_device_for(profile, placement, i.uuid, i.gi_id, i.ci_id)
+                device = profile.device(placement, i.uuid, i.gi_id, i.ci_id)
             out.append(Instance(i.gi_id, i.profile_id, placement, device))
         return tuple(out)
 
@@ -285,7 +264,7 @@ class SimulatedMig:
             # Real MIG devices get a fresh UUID each time they are created.
             record.ci_id, record.uuid = 0, f"MIG-{uuidlib.uuid4()}"
             self._save(self._state)
-            return mig_device_for(profile, placement, record.uuid, gi_id, 0)
+            return profile.device(placement, record.uuid, gi_id)
 
     def destroy(self, gpu: Gpu, gpu_instance_id: int) -> None:
         """Destroy the CI, then the GI (two persisted steps)."""

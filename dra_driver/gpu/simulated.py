@@ -178,20 +178,8 @@ def build_mig_device(
         raise DiscoveryError(
             f"MIG profile {profile.name} cannot start at memory slice {start} (valid: {valid})"
         )
-    return MigDevice(
-        uuid=stable_uuid("MIG", node_name, gpu_index, profile.profile_id, start),
-        gpu_instance_id=gi_id,
-        compute_instance_id=0,
-        profile_id=profile.profile_id,
-        profile_name=profile.name,
-        placement=placement,
-        memory_bytes=profile.memory_bytes,
-        multiprocessors=profile.multiprocessors,
-        copy_engines=profile.copy_engines,
-        decoders=profile.decoders,
-        encoders=profile.encoders,
-        jpeg_engines=profile.jpeg_engines,
-        ofa_engines=profile.ofa_engines,
+    return profile.device(
+        placement, stable_uuid("MIG", node_name, gpu_index, profile.profile_id, start), gi_id
     )
 
 
