@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test unit e2e lint demo proto bench clean
+.PHONY: install test unit e2e lint demo proto clean
 .DEFAULT_GOAL := help
 
 help:
@@ -15,6 +15,7 @@ help:
 	@echo "make test      lint + unit + end-to-end tests (builds the control plane on first use)"
 	@echo "make unit      unit tests only;  make e2e  end-to-end tests only"
 	@echo "make cluster   start a local control plane;  make cluster-down  stop it"
+	@echo "make bench     benchmarks (about 10 minutes); results in docs/performance.md"
 
 install: $(STAMP)
 
@@ -49,3 +50,4 @@ clean:
 
 include testenv/testenv.mk
 include hack/tools.mk
+include bench/bench.mk
