@@ -21,7 +21,11 @@ from dra_driver.localcluster import LocalCluster, repo_root
 from dra_driver.simnode import GpuNode, start_gpu_node
 
 NAMESPACE = "demo"
-NODES = (("gpu-node-a", "dgx-h100"), ("gpu-node-b", "mixed"))
+# gpu-node-a runs with dynamic MIG: MIG devices are carved out of its H100s on demand.
+NODES = (("gpu-node-a", "dgx-h100", ("--dynamic-mig=true",)), ("gpu-node-b", "mixed", ()))
+#: Examples whose pods the demo pins to a node, to show a feature that node has.
+PINNED = {"dynamic-mig": "gpu-node-a"}
+NODE_LABEL = "demo.gpu.dra.dev/node"
 EXAMPLES = (
     "single-gpu",
     "gpu-min-memory",
@@ -29,6 +33,7 @@ EXAMPLES = (
     "two-gpus-same-pcie-root",
     "prioritized-list",
     "mig-1g10gb",
+    "dynamic-mig",
     "mps",
     "selector-typo",
 )
@@ -179,10 +184,15 @@ def run_demo(keep: bool = False) -> int:
         _say(f"   Kubernetes {cluster.version}, KUBECONFIG={cluster.kubeconfig}")
         client = kube.config.new_client_from_config(config_file=str(cluster.kubeconfig))
         nodes: dict[str, GpuNode] = {}
-        for name, profile in NODES:
-            _say(f"== node {name}: kubelet-dra + the driver (simulated profile {profile})")
-            nodes[name] = start_gpu_node(cluster, name, profile)
-        _wait_for_slices(client, [n for n, _ in NODES])
+        for name, profile, extra in NODES:
+            features = f", {' '.join(extra)}" if extra else ""
+            _say(
+                f"== node {name}: kubelet-dra + the driver (simulated profile {profile}{features})"
+            )
+            nodes[name] = start_gpu_node(
+                cluster, name, profile, labels={NODE_LABEL: name}, extra=extra
+            )
+        _wait_for_slices(client, [n for n, _, _ in NODES])
         _say("== applying DeviceClasses (manifests/base/deviceclasses.yaml)")
         _apply(client, _docs([root / "manifests" / "base" / "deviceclasses.yaml"]), NAMESPACE)
         k.CoreV1Api(client).create_namespace({"metadata": {"name": NAMESPACE}})
@@ -190,7 +200,10 @@ def run_demo(keep: bool = False) -> int:
         pods: list[str] = []
         for example in EXAMPLES:
             docs = _docs(sorted((root / "examples" / example).glob("*.yaml")))
-            pods += [d["metadata"]["name"] for d in docs if d["kind"] == "Pod"]
+            for doc in (d for d in docs if d["kind"] == "Pod"):
+                pods.append(doc["metadata"]["name"])
+                if example in PINNED:
+                    doc["spec"]["nodeSelector"] = {NODE_LABEL: PINNED[example]}
             _apply(client, docs, NAMESPACE)
         _say(f"== applied examples: {', '.join(EXAMPLES)}")
         reports = _wait_for_pods(client, nodes, pods)
@@ -201,8 +214,9 @@ def run_demo(keep: bool = False) -> int:
             "== deleting the pods: the kubelet unprepares, the driver removes each claim's CDI spec"
         )
         core = k.CoreV1Api(client)
-        for pod in pods:
-            core.delete_namespaced_pod(pod, NAMESPACE, grace_period_seconds=0)
+        # A graceful delete: the kubelet unprepares first, then finishes the deletion.
+        for pod_name in pods:
+            core.delete_namespaced_pod(pod_name, NAMESPACE)
         _wait(lambda: not _raw(core.list_namespaced_pod, NAMESPACE)["items"], WAIT)
         left = [
             p.name
@@ -248,7 +262,12 @@ def _wait_for_slices(client: Any, nodes: list[str]) -> None:
             if s["spec"].get("nodeName") == node
             for d in s["spec"].get("devices", [])
         ]
-        _say(f"   {node}: {len(devices)} devices published: {' '.join(devices)}")
+        gpus = [d for d in devices if "-mig-" not in d]
+        if len(devices) > 12:
+            shown = f"{' '.join(gpus)} + {len(devices) - len(gpus)} MIG placements"
+        else:
+            shown = " ".join(devices)
+        _say(f"   {node}: {len(devices)} devices published: {shown}")
 
 
 def _wait_for_service_account(client: Any) -> None:
