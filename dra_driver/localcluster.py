@@ -83,6 +83,7 @@ DEFAULT_CONTROLLERS: tuple[str, ...] = (
     "replicaset-controller",
     "daemonset-controller",
     "job-controller",
+    "validatingadmissionpolicy-status-controller",
 )
 
 ADMIN_USER = "testenv-admin"
