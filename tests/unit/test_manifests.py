@@ -254,9 +254,7 @@ def test_daemonset_env_names_known_settings() -> None:
 
     known = {env_name(f) for f in Settings.model_fields}
     env = {e["name"] for e in _container()["env"]}
-    # Settings the manifests pass ahead of the agent reading them.
-    ahead = {"DRA_DRIVER_ROOT", "DRA_HEALTH_PORT", "DRA_METRICS_PORT", "DRA_FEATURE_GATES"}
-    assert env - ahead <= known, env - ahead - known
+    assert env <= known, env - known
 
 
 def test_daemonset_rolling_update() -> None:
@@ -518,7 +516,7 @@ def test_helm_template_equals_kustomize(kustomize_output: str) -> None:
     "values",
     [
         {"discovery.backend": "simulated", "discovery.profile": "mixed"},
-        {"features.sharedGpus": "true", "features.dynamicMig": "true"},
+        {"features.sharedGpus": "model:L4", "features.dynamicMig": "true"},
         {"extendedResourceName": "", "admissionPolicy.enabled": "false"},
         {"namespace": "gpu-system", "driverName": "gpu.example.com", "image.tag": ""},
     ],
@@ -538,7 +536,7 @@ def test_helm_values(values: dict[str, str]) -> None:
     else:
         assert "DRA_PROFILE" not in env
     if "features.sharedGpus" in values:
-        assert env["DRA_FEATURE_GATES"] == "dynamicMig=true,healthMonitoring=true,sharedGpus=true"
+        assert env["DRA_DYNAMIC_MIG"] == "true" and env["DRA_SHARED_GPUS"] == "model:L4"
     if "admissionPolicy.enabled" in values:
         assert "ValidatingAdmissionPolicy" not in kinds
         assert kinds.count("DeviceClass") == 3

@@ -18,15 +18,6 @@ dra-driver
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end }}
 
-{{/* name=bool pairs of .Values.features, sorted by name, comma-separated. */}}
-{{- define "dra-driver.featureGates" -}}
-{{- $gates := list -}}
-{{- range $name, $on := .Values.features -}}
-{{- $gates = append $gates (printf "%s=%v" $name $on) -}}
-{{- end -}}
-{{ join "," $gates }}
-{{- end }}
-
 {{/* The CEL selector of a device class for devices of one type. */}}
 {{- define "dra-driver.typeSelector" -}}
 device.driver == "{{ .driver }}" && device.attributes["{{ .driver }}"].type == "{{ .type }}"
