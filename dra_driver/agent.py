@@ -34,7 +34,7 @@ from dra_driver.gpu.mig_publishing import MigPublishing
 from dra_driver.gpu.shared_gpus import parse_selection, shared_uuids
 from dra_driver.gpu.sharing import make_sharing_backend
 from dra_driver.gpu.state import DeviceState
-from dra_driver.kube import api_client
+from dra_driver.kube import KubeClient
 from dra_driver.kubeletplugin.claims import KubeClaimFetcher
 from dra_driver.kubeletplugin.liveness import serve_liveness
 from dra_driver.kubeletplugin.plugin import Plugin, PluginConfig
@@ -264,7 +264,7 @@ async def run_agent(settings: Settings) -> int:
     state = await asyncio.to_thread(build_state, settings, inventory, mig)
     if settings.metrics_port:
         metrics.serve(settings.metrics_port, settings.driver_name)
-    client = metrics.instrument_api_client(await api_client(settings.kubeconfig))
+    client = await KubeClient.create(settings.kubeconfig, observer=metrics.observe_api_request)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

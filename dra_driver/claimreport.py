@@ -16,10 +16,12 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import structlog
 
 from dra_driver.events import post_event
+from dra_driver.kube import KubeClient
 from dra_driver.kubeletplugin.interfaces import ClaimRef
 
 log = structlog.get_logger(__name__)
@@ -70,11 +72,9 @@ def status_body(
 class ClaimReporter:
     """Background writer of claim device status and prepare-failure events."""
 
-    def __init__(self, api_client: Any, driver: str, pool: str) -> None:
-        from kubernetes.aio.client import ResourceV1Api
-
-        self._client = api_client
-        self._api = ResourceV1Api(api_client)
+    def __init__(self, client: KubeClient, driver: str, pool: str) -> None:
+        """``client`` is owned by the caller; ``pool`` is the pool of this node's devices."""
+        self._client = client
         self._driver = driver
         self._pool = pool
         self._pending: dict[str, tuple[ClaimRef, list[DeviceStatus]]] = {}
@@ -119,19 +119,20 @@ class ClaimReporter:
                 return  # superseded while we were backing off
             now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             body = status_body(ref, self._driver, self._pool, devices, now)
+            path = (
+                f"/apis/resource.k8s.io/v1/namespaces/{quote(ref.namespace, safe='')}"
+                f"/resourceclaims/{quote(ref.name, safe='')}/status"
+            )
             try:
-                response = (
-                    await self._api.patch_namespaced_resource_claim_status_without_preload_content(
-                        ref.name,
-                        ref.namespace,
-                        body,
-                        field_manager=self._driver,
-                        force=True,
-                        _content_type=APPLY_PATCH,
-                    )
+                response = await self._client.request(
+                    "PATCH",
+                    path,
+                    query=[("fieldManager", self._driver), ("force", "true")],
+                    body=body,
+                    content_type=APPLY_PATCH,
                 )
-                status = int(response.status)
-                text = (await response.read()).decode("utf-8", "replace")
+                status = response.status
+                text = response.body.decode("utf-8", "replace")
             except Exception as exc:  # connection trouble: retry below
                 status, text = 0, str(exc)
             if 200 <= status < 300 or status == 404:

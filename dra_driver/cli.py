@@ -69,14 +69,14 @@ def _run(settings: Settings, _: argparse.Namespace) -> int:
 
 
 def _cleanup(settings: Settings, _: argparse.Namespace) -> int:
-    from dra_driver.kube import api_client
+    from dra_driver.kube import KubeClient
     from dra_driver.resourceslice.controller import delete_pool_slices
 
     if not settings.node_name:
         raise SettingsError("--node-name (DRA_NODE_NAME) is required")
 
     async def cleanup() -> int:
-        client = await api_client(settings.kubeconfig)
+        client = await KubeClient.create(settings.kubeconfig)
         try:
             return await delete_pool_slices(client, settings.node_name, settings.driver_name)
         finally:

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import datetime
 import uuid
-from typing import Any
+from urllib.parse import quote
 
 import structlog
+
+from dra_driver.kube import KubeClient
 
 log = structlog.get_logger(__name__)
 
 
 async def post_event(
-    api_client: Any,
+    client: KubeClient,
     *,
     kind: str,
     name: str,
@@ -46,16 +48,10 @@ async def post_event(
         "count": 1,
     }
     try:
-        serialized = await api_client.param_serialize(
-            method="POST",
-            resource_path=f"/api/v1/namespaces/{event_ns}/events",
-            header_params={"Accept": "application/json", "Content-Type": "application/json"},
-            body=body,
-            auth_settings=["BearerToken"],
+        response = await client.request(
+            "POST", f"/api/v1/namespaces/{quote(event_ns, safe='')}/events", body=body
         )
-        response = await api_client.call_api(*serialized, _preload_content=False)
-        await response.read()
-        ok = bool(200 <= response.status < 300)
+        ok = response.ok
     except Exception as exc:  # an event is best effort: never let it break the caller
         log.warning("posting event failed", reason=reason, object=f"{kind}/{name}", error=str(exc))
         return False

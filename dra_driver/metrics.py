@@ -6,7 +6,6 @@ descriptors, CPU time), which is what an operator watches for leaks.
 
 from __future__ import annotations
 
-import functools
 import platform
 import time
 from importlib import metadata
@@ -72,19 +71,6 @@ def observe_batch(histogram: Histogram, started: float, outcomes: dict[str, Any]
         )
 
 
-def instrument_api_client(client: Any) -> Any:
-    """Count every request ``client`` (a kubernetes.aio ApiClient) sends, by verb and status."""
-    original = client.call_api
-
-    @functools.wraps(original)
-    async def call_api(method: str, *args: Any, **kwargs: Any) -> Any:
-        try:
-            response = await original(method, *args, **kwargs)
-        except Exception:
-            API_REQUESTS.labels(verb=method, code="error").inc()
-            raise
-        API_REQUESTS.labels(verb=method, code=str(getattr(response, "status", "unknown"))).inc()
-        return response
-
-    client.call_api = call_api
-    return client
+def observe_api_request(verb: str, code: str) -> None:
+    """Count one request to the API server (a ``KubeClient`` request observer)."""
+    API_REQUESTS.labels(verb=verb, code=code).inc()

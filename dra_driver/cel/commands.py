@@ -74,9 +74,9 @@ def _is_file(value: str | None) -> bool:
 async def _cluster_inputs(settings: Settings, ns: argparse.Namespace) -> dict[str, Any]:
     from dra_driver.cel import live
     from dra_driver.cel.match import slice_devices
-    from dra_driver.kube import api_client
+    from dra_driver.kube import KubeClient
 
-    client = await api_client(settings.kubeconfig)
+    client = await KubeClient.create(settings.kubeconfig)
     try:
         out: dict[str, Any] = {}
         if ns.device_class and not _is_file(ns.device_class):
@@ -170,9 +170,9 @@ def _explain_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def _explain_inputs(settings: Settings, key: str) -> tuple[Any, Any]:
     from dra_driver.cel import live
-    from dra_driver.kube import api_client
+    from dra_driver.kube import KubeClient
 
-    client = await api_client(settings.kubeconfig)
+    client = await KubeClient.create(settings.kubeconfig)
     try:
         claim = await live.get_claim(client, key)
         return claim, await live.cluster_state(client)

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
+from dra_driver.kube import KubeClient
+
 JSON = dict[str, Any]
 API = "/apis/resource.k8s.io/v1"
 
@@ -15,28 +17,22 @@ class LiveError(Exception):
     """The API server answered with an error (the message says which request)."""
 
 
-async def get_json(client: Any, path: str, query: list[tuple[str, str]] | None = None) -> JSON:
+async def get_json(
+    client: KubeClient, path: str, query: list[tuple[str, str]] | None = None
+) -> JSON:
     """GET ``path`` and decode the JSON body; :class:`LiveError` on a non-2xx answer."""
-    serialized = await client.param_serialize(
-        method="GET",
-        resource_path=path,
-        query_params=query or [],
-        header_params={"Accept": "application/json"},
-        auth_settings=["BearerToken"],
-    )
-    response = await client.call_api(*serialized, _preload_content=False, _request_timeout=30)
-    raw = await response.read()
-    if not 200 <= response.status < 300:
+    response = await client.request("GET", path, query=query)
+    if not response.ok:
         try:
-            message = json.loads(raw).get("message", "")
-        except ValueError:
-            message = raw.decode("utf-8", "replace")[:300]
+            message = json.loads(response.body).get("message", "")
+        except (ValueError, AttributeError):
+            message = response.body.decode("utf-8", "replace")[:300]
         raise LiveError(f"GET {path}: {response.status} {message}")
-    data = json.loads(raw)
+    data = response.json()
     return data if isinstance(data, dict) else {}
 
 
-async def list_all(client: Any, path: str, kind: str) -> list[JSON]:
+async def list_all(client: KubeClient, path: str, kind: str) -> list[JSON]:
     """Every object of a collection (following ``continue`` tokens), each with ``kind`` set."""
     items: list[JSON] = []
     token = ""
@@ -55,13 +51,13 @@ def split_key(key: str) -> tuple[str, str]:
     return (namespace, name) if sep else ("default", key)
 
 
-async def get_class(client: Any, name: str) -> JSON:
+async def get_class(client: KubeClient, name: str) -> JSON:
     """One DeviceClass."""
     obj = await get_json(client, f"{API}/deviceclasses/{quote(name, safe='')}")
     return {"kind": "DeviceClass", **obj}
 
 
-async def get_claim(client: Any, key: str) -> JSON:
+async def get_claim(client: KubeClient, key: str) -> JSON:
     """A ResourceClaim by ``namespace/name``, or else a ResourceClaimTemplate of that name."""
     namespace, name = split_key(key)
     base = f"{API}/namespaces/{quote(namespace, safe='')}"
@@ -85,7 +81,7 @@ class ClusterState:
     claims: list[JSON] = field(default_factory=list)
 
 
-async def cluster_state(client: Any) -> ClusterState:
+async def cluster_state(client: KubeClient) -> ClusterState:
     """All DeviceClasses, ResourceSlices and ResourceClaims."""
     return ClusterState(
         classes=await list_all(client, f"{API}/deviceclasses", "DeviceClass"),

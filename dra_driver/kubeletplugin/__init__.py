@@ -6,7 +6,7 @@ Serves the kubelet's plugin-registration, DRAPlugin (v1, v1beta1) and DRAResourc
 Typical use::
 
     config = PluginConfig(driver_name="gpu.dra.dev", node_name=node)
-    async with ApiClient(...) as api, Plugin(
+    async with await KubeClient.create(kubeconfig) as api, Plugin(
         config, driver, KubeClaimFetcher(api), health=health_source, on_registered=republish
     ) as plugin:
         await plugin.registered.wait()

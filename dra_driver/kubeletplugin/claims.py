@@ -8,9 +8,13 @@ driver needs a few fields, not a fully converted client model.
 from __future__ import annotations
 
 import json
-from typing import Any, Protocol
+from typing import Protocol
+from urllib.parse import quote
 
+from dra_driver.kube import KubeClient
 from dra_driver.kubeletplugin.interfaces import JSON, ClaimRef, ClaimToPrepare
+
+CLAIMS_API = "/apis/resource.k8s.io/v1"
 
 #: A claim read takes well under a second; the kubelet's own deadline (45 s) bounds the rest.
 DEFAULT_FETCH_TIMEOUT = 10.0
@@ -32,33 +36,29 @@ class ClaimFetcher(Protocol):
 
 
 class KubeClaimFetcher:
-    """A ``ClaimFetcher`` backed by a ``kubernetes.aio`` API client."""
+    """A ``ClaimFetcher`` that reads claims from the API server."""
 
-    def __init__(self, api_client: Any, timeout: float = DEFAULT_FETCH_TIMEOUT) -> None:
-        """``api_client`` is a ``kubernetes.aio.client.ApiClient`` owned by the caller."""
-        # Imported here so that importing this package does not pull in the whole client.
-        from kubernetes.aio.client import ResourceV1Api
-
-        self._api = ResourceV1Api(api_client)
+    def __init__(self, client: KubeClient, timeout: float = DEFAULT_FETCH_TIMEOUT) -> None:
+        """``client`` is owned by the caller."""
+        self._client = client
         self._timeout = timeout
 
     async def get_claim(self, namespace: str, name: str) -> JSON | None:
-        """Read one claim without converting it into client model objects."""
-        response = await self._api.read_namespaced_resource_claim_without_preload_content(
-            name, namespace, _request_timeout=self._timeout
+        """Read one claim as it is stored (no conversion, so unknown fields survive)."""
+        response = await self._client.request(
+            "GET",
+            f"{CLAIMS_API}/namespaces/{quote(namespace, safe='')}"
+            f"/resourceclaims/{quote(name, safe='')}",
+            timeout=self._timeout,
         )
-        try:
-            body = await response.read()
-            status = int(response.status)
-        finally:
-            response.release()
-        if status == 404:
+        if response.status == 404:
             return None
-        if status != 200:
+        if response.status != 200:
             raise ClaimError(
-                f"reading ResourceClaim {namespace}/{name}: HTTP {status}: {_api_message(body)}"
+                f"reading ResourceClaim {namespace}/{name}: HTTP {response.status}: "
+                f"{_api_message(response.body)}"
             )
-        claim = json.loads(body)
+        claim = response.json()
         if not isinstance(claim, dict):
             raise ClaimError(f"reading ResourceClaim {namespace}/{name}: unexpected response")
         return claim

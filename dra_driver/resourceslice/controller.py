@@ -25,6 +25,7 @@ from typing import Any
 import structlog
 
 from dra_driver import faults
+from dra_driver.kube import KubeClient
 from dra_driver.resourceslice.backoff import Backoff
 from dra_driver.resourceslice.dropped import describe_dropped, feature_gate_for, find_dropped
 from dra_driver.resourceslice.planner import Plan, plan
@@ -81,7 +82,8 @@ def _is_older(candidate: str, current: str) -> bool:
 class SliceController:
     """Publishes a :class:`DesiredPool` as ResourceSlices and keeps it published.
 
-    ``api`` is a ``kubernetes.aio.client.ApiClient`` (or a generated API object holding one).
+    ``api`` is a :class:`~dra_driver.kube.KubeClient` (or a RawApi over one), owned by the
+    caller.
     ``require_node``: when true (the node agent case) slices are only published while the Node
     exists, and always carry it as controlling owner so deleting the node deletes them.
     ``on_dropped`` is called with the feature gate names whenever the API server is newly found
@@ -90,7 +92,7 @@ class SliceController:
 
     def __init__(
         self,
-        api: Any,
+        api: KubeClient | RawApi,
         *,
         driver: str,
         node_name: str,
@@ -506,7 +508,7 @@ class SliceController:
         )
 
 
-async def delete_pool_slices(api: Any, node_name: str, driver: str) -> int:
+async def delete_pool_slices(api: KubeClient | RawApi, node_name: str, driver: str) -> int:
     """Delete every ResourceSlice of ``driver`` on ``node_name``; return how many were deleted.
 
     For explicit cleanup (``dra-driver cleanup --node-name N``); a stopping controller never

@@ -1,4 +1,4 @@
-"""Raw JSON access to ResourceSlices and Nodes over a ``kubernetes.aio`` ApiClient.
+"""Raw JSON access to ResourceSlices and Nodes over a :class:`~dra_driver.kube.KubeClient`.
 
 The generated models lag behind the API (new fields get lost in a model round trip) and would
 hide exactly the differences this package has to see, such as fields the server dropped. So
@@ -14,6 +14,8 @@ from typing import Any
 from urllib.parse import quote
 
 import aiohttp
+
+from dra_driver.kube import KubeClient, Response
 
 JSON = dict[str, Any]
 
@@ -62,19 +64,49 @@ def _retry_after(headers: Mapping[str, str]) -> float:
         return 0.0
 
 
+def _api_error(
+    status: int,
+    reason: str,
+    headers: Mapping[str, str],
+    raw: bytes,
+    *,
+    verb: str,
+    resource: str,
+    name: str | None = None,
+) -> ApiError:
+    """An :class:`ApiError` from a non-2xx answer, with the Status body's reason and message."""
+    try:
+        status_body = json.loads(raw)
+    except ValueError:
+        status_body = {}
+    if not isinstance(status_body, dict):
+        status_body = {}
+    message = status_body.get("message") or raw.decode("utf-8", "replace")[:500]
+    return ApiError(
+        status,
+        str(status_body.get("reason") or reason or ""),
+        message,
+        verb=verb,
+        resource=resource,
+        name=name,
+        retry_after=_retry_after(headers),
+        body=status_body,
+    )
+
+
 class RawApi:
     """Minimal JSON client: one method per request this package makes, errors as ApiError."""
 
-    def __init__(self, api_client: Any, request_timeout: float = 30.0) -> None:
-        # Accept an ApiClient, a generated API object that carries one, or another RawApi.
-        if isinstance(api_client, RawApi):
-            api_client = api_client.api_client
-        self._client: Any = getattr(api_client, "api_client", api_client)
+    def __init__(self, client: KubeClient | RawApi, request_timeout: float = 30.0) -> None:
+        """``client`` is owned by the caller; another RawApi shares its client."""
+        if isinstance(client, RawApi):
+            client = client.api_client
+        self._client = client
         self._timeout = request_timeout
 
     @property
-    def api_client(self) -> Any:
-        """The underlying ``kubernetes.aio`` ApiClient."""
+    def api_client(self) -> KubeClient:
+        """The underlying :class:`KubeClient`."""
         return self._client
 
     async def _request(
@@ -87,47 +119,25 @@ class RawApi:
         name: str | None = None,
         query: list[tuple[str, str]] | None = None,
         body: JSON | None = None,
-        request_timeout: float | aiohttp.ClientTimeout | None = None,
-    ) -> Any:
-        """Send one request and return the raw REST response (status already checked)."""
-        serialized = await self._client.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=query or [],
-            header_params={"Accept": "application/json", "Content-Type": "application/json"},
-            body=body,
-            auth_settings=["BearerToken"],
+    ) -> Response:
+        """Send one request and return the answer (status already checked)."""
+        response = await self._client.request(
+            method, path, query=query, body=body, timeout=self._timeout
         )
-        response = await self._client.call_api(
-            *serialized,
-            _preload_content=False,
-            _request_timeout=request_timeout or self._timeout,
-        )
-        if 200 <= response.status < 300:
-            return response
-        raw = await response.read()
-        response.response.release()
-        try:
-            status_body = json.loads(raw)
-        except ValueError:
-            status_body = {}
-        if not isinstance(status_body, dict):
-            status_body = {}
-        message = status_body.get("message") or raw.decode("utf-8", "replace")[:500]
-        raise ApiError(
-            response.status,
-            str(status_body.get("reason") or response.reason or ""),
-            message,
-            verb=verb,
-            resource=resource,
-            name=name,
-            retry_after=_retry_after(response.headers),
-            body=status_body,
-        )
+        if not response.ok:
+            raise _api_error(
+                response.status,
+                response.reason,
+                response.headers,
+                response.body,
+                verb=verb,
+                resource=resource,
+                name=name,
+            )
+        return response
 
     async def _json(self, method: str, path: str, **kwargs: Any) -> JSON:
-        response = await self._request(method, path, **kwargs)
-        data = json.loads(await response.read())
+        data = (await self._request(method, path, **kwargs)).json()
         return data if isinstance(data, dict) else {}
 
     async def get_node(self, name: str) -> JSON:
@@ -223,11 +233,7 @@ class RawApi:
     async def watch_slices(
         self, field_selector: str, resource_version: str, timeout_seconds: int
     ) -> AsyncIterator[JSON]:
-        """Stream watch events (``{"type": ..., "object": ...}``) from ``resource_version``.
-
-        Lines are split by hand rather than with the stream's readline, whose 128 KiB line
-        limit a slice of 128 richly described devices can exceed.
-        """
+        """Stream watch events (``{"type": ..., "object": ...}``) from ``resource_version``."""
         query = [
             ("watch", "true"),
             ("fieldSelector", field_selector),
@@ -237,29 +243,19 @@ class RawApi:
         ]
         # No total limit: the server ends the watch after timeoutSeconds. A connection that
         # stays silent well past that is dead (e.g. the server froze), so it is given up.
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout_seconds + 30)
-        response = await self._request(
-            "GET",
-            SLICES_PATH,
-            verb="watch",
-            resource="resourceslices",
-            query=query,
-            request_timeout=timeout,
-        )
-        raw = response.response
-        buffer = b""
-        try:
-            async for chunk in raw.content.iter_any():
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
-                    if line.strip():
-                        event = json.loads(line)
-                        if isinstance(event, dict):
-                            yield event
-            if buffer.strip():
-                event = json.loads(buffer)
+        async with self._client.stream(
+            "GET", SLICES_PATH, query=query, connect_timeout=10, read_timeout=timeout_seconds + 30
+        ) as response:
+            if not response.ok:
+                raise _api_error(
+                    response.status,
+                    response.reason,
+                    response.headers,
+                    await response.read(),
+                    verb="watch",
+                    resource="resourceslices",
+                )
+            async for line in response.lines():
+                event = json.loads(line)
                 if isinstance(event, dict):
                     yield event
-        finally:
-            raw.release()

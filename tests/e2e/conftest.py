@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from dra_driver.kube import KubeClient
 from dra_driver.localcluster import (
     ClusterError,
     LocalCluster,
@@ -161,20 +162,10 @@ def kube_api(cluster: LocalCluster) -> Iterator[Any]:
 
 
 @pytest.fixture
-async def aio_api_client(cluster: LocalCluster) -> AsyncIterator[Any]:
-    """A ``kubernetes.aio`` ApiClient for the admin kubeconfig, bound to the test's loop."""
-    from kubernetes.aio import config as aio_config
-    from kubernetes.aio.client import ApiClient, Configuration
-
-    configuration = Configuration()
-    await aio_config.load_kube_config(
-        config_file=str(cluster.kubeconfig), client_configuration=configuration
-    )
-    client = ApiClient(configuration)
-    try:
+async def kube_client(cluster: LocalCluster) -> AsyncIterator[KubeClient]:
+    """The driver's API client for the admin kubeconfig, bound to the test's loop."""
+    async with await KubeClient.create(str(cluster.kubeconfig)) as client:
         yield client
-    finally:
-        await client.close()
 
 
 def _short_id() -> str:

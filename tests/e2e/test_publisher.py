@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from dra_driver.kube import KubeClient
 from dra_driver.localcluster import ClusterError, LocalCluster
 from dra_driver.resourceslice import DesiredPool, SliceController, contents_for, delete_pool_slices
 from dra_driver.resourceslice.controller import field_selector
@@ -61,8 +62,8 @@ async def eventually(
 
 
 @pytest.fixture
-def raw(aio_api_client: Any) -> RawApi:
-    return RawApi(aio_api_client)
+def raw(kube_client: KubeClient) -> RawApi:
+    return RawApi(kube_client)
 
 
 @pytest.fixture
@@ -95,7 +96,7 @@ async def running(controller: SliceController, desired: DesiredPool) -> AsyncIte
             await task
 
 
-def make_controller(api: Any, node_name: str) -> SliceController:
+def make_controller(api: KubeClient, node_name: str) -> SliceController:
     return SliceController(api, driver=DRIVER, node_name=node_name)
 
 
@@ -111,9 +112,9 @@ def content(objs: list[JSON]) -> list[tuple[str, int, int, list[str]]]:
     ]
 
 
-async def test_publish_and_update(aio_api_client: Any, raw: RawApi, node: JSON) -> None:
+async def test_publish_and_update(kube_client: KubeClient, raw: RawApi, node: JSON) -> None:
     name = node["metadata"]["name"]
-    controller = make_controller(aio_api_client, name)
+    controller = make_controller(kube_client, name)
     async with running(controller, pool_for(name)):
         objs = await slices_of(raw, name)
         assert [c[1:] for c in content(objs)] == [
@@ -145,10 +146,10 @@ async def test_publish_and_update(aio_api_client: Any, raw: RawApi, node: JSON) 
 
 
 async def test_hand_deleted_slice_is_restored_within_2s(
-    aio_api_client: Any, raw: RawApi, node: JSON
+    kube_client: KubeClient, raw: RawApi, node: JSON
 ) -> None:
     name = node["metadata"]["name"]
-    controller = make_controller(aio_api_client, name)
+    controller = make_controller(kube_client, name)
     async with running(controller, pool_for(name)):
         before = content(await slices_of(raw, name))
         victim = before[0][0]
@@ -162,23 +163,16 @@ async def test_hand_deleted_slice_is_restored_within_2s(
 
 
 async def test_kubelet_style_wipe_is_restored_within_2s(
-    aio_api_client: Any, raw: RawApi, node: JSON
+    kube_client: KubeClient, raw: RawApi, node: JSON
 ) -> None:
     """The kubelet deletes a driver's slices with one DeleteCollection by field selector."""
     name = node["metadata"]["name"]
-    controller = make_controller(aio_api_client, name)
+    controller = make_controller(kube_client, name)
     async with running(controller, pool_for(name)):
-        api = raw.api_client
-        serialized = await api.param_serialize(
-            method="DELETE",
-            resource_path=SLICES_PATH,
-            query_params=[("fieldSelector", field_selector(name, DRIVER))],
-            header_params={"Content-Type": "application/json"},
-            auth_settings=["BearerToken"],
+        response = await raw.api_client.request(
+            "DELETE", SLICES_PATH, query=[("fieldSelector", field_selector(name, DRIVER))]
         )
-        response = await api.call_api(*serialized, _preload_content=False)
-        assert response.status == 200, await response.read()
-        response.response.release()
+        assert response.status == 200, response.body
 
         async def republished() -> bool:
             objs = await slices_of(raw, name)
@@ -187,9 +181,11 @@ async def test_kubelet_style_wipe_is_restored_within_2s(
         await eventually(republished, within=2.0)
 
 
-async def test_hand_edited_slice_is_restored(aio_api_client: Any, raw: RawApi, node: JSON) -> None:
+async def test_hand_edited_slice_is_restored(
+    kube_client: KubeClient, raw: RawApi, node: JSON
+) -> None:
     name = node["metadata"]["name"]
-    controller = make_controller(aio_api_client, name)
+    controller = make_controller(kube_client, name)
     async with running(controller, pool_for(name)):
         objs = await slices_of(raw, name)
         edited = objs[1]
@@ -207,9 +203,11 @@ async def test_hand_edited_slice_is_restored(aio_api_client: Any, raw: RawApi, n
         assert {o["spec"]["pool"]["generation"] for o in await slices_of(raw, name)} == {1}
 
 
-async def test_steady_state_makes_no_writes(aio_api_client: Any, raw: RawApi, node: JSON) -> None:
+async def test_steady_state_makes_no_writes(
+    kube_client: KubeClient, raw: RawApi, node: JSON
+) -> None:
     name = node["metadata"]["name"]
-    controller = make_controller(aio_api_client, name)
+    controller = make_controller(kube_client, name)
     async with running(controller, pool_for(name)):
         writes = controller.writes
         versions = [o["metadata"]["resourceVersion"] for o in await slices_of(raw, name)]
@@ -222,10 +220,10 @@ async def test_steady_state_makes_no_writes(aio_api_client: Any, raw: RawApi, no
 
 
 async def test_deleted_node_takes_its_slices_along(
-    aio_api_client: Any, raw: RawApi, node: JSON
+    kube_client: KubeClient, raw: RawApi, node: JSON
 ) -> None:
     name = node["metadata"]["name"]
-    controller = make_controller(aio_api_client, name)
+    controller = make_controller(kube_client, name)
     async with running(controller, pool_for(name)):
         assert len(await slices_of(raw, name)) == 2
         await raw.delete_node(name)
@@ -240,7 +238,9 @@ async def test_deleted_node_takes_its_slices_along(
         assert not await slices_of(raw, name)
 
 
-async def test_cleanup_deletes_only_that_node(aio_api_client: Any, raw: RawApi, node: JSON) -> None:
+async def test_cleanup_deletes_only_that_node(
+    kube_client: KubeClient, raw: RawApi, node: JSON
+) -> None:
     name = node["metadata"]["name"]
     other = await raw.create_node(
         {"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"{name}-other"}}
@@ -248,12 +248,12 @@ async def test_cleanup_deletes_only_that_node(aio_api_client: Any, raw: RawApi, 
     other_name = other["metadata"]["name"]
     try:
         for node_name in (name, other_name):
-            controller = make_controller(aio_api_client, node_name)
+            controller = make_controller(kube_client, node_name)
             async with running(controller, pool_for(node_name)):
                 pass
         # Controllers stopped: their slices stay.
         assert len(await slices_of(raw, name)) == 2
-        assert await delete_pool_slices(aio_api_client, name, DRIVER) == 2
+        assert await delete_pool_slices(kube_client, name, DRIVER) == 2
         assert await slices_of(raw, name) == []
         assert len(await slices_of(raw, other_name)) == 2
     finally:
@@ -262,10 +262,10 @@ async def test_cleanup_deletes_only_that_node(aio_api_client: Any, raw: RawApi, 
 
 
 async def test_recovers_after_the_api_server_was_down_for_30s(
-    aio_api_client: Any, raw: RawApi, node: JSON, cluster: LocalCluster
+    kube_client: KubeClient, raw: RawApi, node: JSON, cluster: LocalCluster
 ) -> None:
     name = node["metadata"]["name"]
-    controller = make_controller(aio_api_client, name)
+    controller = make_controller(kube_client, name)
     async with running(controller, pool_for(name)):
         await asyncio.to_thread(cluster.stop_apiserver)
         try:
@@ -356,14 +356,7 @@ def partitioned_pool(node: str) -> DesiredPool:
 async def test_dropped_fields_are_reported_once_and_not_fought_over(
     gated_cluster: LocalCluster,
 ) -> None:
-    from kubernetes.aio import config as aio_config
-    from kubernetes.aio.client import ApiClient, Configuration
-
-    configuration = Configuration()
-    await aio_config.load_kube_config(
-        config_file=str(gated_cluster.kubeconfig), client_configuration=configuration
-    )
-    async with ApiClient(configuration) as api:
+    async with await KubeClient.create(str(gated_cluster.kubeconfig)) as api:
         raw = RawApi(api)
         name = f"gated-{uuid.uuid4().hex[:8]}"
         await raw.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
@@ -396,16 +389,10 @@ async def test_dropped_fields_are_reported_once_and_not_fought_over(
 
 
 async def test_forbidden_does_not_crash_or_write(cluster: LocalCluster, node: JSON) -> None:
-    from kubernetes.aio import config as aio_config
-    from kubernetes.aio.client import ApiClient, Configuration
-
-    configuration = Configuration()
-    await aio_config.load_kube_config(
-        config_file=str(cluster.kubeconfig), client_configuration=configuration
-    )
-    async with ApiClient(configuration) as api:
-        # A user without any RBAC grants: every request is forbidden.
-        api.set_default_header("Impersonate-User", "e2e-nobody")
+    # A user without any RBAC grants: every request is forbidden.
+    async with await KubeClient.create(
+        str(cluster.kubeconfig), headers={"Impersonate-User": "e2e-nobody"}
+    ) as api:
         controller = make_controller(api, node["metadata"]["name"])
         task = asyncio.create_task(controller.run())
         try:

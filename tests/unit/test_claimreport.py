@@ -23,3 +23,43 @@ def test_status_body() -> None:
 
 def test_empty_list_clears() -> None:
     assert status_body(ClaimRef("ns", "c", "u"), "d", "p", [], "t")["status"] == {"devices": []}
+
+
+async def test_reporter_applies_status_and_posts_events() -> None:
+    import asyncio
+
+    from dra_driver.claimreport import APPLY_PATCH, ClaimReporter
+    from dra_driver.events import post_event
+    from tests.unit.kubeserver import plain_client, serve
+
+    path = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c/status"
+    async with serve() as server, plain_client(server) as client:
+        server.json("PATCH", path, 200, {})
+        server.json("POST", "/api/v1/namespaces/ns/events", 201, {})
+        reporter = ClaimReporter(client, "gpu.dra.dev", "node-1")
+        task = asyncio.create_task(reporter.run())
+        reporter.set_devices(ClaimRef("ns", "c", "u1"), [DeviceStatus("gpu-0", {"uuid": "GPU-1"})])
+        reporter.prepare_failed(ClaimRef("ns", "c", "u1"), "no such GPU")
+        for _ in range(100):
+            if len(server.seen) == 2:
+                break
+            await asyncio.sleep(0.02)
+        task.cancel()
+        # Events about cluster-scoped objects go to "default"; a refusal is reported as False.
+        assert not await post_event(client, kind="Node", name="n1", reason="R", message="m")
+    (patch,) = [s for s in server.seen if s["method"] == "PATCH"]
+    assert patch["headers"]["Content-Type"] == APPLY_PATCH
+    assert patch["query"] == [("fieldManager", "gpu.dra.dev"), ("force", "true")]
+    assert patch["body"].startswith(b"{")
+    event, node_event = [s for s in server.seen if s["method"] == "POST"]
+    assert event["path"] == "/api/v1/namespaces/ns/events"
+    assert b"PrepareFailed" in event["body"]
+    assert node_event["path"] == "/api/v1/namespaces/default/events"
+
+
+def test_metrics_observer_counts_requests() -> None:
+    from dra_driver import metrics
+
+    before = metrics.API_REQUESTS.labels(verb="GET", code="error")._value.get()
+    metrics.observe_api_request("GET", "error")
+    assert metrics.API_REQUESTS.labels(verb="GET", code="error")._value.get() == before + 1

@@ -1,16 +1,15 @@
-"""Claim checks and the kubernetes.aio-backed fetcher (against a local HTTP stand-in)."""
+"""Claim checks and the API-backed fetcher (against a local HTTP stand-in)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiohttp import web
-from kubernetes.aio.client import ApiClient, Configuration
 
+from dra_driver.kube import KubeClient
 from dra_driver.kubeletplugin import ClaimError, ClaimRef, KubeClaimFetcher, claim_to_prepare
+from tests.unit.kubeserver import FakeApiServer, plain_client, serve
 
 from .helpers import DRIVER, NODE, make_claim
 
@@ -58,51 +57,31 @@ def test_rejects(claim: dict[str, Any] | None, message: str) -> None:
 
 
 @pytest.fixture
-async def api() -> AsyncIterator[tuple[dict[str, tuple[int, Any]], ApiClient]]:
-    """A stand-in API server: path -> (status, JSON body)."""
-    routes: dict[str, tuple[int, Any]] = {}
-
-    async def handle(request: web.Request) -> web.Response:
-        status, body = routes.get(request.path, (404, {"kind": "Status", "message": "nope"}))
-        return web.Response(status=status, text=json.dumps(body), content_type="application/json")
-
-    app = web.Application()
-    app.router.add_get("/{tail:.*}", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    config = Configuration(host=f"http://127.0.0.1:{port}")
-    client = ApiClient(config)
-    try:
-        yield routes, client
-    finally:
-        await client.close()
-        await runner.cleanup()
+async def api() -> AsyncIterator[tuple[FakeApiServer, KubeClient]]:
+    """A stand-in API server and a client for it."""
+    async with serve() as server, plain_client(server) as client:
+        yield server, client
 
 
 PATH = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c"
 
 
-async def test_fetcher_returns_raw_json(api: tuple[dict[str, tuple[int, Any]], ApiClient]) -> None:
-    routes, client = api
+async def test_fetcher_returns_raw_json(api: tuple[FakeApiServer, KubeClient]) -> None:
+    server, client = api
     claim = make_claim("u1", "c", "ns")
     claim["status"]["allocation"]["devices"]["results"][0]["unknownFutureField"] = {"x": 1}
-    routes[PATH] = (200, claim)
+    server.json("GET", PATH, 200, claim)
     got = await KubeClaimFetcher(client).get_claim("ns", "c")
     assert got == claim  # unconverted: fields unknown to the client survive
 
 
-async def test_fetcher_not_found(api: tuple[dict[str, tuple[int, Any]], ApiClient]) -> None:
+async def test_fetcher_not_found(api: tuple[FakeApiServer, KubeClient]) -> None:
     _, client = api
     assert await KubeClaimFetcher(client).get_claim("ns", "c") is None
 
 
-async def test_fetcher_error_carries_api_message(
-    api: tuple[dict[str, tuple[int, Any]], ApiClient],
-) -> None:
-    routes, client = api
-    routes[PATH] = (403, {"kind": "Status", "message": "forbidden: no RBAC"})
+async def test_fetcher_error_carries_api_message(api: tuple[FakeApiServer, KubeClient]) -> None:
+    server, client = api
+    server.json("GET", PATH, 403, {"kind": "Status", "message": "forbidden: no RBAC"})
     with pytest.raises(ClaimError, match=r"HTTP 403: forbidden: no RBAC"):
         await KubeClaimFetcher(client).get_claim("ns", "c")
