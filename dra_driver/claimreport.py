@@ -28,6 +28,7 @@ log = structlog.get_logger(__name__)
 
 APPLY_PATCH = "application/apply-patch+yaml"
 MAX_ATTEMPTS = 6
+WRITE_DELAY = 0.5
 
 
 @dataclass(frozen=True)
@@ -72,9 +73,16 @@ def status_body(
 class ClaimReporter:
     """Background writer of claim device status and prepare-failure events."""
 
-    def __init__(self, client: KubeClient, driver: str, pool: str) -> None:
-        """``client`` is owned by the caller; ``pool`` is the pool of this node's devices."""
+    def __init__(
+        self, client: KubeClient, driver: str, pool: str, delay: float = WRITE_DELAY
+    ) -> None:
+        """``client`` is owned by the caller; ``pool`` is the pool of this node's devices.
+
+        Writes wait ``delay`` seconds, so a claim unprepared right after its prepare (pod
+        churn) costs the API server nothing at all.
+        """
         self._client = client
+        self._delay = delay
         self._driver = driver
         self._pool = pool
         self._pending: dict[str, tuple[ClaimRef, list[DeviceStatus]]] = {}
@@ -83,8 +91,18 @@ class ClaimReporter:
 
     def set_devices(self, ref: ClaimRef, devices: Sequence[DeviceStatus]) -> None:
         """Publish the claim's prepared devices (an empty list clears them)."""
+        queued = self._pending.get(ref.uid)
+        if not devices and queued is not None and queued[1]:
+            # Cleared before its devices were written: the API server never saw them.
+            del self._pending[ref.uid]
+            return
         self._pending[ref.uid] = (ref, list(devices))
         self._wake.set()
+
+    @property
+    def pending(self) -> int:
+        """Claims whose status is waiting to be written."""
+        return len(self._pending)
 
     def prepare_failed(self, ref: ClaimRef, message: str) -> None:
         """A Warning event on the claim, so ``kubectl describe`` shows why."""
@@ -107,6 +125,7 @@ class ClaimReporter:
         """Write pending updates until cancelled."""
         while True:
             await self._wake.wait()
+            await asyncio.sleep(self._delay)
             self._wake.clear()
             while self._pending:
                 uid = next(iter(self._pending))

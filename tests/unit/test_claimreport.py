@@ -36,7 +36,7 @@ async def test_reporter_applies_status_and_posts_events() -> None:
     async with serve() as server, plain_client(server) as client:
         server.json("PATCH", path, 200, {})
         server.json("POST", "/api/v1/namespaces/ns/events", 201, {})
-        reporter = ClaimReporter(client, "gpu.dra.dev", "node-1")
+        reporter = ClaimReporter(client, "gpu.dra.dev", "node-1", delay=0.01)
         task = asyncio.create_task(reporter.run())
         reporter.set_devices(ClaimRef("ns", "c", "u1"), [DeviceStatus("gpu-0", {"uuid": "GPU-1"})])
         reporter.prepare_failed(ClaimRef("ns", "c", "u1"), "no such GPU")
@@ -63,3 +63,31 @@ def test_metrics_observer_counts_requests() -> None:
     before = metrics.API_REQUESTS.labels(verb="GET", code="error")._value.get()
     metrics.observe_api_request("GET", "error")
     assert metrics.API_REQUESTS.labels(verb="GET", code="error")._value.get() == before + 1
+
+
+async def test_status_cleared_before_it_was_written_costs_nothing() -> None:
+    import asyncio
+
+    from dra_driver.claimreport import ClaimReporter
+    from tests.unit.kubeserver import plain_client, serve
+
+    path = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c/status"
+    async with serve() as server, plain_client(server) as client:
+        server.json("PATCH", path, 200, {})
+        reporter = ClaimReporter(client, "gpu.dra.dev", "node-1", delay=0.2)
+        task = asyncio.create_task(reporter.run())
+        ref = ClaimRef("ns", "c", "u1")
+        reporter.set_devices(ref, [DeviceStatus("gpu-0", {"uuid": "GPU-1"})])
+        reporter.set_devices(ref, [])  # unprepared within the delay
+        assert reporter.pending == 0
+        await asyncio.sleep(0.4)
+        # A clear for a claim whose status this process did not queue (e.g. after a restart)
+        # is still written.
+        reporter.set_devices(ref, [])
+        for _ in range(100):
+            if server.seen:
+                break
+            await asyncio.sleep(0.02)
+        task.cancel()
+    (patch,) = server.seen
+    assert b'"devices": []' in patch["body"] or b'"devices":[]' in patch["body"]
