@@ -15,10 +15,14 @@ def spec_file_name(vendor: str, cls: str, spec_id: str) -> str:
     return f"{vendor}-{cls}_{spec_id}.json"
 
 
-def write_atomic(path: Path, data: dict[str, Any], fault: str | None = None) -> None:
+def write_atomic(
+    path: Path, data: dict[str, Any], fault: str | None = None, sync_dir: bool = True
+) -> None:
     """Write JSON to ``path`` via a temp file, fsync and rename, then fsync the directory.
 
     ``fault`` names a crash point between the fsync and the rename (see :mod:`faults`).
+    ``sync_dir=False`` leaves the directory fsync to the caller, who writes several files
+    and makes their renames durable with one :func:`fsync_dir`.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     # A dot-prefixed temp name: runtimes only load files ending in .json/.yaml.
@@ -33,16 +37,19 @@ def write_atomic(path: Path, data: dict[str, Any], fault: str | None = None) -> 
     if fault is not None:
         faults.point(fault)
     os.replace(tmp, path)
-    fsync_dir(path.parent)
+    if sync_dir:
+        fsync_dir(path.parent)
 
 
-def remove(path: Path) -> bool:
-    """Remove a spec file; True if it existed. The directory entry is made durable."""
+def remove(path: Path, sync_dir: bool = True) -> bool:
+    """Remove a file; True if it existed. The unlink is made durable unless ``sync_dir`` is
+    False (the caller syncs the directory once for several removals)."""
     try:
         path.unlink()
     except FileNotFoundError:
         return False
-    fsync_dir(path.parent)
+    if sync_dir:
+        fsync_dir(path.parent)
     return True
 
 

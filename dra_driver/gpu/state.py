@@ -19,7 +19,7 @@ import structlog
 
 from dra_driver import faults
 from dra_driver.cdi.spec import NO_EDITS, ContainerEdits
-from dra_driver.cdi.writer import remove, spec_file_name, write_atomic
+from dra_driver.cdi.writer import fsync_dir, remove, spec_file_name, write_atomic
 from dra_driver.gpu import checkpoint, devnodes
 from dra_driver.gpu.checkpoint import (
     CheckpointData,
@@ -239,9 +239,14 @@ class DeviceState:
         """Host directory shared with the claim's containers as the MPS pipe directory."""
         return self.state_dir / "mps" / claim_uid
 
-    def _remove_artifacts(self, claim_uid: str) -> None:
-        remove(self.spec_path(claim_uid))
+    def _remove_artifacts(self, claim_uid: str, sync_dir: bool = True) -> None:
+        remove(self.spec_path(claim_uid), sync_dir=sync_dir)
         shutil.rmtree(self.mps_dir(claim_uid), ignore_errors=True)
+
+    def _sync_cdi_root(self) -> None:
+        """Make the batch's spec renames and removals durable with one directory fsync."""
+        if self.cdi_root.is_dir():
+            fsync_dir(self.cdi_root)
 
     # --- queries --------------------------------------------------------------------------
 
@@ -481,6 +486,7 @@ class DeviceState:
                 checkpoint.save(self._path, self._data)
                 faults.point("prepare.started-recorded")
                 out.update({plan.ref.uid: self._finish(plan) for plan in plans})
+                self._sync_cdi_root()
                 checkpoint.save(self._path, self._data)
                 faults.point("prepare.completed-recorded")
             return out
@@ -595,7 +601,9 @@ class DeviceState:
                 device_nodes=self._device_nodes,
                 mps_shm_dir=dirs[1] if dirs else None,
             )
-            write_atomic(self.spec_path(uid), spec.to_json(), fault="cdi.before-rename")
+            write_atomic(
+                self.spec_path(uid), spec.to_json(), fault="cdi.before-rename", sync_dir=False
+            )
             faults.point("prepare.cdi-written")
         except OSError as exc:
             del self._data.claims[uid]
@@ -642,7 +650,7 @@ class DeviceState:
                         continue
                     faults.point("unprepare.sharing-released")
                 try:
-                    self._remove_artifacts(ref.uid)
+                    self._remove_artifacts(ref.uid, sync_dir=False)
                 except OSError as exc:
                     out[ref.uid] = ClaimError(f"claim {ref}: cannot remove CDI spec: {exc}")
                     continue
@@ -661,6 +669,7 @@ class DeviceState:
                         "claim unprepared", claim=str(ref), claim_uid=ref.uid, node=self.node_name
                     )
                 out[ref.uid] = None
+            self._sync_cdi_root()
             if changed:
                 checkpoint.save(self._path, self._data)
                 faults.point("unprepare.recorded")
