@@ -66,6 +66,7 @@ class _Plan:
     ref: ClaimRef
     devices: tuple[AllocatedDevice, ...]
     results: tuple[dict[str, Any], ...]
+    pods: tuple[str, ...] = ()
     # Dynamic MIG: the placement to create for each device (None: the device exists).
     carve: tuple[PlacementSpec | None, ...] = ()
 
@@ -302,7 +303,13 @@ class DeviceState:
                 share = share_of(str(result["shareID"]), result.get("consumedCapacity"))
                 device = with_share(device, share)
             devices.append(device)
-        return _Plan(ref=ref, devices=tuple(devices), results=claim.results, carve=tuple(carve))
+        return _Plan(
+            ref=ref,
+            devices=tuple(devices),
+            results=claim.results,
+            pods=claim.pods,
+            carve=tuple(carve),
+        )
 
     def _holders(self) -> dict[str, str]:
         """Device name -> UID of the claim holding it exclusively, or of a share of it."""
@@ -454,7 +461,11 @@ class DeviceState:
                     )
                 except (ClaimError, ConfigError, ShareError) as exc:
                     log.warning(
-                        "prepare refused", claim=str(claim.ref), claim_uid=uid, error=str(exc)
+                        "prepare refused",
+                        claim=str(claim.ref),
+                        claim_uid=uid,
+                        pods=list(claim.pods),
+                        error=str(exc),
                     )
                     out[uid] = exc
                     continue
@@ -617,6 +628,7 @@ class DeviceState:
             "claim prepared",
             claim=str(plan.ref),
             claim_uid=uid,
+            pods=list(plan.pods),
             devices=[d.device_name for d in record.devices],
             node=self.node_name,
         )

@@ -57,6 +57,16 @@ class ClaimToPrepare:
     results: tuple[JSON, ...]
     config: tuple[JSON, ...]
 
+    @property
+    def pods(self) -> tuple[str, ...]:
+        """``namespace/name`` of the pods the claim is reserved for (for log lines)."""
+        reserved = (self.claim.get("status") or {}).get("reservedFor") or ()
+        return tuple(
+            f"{self.ref.namespace}/{r.get('name')}"
+            for r in reserved
+            if isinstance(r, dict) and r.get("resource") == "pods"
+        )
+
 
 #: Outcome of preparing one claim: its devices, or why it failed.
 PrepareResult = Sequence[PreparedDevice] | Exception

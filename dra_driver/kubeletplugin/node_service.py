@@ -168,7 +168,8 @@ class NodeService:
                     error=errors[ref.uid],
                 )
             else:
-                log.info("claim unprepared", claim=str(ref), claim_uid=ref.uid, node=self._node)
+                # The driver logs the details; this layer only confirms at debug level.
+                log.debug("claim unprepared", claim=str(ref), claim_uid=ref.uid, node=self._node)
         return errors
 
     async def _fetch(self, ref: ClaimRef) -> ClaimToPrepare | str:
@@ -230,7 +231,7 @@ class NodeService:
                 error=outcome.error,
             )
         else:
-            log.info(
+            log.debug(
                 "claim prepared",
                 claim=str(ref),
                 claim_uid=ref.uid,
