@@ -22,13 +22,14 @@ DRIVER = "gpu.dra.dev"
 def gpu_node(
     cluster: LocalCluster, kube_api: Any, unique_name: Callable[[str], str]
 ) -> Iterator[Callable[..., GpuNode]]:
-    """``gpu_node(profile, **kw)``: kubelet-dra + the driver for a fresh node; removed after."""
+    """``gpu_node(profile, prefix="gpu", extra=..., env=...)``: kubelet-dra + the driver for a
+    fresh node (``start_gpu_node`` keywords); removed after the test."""
     from kubernetes import client as k
 
     made: list[GpuNode] = []
 
-    def make(profile: str, **kw: Any) -> GpuNode:
-        name = unique_name("gpu")
+    def make(profile: str, prefix: str = "gpu", **kw: Any) -> GpuNode:
+        name = unique_name(prefix)
         node = start_gpu_node(cluster, name, profile, labels={"e2e-node": name}, **kw)
         made.append(node)
         return node

@@ -11,7 +11,7 @@ returns the same devices, and the pods run (or are gone).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +22,9 @@ from dra_driver import faults
 from dra_driver._proto.dra.v1 import api_pb2 as v1_pb2
 from dra_driver._proto.dra.v1 import api_pb2_grpc as v1_grpc
 from dra_driver.localcluster import LocalCluster, NodeHandle
-from dra_driver.simnode import GpuNode, start_driver, start_gpu_node
+from dra_driver.simnode import GpuNode, start_driver
 from tests.e2e.conftest import gone, raw, wait_until
-from tests.e2e.gpu import (  # noqa: F401  (gpu_class is a fixture used here)
-    DRIVER,
-    apply,
-    claim_of,
-    gpu_class,
-    gpu_pod,
-    node_slices,
-)
+from tests.e2e.gpu import DRIVER, apply, claim_of, gpu_pod, node_slices, published_devices
 
 pytestmark = pytest.mark.e2e
 
@@ -130,43 +123,20 @@ def prepare_again(node: NodeHandle, namespace: str, name: str, uid: str) -> list
 
 
 @pytest.fixture
-def crash_node(
-    cluster: LocalCluster, kube_api: Any, unique_name: Callable[[str], str]
-) -> Iterator[Callable[[str], GpuNode]]:
+def crash_node(gpu_node: Callable[..., GpuNode]) -> Callable[[str], GpuNode]:
     """``crash_node(points)``: a fresh kubelet-dra node with an agent armed at ``points``."""
-    from kubernetes import client as k
-
-    made: list[GpuNode] = []
-
-    def make(points: str) -> GpuNode:
-        name = unique_name("crash")
-        node = start_gpu_node(
-            cluster, name, PROFILE, labels={"e2e-node": name}, env={faults.ENV: points}
-        )
-        made.append(node)
-        return node
-
-    yield make
-    for node in made:
-        cluster.stop_process(f"driver-{node.name}")
-        cluster.stop_node(node.name)
-        try:
-            k.CoreV1Api(kube_api).delete_node(node.name)
-        except Exception as exc:
-            print(f"deleting node {node.name}: {exc}")
-
-
-def published(kube_api: Any, node: str) -> list[str]:
-    return sorted(
-        d["name"] for s in node_slices(kube_api, node) for d in s["spec"].get("devices", [])
-    )
+    return lambda points: gpu_node(PROFILE, prefix="crash", env={faults.ENV: points})
 
 
 EXPECTED_DEVICES = sorted(f"gpu-{i}" for i in range(4))
 
 
 def wait_published(kube_api: Any, node: GpuNode) -> None:
-    wait_until(lambda: published(kube_api, node.name) == EXPECTED_DEVICES, 30, "slices published")
+    wait_until(
+        lambda: sorted(published_devices(kube_api, node.name)) == EXPECTED_DEVICES,
+        30,
+        "slices published",
+    )
 
 
 def crash_and_restart(cluster: LocalCluster, node: GpuNode, point: str) -> None:

@@ -5,7 +5,7 @@ when the pods go, also when it is killed at any step in between."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +14,9 @@ import pytest
 from dra_driver import faults
 from dra_driver.gpu.mig import SIMULATED_STATE_FILE
 from dra_driver.localcluster import LocalCluster
-from dra_driver.simnode import GpuNode, start_driver, start_gpu_node
+from dra_driver.simnode import GpuNode, start_driver
 from tests.e2e.conftest import gone, raw, wait_until
-from tests.e2e.gpu import apply, claim_of, node_slices
+from tests.e2e.gpu import apply, claim_of, published_devices
 from tests.e2e.test_crash import check_node_consistent
 
 pytestmark = pytest.mark.e2e
@@ -61,35 +61,19 @@ def device_classes(kube_api: Any) -> None:
 
 @pytest.fixture
 def mig_node(
-    cluster: LocalCluster, kube_api: Any, unique_name: Callable[[str], str], profile: str
-) -> Iterator[Callable[..., GpuNode]]:
+    gpu_node: Callable[..., GpuNode], kube_api: Any, profile: str
+) -> Callable[..., GpuNode]:
     """``mig_node(points="")``: a node with one H100 and the driver in dynamic MIG mode."""
-    from kubernetes import client as k
-
-    made: list[GpuNode] = []
 
     def make(points: str = "") -> GpuNode:
-        name = unique_name("mig")
         env = {faults.ENV: points} if points else {}
-        node = start_gpu_node(
-            cluster, name, profile, labels={"e2e-node": name}, extra=DYNAMIC, env=env
+        node = gpu_node(profile, prefix="mig", extra=DYNAMIC, env=env)
+        wait_until(
+            lambda: len(published_devices(kube_api, node.name)) == 26, 30, "placements published"
         )
-        made.append(node)
-        wait_until(lambda: len(published(kube_api, name)) == 26, 30, "placements published")
         return node
 
-    yield make
-    for node in made:
-        cluster.stop_process(f"driver-{node.name}")
-        cluster.stop_node(node.name)
-        try:
-            k.CoreV1Api(kube_api).delete_node(node.name)
-        except Exception as exc:
-            print(f"deleting node {node.name}: {exc}")
-
-
-def published(kube_api: Any, node: str) -> list[str]:
-    return [d["name"] for s in node_slices(kube_api, node) for d in s["spec"].get("devices", [])]
+    return make
 
 
 def pod(name: str, node: str, device_class: str, selector: str = "") -> str:

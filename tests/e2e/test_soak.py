@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dra_driver.localcluster import LocalCluster
-from dra_driver.simnode import GpuNode, start_gpu_node
+from dra_driver.simnode import GpuNode
 from tests.e2e.conftest import gone, raw, wait_until
-from tests.e2e.gpu import DRIVER, apply, gpu_class  # noqa: F401  (fixture)
+from tests.e2e.gpu import DRIVER, apply
 from tests.e2e.test_crash import check_node_consistent, wait_published
 
 pytestmark = pytest.mark.e2e
@@ -44,24 +44,9 @@ def proc_usage(pid: int) -> tuple[int, int]:
 
 
 @pytest.fixture
-def soak_nodes(
-    cluster: LocalCluster, kube_api: Any, unique_name: Callable[[str], str]
-) -> Iterator[list[GpuNode]]:
+def soak_nodes(gpu_node: Callable[..., GpuNode]) -> list[GpuNode]:
     """Two fresh GPU nodes with their agents."""
-    from kubernetes import client as k
-
-    nodes = []
-    for _ in range(2):
-        name = unique_name("soak")
-        nodes.append(start_gpu_node(cluster, name, PROFILE, labels={"e2e-node": name}))
-    yield nodes
-    for node in nodes:
-        cluster.stop_process(f"driver-{node.name}")
-        cluster.stop_node(node.name)
-        try:
-            k.CoreV1Api(kube_api).delete_node(node.name)
-        except Exception as exc:
-            print(f"deleting node {node.name}: {exc}")
+    return [gpu_node(PROFILE, prefix="soak") for _ in range(2)]
 
 
 TEMPLATE = f"""
