@@ -205,6 +205,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (SettingsError, DiscoveryError, KubeConfigError) as exc:
         print(f"dra-driver {ns.command}: error: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:
+        # A directory it cannot create, a port in use: the agent cannot do its job at all.
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"dra-driver {ns.command}: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

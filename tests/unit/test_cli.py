@@ -138,3 +138,12 @@ def test_bad_yaml_profile_file(tmp_path: Path, capsys: pytest.CaptureFixture[str
     path.write_text("gpus: [\n")
     assert main(["discover", "--backend", "simulated", "--profile", str(path)]) == 1
     assert "not valid YAML" in capsys.readouterr().err
+
+
+def test_unusable_directory_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    args = ["run", "--backend", "simulated", "--profile", "l4x4", "--node-name", "n", "--metrics-port", "0", "--health-port", "0"]
+    assert main([*args, f"--plugins-dir={blocker / 'plugins'}", f"--cdi-root={tmp_path / 'cdi'}"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(blocker) in err
