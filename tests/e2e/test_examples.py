@@ -15,7 +15,7 @@ from kubernetes import client as k
 
 from dra_driver.localcluster import LocalCluster
 from dra_driver.simnode import GpuNode, start_gpu_node
-from tests.e2e.conftest import gone, raw, wait_until
+from tests.e2e.conftest import raw, wait_until
 from tests.e2e.test_manifests_e2e import (
     BASE,
     EXAMPLES,
@@ -122,5 +122,22 @@ def test_example(example: str, demo_nodes: dict[str, GpuNode], kube_api: Any) ->
                     assert result["pool"] == node
                     assert re.fullmatch(expect.devices[profile], result["device"]), result
     finally:
-        core.delete_namespace(namespace)
-        wait_until(lambda: gone(lambda: core.read_namespace(namespace)), 120, f"namespace {namespace} gone")
+        _release(kube_api, namespace)
+
+
+def _release(kube_api: Any, namespace: str) -> None:
+    """Give the example's devices back before the next example runs.
+
+    Pods are deleted gracefully (the kubelet unprepares first), then the claims, which frees
+    their allocations; the namespace itself is left to the namespace controller, whose
+    clean-up of every API group takes longer than the devices need.
+    """
+    core = k.CoreV1Api(kube_api)
+    resource = k.ResourceV1Api(kube_api)
+    core.delete_collection_namespaced_pod(namespace)
+    wait_until(lambda: not raw(core.list_namespaced_pod, namespace)["items"], 90, f"pods of {namespace} gone")
+    resource.delete_collection_namespaced_resource_claim(namespace)
+    wait_until(
+        lambda: not raw(resource.list_namespaced_resource_claim, namespace)["items"], 60, f"claims of {namespace} gone"
+    )
+    core.delete_namespace(namespace)
