@@ -10,8 +10,10 @@
 # - libnvidia-ml.so.1 (NVML), from the NVIDIA driver root the DaemonSet mounts read-only at
 #   /driver-root (DRA_DRIVER_ROOT). It must match the host's kernel module, which is why it
 #   is never baked into the image. Required with the nvml backend.
-# - nvidia-smi, from the same driver root: used to set the compute mode for exclusive or
-#   shared GPUs (compute policy) and for diagnostics.
+# - nvidia-smi, from the same driver root: sets the time-slice compute policy of GPUs whose
+#   claims ask for time-slicing (`nvidia-smi compute-policy --set-timeslice`).
+# - nvidia-cuda-mps-control, from the same driver root: runs the MPS control daemons of
+#   claims configured for MPS and of GPUs shared by memory (--shared-gpus).
 # - nvidia-ctk (NVIDIA Container Toolkit), optional: `nvidia-ctk cdi generate` supplies the
 #   driver libraries, binaries and hooks that every claim's CDI spec adds to containers.
 #   Without it the specs carry device nodes and environment only. Put it on PATH in a
