@@ -258,7 +258,11 @@ class NvmlEventWatcher:
         self._stop.set()
 
     def _emit(self, event: HealthEvent) -> None:
-        self._loop.call_soon_threadsafe(self._sink, event)
+        try:
+            self._loop.call_soon_threadsafe(self._sink, event)
+        except RuntimeError:
+            # The agent's loop is closed (it is shutting down): nobody is left to tell.
+            self._stop.set()
 
     def _run(self) -> None:
         import pynvml
@@ -270,18 +274,42 @@ class NvmlEventWatcher:
             return
         try:
             events = pynvml.nvmlEventSetCreate()
-            wanted = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
-            by_handle: dict[int, str] = {}
-            for uuid in self._uuids:
-                handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
-                by_handle[_address(handle)] = uuid
-                try:
-                    pynvml.nvmlDeviceRegisterEvents(handle, wanted, events)
-                except pynvml.NVMLError as exc:
-                    log.warning("GPU does not report health events", uuid=uuid, error=str(exc))
-            self._loop_events(pynvml, events, by_handle)
-        finally:
+        except pynvml.NVMLError as exc:
+            log.error("health monitoring disabled: no NVML event set", error=str(exc))
             pynvml.nvmlShutdown()
+            return
+        try:
+            self._loop_events(pynvml, events, self._register(pynvml, events))
+        finally:
+            try:
+                pynvml.nvmlEventSetFree(events)
+            except pynvml.NVMLError as exc:
+                log.warning("NVML event set not freed", error=str(exc))
+            pynvml.nvmlShutdown()
+
+    def _register(self, pynvml: Any, events: Any) -> dict[int, str]:
+        """Register every GPU for the events it supports; handle address -> UUID."""
+        wanted = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
+        by_handle: dict[int, str] = {}
+        for uuid in self._uuids:
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+            except pynvml.NVMLError_GpuIsLost:
+                self._emit(HealthEvent(uuid, "gpu-lost"))
+                continue
+            except pynvml.NVMLError as exc:
+                log.warning("GPU not found for health events", uuid=uuid, error=str(exc))
+                continue
+            by_handle[_address(handle)] = uuid
+            try:
+                # One unsupported type (no ECC events without ECC) fails the whole call.
+                types = wanted & pynvml.nvmlDeviceGetSupportedEventTypes(handle)
+                if not types:
+                    raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+                pynvml.nvmlDeviceRegisterEvents(handle, types, events)
+            except pynvml.NVMLError as exc:
+                log.warning("GPU does not report health events", uuid=uuid, error=str(exc))
+        return by_handle
 
     def _loop_events(self, pynvml: Any, events: Any, by_handle: dict[int, str]) -> None:
         while not self._stop.is_set():

@@ -11,6 +11,8 @@
  *   FAKE_NVML_FAIL  comma-separated NVML function names, each optionally "=<code>": that
  *                   function returns the code (default NVML_ERROR_UNKNOWN, 999) instead of
  *                   doing its work, e.g. "nvmlDeviceGetMemoryInfo" or "nvmlInitWithFlags=9".
+ *   FAKE_NVML_EVENTS  path of the events file (format at the end of this comment) that
+ *                   nvmlEventSetWait_v2 reads; unset: no events ever happen.
  *
  * Symbol names and struct layouts follow nvml.h exactly as nvidia-ml-py resolves them
  * (e.g. nvmlDeviceGetCount_v2, nvmlDeviceGetPciInfo_v3, nvmlDeviceGetAttributes_v2): a
@@ -38,6 +40,8 @@
  *   gi <id> <profileId> <start> <size>  an existing GPU instance
  *   ci <giId> <ciId> <uuid>             a compute instance of that GI: one MIG device, which
  *                                       reports the engines and memory of the GI's profile
+ *   events <mask>                       nvmlDeviceGetSupportedEventTypes (nvmlEventType*
+ *                                       bits, decimal or 0x-hex); absent: DEFAULT_EVENT_TYPES
  *
  * The library keeps the whole file in memory. Calls that change MIG state
  * (nvmlDeviceSetMigMode, nvmlDeviceCreateGpuInstanceWithPlacement, nvmlGpuInstanceDestroy,
@@ -45,12 +49,25 @@
  * same format (save_data), so the change is what the next process sees. A GPU instance has
  * at most one compute instance, spanning it (the layout MIG devices made on demand use);
  * a new compute instance gets a random MIG UUID, as on real hardware.
+ *
+ * Events file: one event a line, appended while the program runs. Each event set reads the
+ * file from its start, one line per event it delivers, and keeps its offset, so an event is
+ * seen once per set; a line without its newline yet is left for a later wait. A wait polls
+ * the file in short sleeps until an event arrives or its timeout passes
+ * (NVML_ERROR_TIMEOUT). Events of devices the set has not registered for that event type
+ * are skipped, as NVML never reports them.
+ *
+ *   <gpu-uuid> xid <n>                  nvmlEventTypeXidCriticalError, eventData n
+ *   <gpu-uuid> dbe                      nvmlEventTypeDoubleBitEccError
+ *   lost                                a GPU fell off the bus: this wait and every later one
+ *                                       on the set return NVML_ERROR_GPU_IS_LOST
  */
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef int nvmlReturn_t;
 
@@ -62,6 +79,8 @@ enum {
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_TIMEOUT = 10,
+    NVML_ERROR_GPU_IS_LOST = 15,
     NVML_ERROR_IN_USE = 19,
     NVML_ERROR_INSUFFICIENT_RESOURCES = 23,
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
@@ -73,13 +92,30 @@ enum {
 #define MAX_PLACEMENTS 16
 #define MAX_GIS 16
 #define MAX_CIS 16
+#define MAX_EVENT_SETS 8
 #define TEXT 96
+
+/* nvmlEventType_t bits (nvml.h). */
+#define nvmlEventTypeSingleBitEccError 0x0000000000000001ULL
+#define nvmlEventTypeDoubleBitEccError 0x0000000000000002ULL
+#define nvmlEventTypePState 0x0000000000000004ULL
+#define nvmlEventTypeXidCriticalError 0x0000000000000008ULL
+#define nvmlEventTypeClock 0x0000000000000010ULL
+/* What a data-centre GPU supports when the data file does not say. */
+#define DEFAULT_EVENT_TYPES                                                   \
+    (nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError |        \
+     nvmlEventTypePState | nvmlEventTypeXidCriticalError | nvmlEventTypeClock)
+/* gpuInstanceId / computeInstanceId of an event not tied to a MIG device. */
+#define NO_INSTANCE 0xFFFFFFFFU
+/* How often a waiting nvmlEventSetWait_v2 looks at the events file. */
+#define EVENT_POLL_MS 10
 
 /* ---- public NVML types, laid out as in nvml.h ------------------------------------------ */
 
 typedef struct nvmlDevice_st *nvmlDevice_t;
 typedef struct nvmlGpuInstance_st *nvmlGpuInstance_t;
 typedef struct nvmlComputeInstance_st *nvmlComputeInstance_t;
+typedef struct nvmlEventSet_st *nvmlEventSet_t;
 
 typedef struct {
     unsigned long long total;
@@ -170,6 +206,14 @@ typedef struct {
     nvmlComputeInstancePlacement_t placement;
 } nvmlComputeInstanceInfo_t;
 
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType;
+    unsigned long long eventData;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlEventData_t;
+
 /* The sizes pynvml's ctypes structures have on x86-64 / aarch64 Linux. */
 _Static_assert(sizeof(nvmlMemory_t) == 24, "nvmlMemory_t");
 _Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t");
@@ -179,6 +223,7 @@ _Static_assert(sizeof(nvmlDeviceAttributes_t) == 40, "nvmlDeviceAttributes_t");
 _Static_assert(sizeof(nvmlComputeInstanceProfileInfo_v2_t) == 0x88,
                "nvmlComputeInstanceProfileInfo_v2_t");
 _Static_assert(sizeof(nvmlComputeInstanceInfo_t) == 32, "nvmlComputeInstanceInfo_t");
+_Static_assert(sizeof(nvmlEventData_t) == 32, "nvmlEventData_t");
 
 /* ---- the fake's state ------------------------------------------------------------------ */
 
@@ -234,8 +279,18 @@ typedef struct {
     fake_profile profiles[MAX_PROFILES];
     fake_gi gis[MAX_GIS];
     fake_ci cis[MAX_CIS];
+    int has_event_types; /* an `events` record was read (and is written back) */
+    unsigned long long event_types;
     struct nvmlDevice_st handle;
 } fake_gpu;
+
+/* An event set: what each GPU registered, and how far into the events file it has read. */
+struct nvmlEventSet_st {
+    int used;
+    int lost;
+    long offset;
+    unsigned long long registered[MAX_GPUS];
+};
 
 static int g_refcount;
 static char g_data_path[4096];
@@ -243,6 +298,7 @@ static char g_driver[TEXT];
 static int g_cuda;
 static int g_ngpus;
 static fake_gpu g_gpus[MAX_GPUS];
+static struct nvmlEventSet_st g_event_sets[MAX_EVENT_SETS];
 
 static void warn(const char *fmt, ...) {
     va_list ap;
@@ -375,6 +431,7 @@ static int parse_line(char *line, fake_gpu **cur) {
         memset(gpu, 0, sizeof *gpu);
         gpu->handle.gpu = g_ngpus;
         gpu->handle.mig = -1;
+        gpu->event_types = DEFAULT_EVENT_TYPES;
         copy_text(gpu->uuid, sizeof gpu->uuid, rest);
         *cur = gpu;
         g_ngpus++;
@@ -409,6 +466,10 @@ static int parse_line(char *line, fake_gpu **cur) {
     }
     if (strcmp(word, "maxmig") == 0)
         return sscanf(rest, "%u", &gpu->max_mig) == 1 ? 0 : -1;
+    if (strcmp(word, "events") == 0) {
+        gpu->has_event_types = 1;
+        return sscanf(rest, "%lli", (long long *)&gpu->event_types) == 1 ? 0 : -1;
+    }
     if (strcmp(word, "profile") == 0) {
         if (gpu->nprofiles >= MAX_PROFILES)
             return -1;
@@ -510,6 +571,8 @@ static nvmlReturn_t save_data(void) {
         if (gpu->mig_supported)
             fprintf(f, "mig %u %u\nmaxmig %u\n", gpu->mig_current, gpu->mig_pending,
                     gpu->max_mig);
+        if (gpu->has_event_types)
+            fprintf(f, "events 0x%llx\n", gpu->event_types);
         for (int i = 0; i < gpu->nprofiles; i++) {
             fake_profile *p = &gpu->profiles[i];
             fprintf(f, "profile %u %u %u %u %u %u %u %u %u %u %llu ", p->nvml_index, p->id,
@@ -552,7 +615,16 @@ nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
 nvmlReturn_t nvmlShutdown(void) {
     FAIL_POINT("nvmlShutdown");
     NEED_INIT();
-    g_refcount--;
+    if (--g_refcount == 0) {
+        /* NVML frees them here too; a client that forgets nvmlEventSetFree is told so. */
+        int leaked = 0;
+        for (int i = 0; i < MAX_EVENT_SETS; i++) {
+            leaked += g_event_sets[i].used;
+            g_event_sets[i].used = 0;
+        }
+        if (leaked)
+            warn("nvmlShutdown: %d event set(s) not freed with nvmlEventSetFree", leaked);
+    }
     return NVML_SUCCESS;
 }
 
@@ -572,6 +644,10 @@ const char *nvmlErrorString(nvmlReturn_t result) {
         return "Insufficient Size";
     case NVML_ERROR_DRIVER_NOT_LOADED:
         return "Driver Not Loaded";
+    case NVML_ERROR_TIMEOUT:
+        return "Timeout";
+    case NVML_ERROR_GPU_IS_LOST:
+        return "GPU is lost";
     case NVML_ERROR_IN_USE:
         return "In use by another client";
     case NVML_ERROR_INSUFFICIENT_RESOURCES:
@@ -635,6 +711,31 @@ static nvmlReturn_t put_text(char *dst, unsigned int length, const char *src) {
     if (strlen(src) + 1 > length)
         return NVML_ERROR_INSUFFICIENT_SIZE;
     copy_text(dst, length, src);
+    return NVML_SUCCESS;
+}
+
+/* The handle of the GPU or MIG device with this UUID, or NULL. */
+static nvmlDevice_t device_by_uuid(const char *uuid) {
+    for (int g = 0; g < g_ngpus; g++) {
+        fake_gpu *gpu = &g_gpus[g];
+        if (strcmp(gpu->uuid, uuid) == 0)
+            return &gpu->handle;
+        for (int i = 0; i < MAX_CIS; i++)
+            if (gpu->cis[i].used && strcmp(gpu->cis[i].uuid, uuid) == 0)
+                return &gpu->cis[i].handle;
+    }
+    return NULL;
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
+    FAIL_POINT("nvmlDeviceGetHandleByUUID");
+    NEED_INIT();
+    if (!uuid || !device)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlDevice_t found = device_by_uuid(uuid);
+    if (!found)
+        return NVML_ERROR_NOT_FOUND;
+    *device = found;
     return NVML_SUCCESS;
 }
 
@@ -1213,4 +1314,148 @@ nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t computeInstance) {
     if (rc != NVML_SUCCESS)
         ci->used = 1;
     return rc;
+}
+
+/* ---- events (from the FAKE_NVML_EVENTS file) ------------------------------------------- */
+
+static struct nvmlEventSet_st *event_set_of(nvmlEventSet_t set) {
+    if (!set || set < g_event_sets || set >= g_event_sets + MAX_EVENT_SETS || !set->used)
+        return NULL;
+    return set;
+}
+
+nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    FAIL_POINT("nvmlEventSetCreate");
+    NEED_INIT();
+    if (!set)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (int i = 0; i < MAX_EVENT_SETS; i++) {
+        if (g_event_sets[i].used)
+            continue;
+        memset(&g_event_sets[i], 0, sizeof g_event_sets[i]);
+        g_event_sets[i].used = 1;
+        *set = &g_event_sets[i];
+        return NVML_SUCCESS;
+    }
+    return NVML_ERROR_INSUFFICIENT_RESOURCES;
+}
+
+nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+    FAIL_POINT("nvmlEventSetFree");
+    NEED_INIT();
+    struct nvmlEventSet_st *es = event_set_of(set);
+    if (!es)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    es->used = 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device,
+                                              unsigned long long *eventTypes) {
+    FAIL_POINT("nvmlDeviceGetSupportedEventTypes");
+    NEED_INIT();
+    fake_gpu *gpu = whole_gpu(device);
+    if (!gpu || !eventTypes)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *eventTypes = gpu->event_types;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes,
+                                      nvmlEventSet_t set) {
+    FAIL_POINT("nvmlDeviceRegisterEvents");
+    NEED_INIT();
+    fake_gpu *gpu = whole_gpu(device);
+    struct nvmlEventSet_st *es = event_set_of(set);
+    if (!gpu || !es)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    /* As in NVML, one unsupported type fails the whole registration. */
+    if (eventTypes & ~gpu->event_types)
+        return NVML_ERROR_NOT_SUPPORTED;
+    es->registered[device->gpu] |= eventTypes;
+    return NVML_SUCCESS;
+}
+
+static unsigned long long monotonic_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (unsigned long long)ts.tv_sec * 1000ULL + (unsigned long long)ts.tv_nsec / 1000000ULL;
+}
+
+/* Read events file lines after the set's offset until one is an event for this set:
+ * NVML_SUCCESS with `data` filled, NVML_ERROR_GPU_IS_LOST, or NVML_ERROR_TIMEOUT when no
+ * (complete) line is left. */
+static nvmlReturn_t next_event(struct nvmlEventSet_st *es, const char *path,
+                               nvmlEventData_t *data) {
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return NVML_ERROR_TIMEOUT; /* not written yet */
+    nvmlReturn_t rc = NVML_ERROR_TIMEOUT;
+    char line[512];
+    while (rc == NVML_ERROR_TIMEOUT && fseek(f, es->offset, SEEK_SET) == 0 &&
+           fgets(line, sizeof line, f)) {
+        size_t len = strlen(line);
+        if (len == 0 || line[len - 1] != '\n')
+            break; /* still being written */
+        es->offset += (long)len;
+        char uuid[TEXT], kind[16];
+        unsigned long long xid = 0;
+        int fields = sscanf(line, "%95s %15s %llu", uuid, kind, &xid);
+        if (fields < 1 || uuid[0] == '#')
+            continue;
+        if (fields == 1 && strcmp(uuid, "lost") == 0) {
+            es->lost = 1;
+            rc = NVML_ERROR_GPU_IS_LOST;
+            continue;
+        }
+        unsigned long long type;
+        if (fields == 3 && strcmp(kind, "xid") == 0) {
+            type = nvmlEventTypeXidCriticalError;
+        } else if (fields == 2 && strcmp(kind, "dbe") == 0) {
+            type = nvmlEventTypeDoubleBitEccError;
+            xid = 0;
+        } else {
+            warn("%s: cannot parse event: %s", path, line);
+            continue;
+        }
+        fake_gpu *gpu = whole_gpu(device_by_uuid(uuid));
+        if (!gpu) {
+            warn("%s: event for an unknown GPU: %s", path, line);
+            continue;
+        }
+        if (!(es->registered[gpu->handle.gpu] & type))
+            continue;
+        data->device = &gpu->handle;
+        data->eventType = type;
+        data->eventData = xid;
+        data->gpuInstanceId = NO_INSTANCE;
+        data->computeInstanceId = NO_INSTANCE;
+        rc = NVML_SUCCESS;
+    }
+    fclose(f);
+    return rc;
+}
+
+nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data,
+                                 unsigned int timeoutms) {
+    FAIL_POINT("nvmlEventSetWait_v2");
+    NEED_INIT();
+    struct nvmlEventSet_st *es = event_set_of(set);
+    if (!es || !data)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (es->lost)
+        return NVML_ERROR_GPU_IS_LOST;
+    const char *path = getenv("FAKE_NVML_EVENTS");
+    unsigned long long deadline = monotonic_ms() + timeoutms;
+    for (;;) {
+        nvmlReturn_t rc = path && *path ? next_event(es, path, data) : NVML_ERROR_TIMEOUT;
+        if (rc != NVML_ERROR_TIMEOUT)
+            return rc;
+        unsigned long long now = monotonic_ms();
+        if (now >= deadline)
+            return NVML_ERROR_TIMEOUT;
+        unsigned long long nap = deadline - now < EVENT_POLL_MS ? deadline - now : EVENT_POLL_MS;
+        struct timespec ts = {0, (long)(nap * 1000000ULL)};
+        nanosleep(&ts, NULL);
+    }
 }
