@@ -121,7 +121,8 @@ class SliceController:
         self._listed = asyncio.Event()
         self._wake = asyncio.Event()
         self._synced = asyncio.Event()
-        self._recovered = asyncio.Event()
+        self._recovered = asyncio.Event()  # the watcher got through to the server
+        self._reached = asyncio.Event()  # the reconciler got through to the server
         self._dropped: set[str] = set()
         self._reported: set[tuple[int, str, str]] = set()
         self._eager_rounds = 0
@@ -244,7 +245,7 @@ class SliceController:
                     self._log.info("watch expired, re-listing")
                     continue
                 self._report(err)
-                await asyncio.sleep(backoff.next_delay(err.retry_after))
+                await self._pause(backoff.next_delay(err.retry_after), self._reached)
             except _WATCH_ERRORS as err:
                 version = None
                 # Only the first failure of an outage is worth a warning; retries are noise.
@@ -255,7 +256,7 @@ class SliceController:
                     error=_describe(err),
                     retry_in=round(delay, 2),
                 )
-                await asyncio.sleep(delay)
+                await self._pause(delay, self._reached)
 
     async def _watch(self, version: str) -> str | None:
         """Follow one watch request; return where to resume, or None to re-list."""
@@ -310,6 +311,7 @@ class SliceController:
                 else:
                     # Verify the result (and finish deferred steps) with a fresh plan.
                     self._wake.set()
+                self._reached.set()
             except ApiError as err:
                 self._wake.set()
                 if err.status in (404, 409):
@@ -326,7 +328,7 @@ class SliceController:
                 self._report(err)
                 delay = backoff.next_delay(err.retry_after)
                 if err.status == 429 or err.status >= 500:
-                    await self._pause(delay)
+                    await self._pause(delay, self._recovered)
                 else:
                     await asyncio.sleep(delay)
             except NodeNotFoundError:
@@ -343,18 +345,20 @@ class SliceController:
                 level = self._log.warning if backoff.attempt == 0 else self._log.debug
                 delay = backoff.next_delay()
                 level("cannot reach the API server", error=_describe(err), retry_in=round(delay, 2))
-                await self._pause(delay)
+                await self._pause(delay, self._recovered)
 
-    async def _pause(self, delay: float) -> None:
-        """Back off for ``delay``, but stop early once the watcher has reached the server again.
+    @staticmethod
+    async def _pause(delay: float, other_got_through: asyncio.Event) -> None:
+        """Back off for ``delay``, but stop early once the other task reached the server.
 
-        Both tasks back off independently during an outage; whichever gets through first should
-        not leave the other asleep for up to half a minute.
+        The watcher and the reconciler back off independently during an outage; whichever gets
+        through first must not leave the other asleep for up to half a minute (a watcher still
+        asleep would leave deleted slices unrepaired).
         """
-        self._recovered.clear()
+        other_got_through.clear()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(delay):
-                await self._recovered.wait()
+                await other_got_through.wait()
 
     async def _relist_quietly(self) -> None:
         try:
