@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dra_driver.cdi.writer import write_atomic
+from dra_driver.gpu.mps import to_record
 from dra_driver.gpu.sharing import MpsDaemon, SharingError
 from dra_driver.gpu.timeslicing import timeslice_value
 
@@ -114,13 +115,8 @@ class SimulatedSharing:
                 directory.mkdir(parents=True, exist_ok=True)
             (daemon.pipe_dir / "control").touch()
             state.mps[daemon.daemon_id] = SimDaemon(
+                **to_record(daemon).model_dump(exclude={"daemon"}),
                 state="running",
-                uuids=list(daemon.uuids),
-                pipe_dir=str(daemon.pipe_dir),
-                log_dir=str(daemon.log_dir),
-                shm_dir=str(daemon.shm_dir),
-                active_thread_percentage=daemon.limits.active_thread_percentage,
-                pinned_memory={str(k): v for k, v in daemon.limits.pinned_memory},
                 starts=(known.starts if known else 0) + 1,
             )
             event = {"op": "start-mps", "daemon": daemon.daemon_id, "uuids": list(daemon.uuids)}
