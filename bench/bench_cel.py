@@ -23,8 +23,8 @@ from dra_driver.cel import (
     prepare,
 )
 from dra_driver.cel.match import Device
-from dra_driver.gpu.devices import inventory_devices
-from dra_driver.gpu.simulated import BUILTIN_PROFILES, SimulatedDiscovery
+from dra_driver.gpu.discovery.simulated import BUILTIN_PROFILES, SimulatedDiscovery
+from dra_driver.gpu.publish.devices import inventory_devices
 
 DRIVER = "gpu.dra.dev"
 A = f'device.attributes["{DRIVER}"]'

@@ -14,10 +14,10 @@ from dra_driver import metrics
 from dra_driver.cdi.spec import NO_EDITS
 from dra_driver.claimreport import ClaimReporter
 from dra_driver.events import post_event
-from dra_driver.gpu import ctk, devnodes
-from dra_driver.gpu.checkpoint import read_boot_id
-from dra_driver.gpu.claim_spec import parse_mig_minors
-from dra_driver.gpu.discovery import discover_async, make_discovery
+from dra_driver.gpu.container import ctk, devnodes
+from dra_driver.gpu.container.claim_spec import parse_mig_minors
+from dra_driver.gpu.discovery.base import discover_async
+from dra_driver.gpu.discovery.factory import make_discovery
 from dra_driver.gpu.driver import GpuDriver
 from dra_driver.gpu.health import (
     INJECT_FILE,
@@ -29,11 +29,13 @@ from dra_driver.gpu.health import (
     watch_injected,
 )
 from dra_driver.gpu.inventory import Inventory
-from dra_driver.gpu.mig import MigBackend, make_mig_backend
-from dra_driver.gpu.mig_publishing import MigPublishing
-from dra_driver.gpu.shared_gpus import parse_selection, shared_uuids
-from dra_driver.gpu.sharing import make_sharing_backend
-from dra_driver.gpu.state import DeviceState
+from dra_driver.gpu.mig.backend import MigBackend
+from dra_driver.gpu.mig.factory import make_mig_backend
+from dra_driver.gpu.publish.publisher import MigPublishing
+from dra_driver.gpu.sharing.factory import make_sharing_backend
+from dra_driver.gpu.sharing.shared_gpus import parse_selection, shared_uuids
+from dra_driver.gpu.state.checkpoint import read_boot_id
+from dra_driver.gpu.state.device_state import DeviceState
 from dra_driver.kube import KubeClient
 from dra_driver.kubeletplugin.claims import KubeClaimFetcher
 from dra_driver.kubeletplugin.liveness import serve_liveness

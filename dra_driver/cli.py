@@ -14,7 +14,8 @@ import yaml
 from dra_driver import logs
 from dra_driver.cel.commands import EXPLAIN_CLAIM, MATCH
 from dra_driver.command import Command
-from dra_driver.gpu.discovery import DiscoveryError, make_discovery
+from dra_driver.gpu.discovery.base import DiscoveryError
+from dra_driver.gpu.discovery.factory import make_discovery
 from dra_driver.kube import KubeConfigError
 from dra_driver.settings import Settings, SettingsError, add_arguments, from_namespace
 
@@ -30,7 +31,7 @@ def _print(obj: Any, output: str) -> None:
 
 
 def _discover(settings: Settings, _: argparse.Namespace) -> int:
-    from dra_driver.gpu.table import inventory_table
+    from dra_driver.gpu.discovery.table import inventory_table
 
     inventory = make_discovery(
         settings.backend, node_name=settings.node_name or "node", profile=settings.profile
@@ -43,8 +44,8 @@ def _discover(settings: Settings, _: argparse.Namespace) -> int:
 
 
 def _slices(settings: Settings, _: argparse.Namespace) -> int:
-    from dra_driver.gpu.devices import desired_pool, gpu_device_name
-    from dra_driver.gpu.shared_gpus import parse_selection, share_pool, shared_uuids
+    from dra_driver.gpu.publish.devices import desired_pool, gpu_device_name
+    from dra_driver.gpu.sharing.shared_gpus import parse_selection, share_pool, shared_uuids
     from dra_driver.resourceslice.pool import render_pool
 
     if not settings.node_name:

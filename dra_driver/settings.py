@@ -100,7 +100,7 @@ class Settings(BaseModel):
     @field_validator("shared_gpus")
     @classmethod
     def _check_shared_gpus(cls, value: str) -> str:
-        from dra_driver.gpu.shared_gpus import parse_selection
+        from dra_driver.gpu.sharing.shared_gpus import parse_selection
 
         parse_selection(value)
         return value

@@ -60,8 +60,8 @@ def slice_file_devices(path: str | Path) -> list[Device]:
 
 def profile_devices(profile: str, node_name: str, driver: str) -> list[Device]:
     """The devices a simulated node with ``profile`` would publish."""
-    from dra_driver.gpu.devices import inventory_devices
-    from dra_driver.gpu.simulated import SimulatedDiscovery
+    from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
+    from dra_driver.gpu.publish.devices import inventory_devices
 
     inventory = SimulatedDiscovery(profile, node_name).discover()
     return [

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 from dra_driver import metrics
 from dra_driver.claimreport import ClaimReporter, DeviceStatus
-from dra_driver.gpu.state import DeviceState
+from dra_driver.gpu.state.device_state import DeviceState
 from dra_driver.kubeletplugin import run_blocking
 from dra_driver.kubeletplugin.interfaces import (
     ClaimRef,

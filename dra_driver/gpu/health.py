@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 import structlog
 
-from dra_driver.gpu.devices import devices_for_gpu
 from dra_driver.gpu.inventory import Inventory
+from dra_driver.gpu.publish.devices import devices_for_gpu
 from dra_driver.kubeletplugin.interfaces import DeviceHealth, HealthStatus
 
 log = structlog.get_logger(__name__)

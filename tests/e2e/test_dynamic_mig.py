@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from dra_driver import faults
-from dra_driver.gpu.mig import SIMULATED_STATE_FILE
+from dra_driver.gpu.mig.simulated import SIMULATED_STATE_FILE
 from dra_driver.localcluster import LocalCluster
 from dra_driver.simnode import GpuNode, start_driver
 from tests.e2e.conftest import gone, raw, wait_until

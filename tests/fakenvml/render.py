@@ -5,7 +5,7 @@ inventory the simulated backend builds means the stand-in library and the simula
 backend describe the same node, so the two discovery backends can be compared exactly.
 
 The enum and cores-per-SM tables below are written out independently of
-``dra_driver.gpu.nvml`` on purpose: a wrong entry there shows up as a test failure here.
+``dra_driver.gpu.discovery.nvml`` on purpose: a wrong entry there shows up as a test failure here.
 """
 
 from __future__ import annotations

@@ -36,10 +36,10 @@ from dra_driver._proto.dra.v1beta1 import api_pb2 as v1beta1_pb2
 from dra_driver._proto.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from dra_driver._proto.pluginregistration import api_pb2 as reg_pb2
 from dra_driver._proto.pluginregistration import api_pb2_grpc as reg_grpc
-from dra_driver.gpu.devices import inventory_devices
+from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
 from dra_driver.gpu.driver import GpuDriver
-from dra_driver.gpu.simulated import SimulatedDiscovery
-from dra_driver.gpu.state import DeviceState
+from dra_driver.gpu.publish.devices import inventory_devices
+from dra_driver.gpu.state.device_state import DeviceState
 from dra_driver.kubeletplugin import ClaimRef, Plugin
 from tests.unit.kubeletplugin.helpers import DRIVER, NODE, FakeFetcher, config_for
 

@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from dra_driver.gpu.config import parse_config
-from dra_driver.gpu.devices import inventory_devices
-from dra_driver.gpu.simulated import SimulatedDiscovery
+from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
+from dra_driver.gpu.publish.devices import inventory_devices
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"

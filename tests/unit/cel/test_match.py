@@ -15,8 +15,8 @@ from dra_driver.cel.commands import EXPLAIN_CLAIM, MATCH
 from dra_driver.cel.match import Selector, claim_requests
 from dra_driver.cel.sources import profile_devices, slice_file_devices
 from dra_driver.command import Command
-from dra_driver.gpu.devices import desired_pool
-from dra_driver.gpu.simulated import SimulatedDiscovery
+from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
+from dra_driver.gpu.publish.devices import desired_pool
 from dra_driver.resourceslice.pool import render_pool
 from dra_driver.settings import add_arguments, from_namespace
 

@@ -1,0 +1,203 @@
+"""What a claim's containers receive: the CDI spec built from its allocated devices (pure).
+
+One spec per claim, kind ``k8s.gpu.dra.dev/claim``, one CDI device per allocated device named
+``<claimUID>-<deviceName>`` (never reused: runtimes cache specs by name).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from dra_driver.cdi.spec import (
+    NO_EDITS,
+    ContainerEdits,
+    Device,
+    Mount,
+    Spec,
+    qualified_name,
+)
+from dra_driver.gpu.config import DeviceConfig, memory_bytes
+from dra_driver.gpu.container import devnodes
+from dra_driver.gpu.inventory import Gpu, MigDevice
+from dra_driver.gpu.sharing.shares import Share
+
+CDI_VENDOR = "k8s.gpu.dra.dev"
+CDI_CLASS = "claim"
+CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"
+
+#: Device nodes every CUDA process needs besides its GPUs'.
+CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+MPS_PIPE_IN_CONTAINER = "/tmp/nvidia-mps"
+MPS_SHM_IN_CONTAINER = "/dev/shm"
+
+# Layout of /proc/driver/nvidia-caps/mig-minors: after "config" (1) and "monitor" (2), each GPU
+# has 15 GPU instances with one access minor each followed by 8 compute-instance minors.
+_GIS_PER_GPU = 15
+_CIS_PER_GI = 8
+
+
+@dataclass(frozen=True)
+class AllocatedDevice:
+    """One allocated device of a claim, resolved against the inventory."""
+
+    requests: tuple[str, ...]
+    device_name: str
+    gpu: Gpu
+    mig: MigDevice | None = None
+    config: DeviceConfig | None = None
+    share: Share | None = None  # a share of a shared GPU (several claims on one GPU)
+
+    @property
+    def uuid(self) -> str:
+        """The UUID CUDA sees: the MIG device's, or the GPU's."""
+        return self.mig.uuid if self.mig else self.gpu.uuid
+
+    @property
+    def type(self) -> str:
+        """``gpu`` or ``mig``."""
+        return "mig" if self.mig else "gpu"
+
+
+def cdi_device_name(claim_uid: str, device_name: str, share_id: str | None = None) -> str:
+    """``<claimUID>-<deviceName>``, with ``-<shareID>`` for a share of a shared GPU."""
+    name = f"{claim_uid}-{device_name}"
+    return f"{name}-{share_id}" if share_id else name
+
+
+def cdi_device_id(claim_uid: str, device_name: str, share_id: str | None = None) -> str:
+    """The fully qualified CDI ID returned to the kubelet."""
+    return qualified_name(CDI_KIND, cdi_device_name(claim_uid, device_name, share_id))
+
+
+def mig_cap_minors(
+    gpu_minor: int, gi: int, ci: int, table: Mapping[str, int] | None = None
+) -> tuple[int, int]:
+    """nvidia-caps minors granting access to a GPU instance and its compute instance.
+
+    ``table`` is the parsed ``/proc/driver/nvidia-caps/mig-minors`` when the host has it; the
+    computed layout is the one that file describes.
+    """
+    gi_key, ci_key = f"gpu{gpu_minor}/gi{gi}/access", f"gpu{gpu_minor}/gi{gi}/ci{ci}/access"
+    if table is not None and gi_key in table and ci_key in table:
+        return table[gi_key], table[ci_key]
+    gi_minor = 3 + gpu_minor * _GIS_PER_GPU * (1 + _CIS_PER_GI) + gi * (1 + _CIS_PER_GI)
+    return gi_minor, gi_minor + 1 + ci
+
+
+def parse_mig_minors(text: str) -> dict[str, int]:
+    """Parse the ``mig-minors`` file: ``<name> <minor>`` per line."""
+    table: dict[str, int] = {}
+    for line in text.splitlines():
+        name, _, minor = line.strip().partition(" ")
+        if minor.strip().isdigit():
+            table[name] = int(minor)
+    return table
+
+
+def _device_edits(
+    device: AllocatedDevice, mig_minors: Mapping[str, int] | None, resolve: devnodes.Resolver
+) -> ContainerEdits:
+    nodes = [resolve(f"/dev/nvidia{device.gpu.minor}")]
+    if device.mig is not None:
+        gi_minor, ci_minor = mig_cap_minors(
+            device.gpu.minor, device.mig.gpu_instance_id, device.mig.compute_instance_id, mig_minors
+        )
+        nodes += [
+            resolve(f"/dev/nvidia-caps/nvidia-cap{gi_minor}"),
+            resolve(f"/dev/nvidia-caps/nvidia-cap{ci_minor}"),
+        ]
+    return ContainerEdits(device_nodes=tuple(nodes))
+
+
+def _mps_edits(
+    devices: Sequence[AllocatedDevice], mps_host_dir: str, mps_shm_dir: str | None
+) -> ContainerEdits:
+    """MPS client settings for the claim's devices that asked for MPS or are shares of a
+    shared GPU, in CUDA's units; the daemon's pipe (and shm) directories mounted."""
+    env = [f"CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_IN_CONTAINER}"]
+    limits: list[str] = []
+    percentage: int | None = None
+    for ordinal, device in enumerate(devices):
+        if device.share is not None:
+            # A share's limits are what the scheduler counted for it.
+            limits.append(f"{ordinal}={device.share.memory_bytes // 2**20}M")
+            percentage = device.share.thread_percentage or percentage
+            continue
+        mps = device.config.sharing.mps_config if device.config and device.config.sharing else None
+        if mps is None:
+            continue
+        limit = (
+            mps.default_per_device_pinned_memory_limit.get(
+                str(ordinal), mps.default_per_device_pinned_memory_limit.get(device.uuid)
+            )
+            or mps.default_pinned_device_memory_limit
+        )
+        if limit is not None:
+            limits.append(f"{ordinal}={memory_bytes(limit) // 2**20}M")
+        if mps.default_active_thread_percentage is not None:
+            percentage = mps.default_active_thread_percentage
+    if percentage is not None:
+        env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={percentage}")
+    if limits:
+        env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={','.join(limits)}")
+    mounts = [
+        Mount(host_path=mps_host_dir, container_path=MPS_PIPE_IN_CONTAINER, options=("rbind", "rw"))
+    ]
+    if mps_shm_dir is not None:
+        shm = Mount(
+            host_path=mps_shm_dir, container_path=MPS_SHM_IN_CONTAINER, options=("rbind", "rw")
+        )
+        mounts.append(shm)
+    return ContainerEdits(env=tuple(env), mounts=tuple(mounts))
+
+
+def uses_mps(devices: Sequence[AllocatedDevice]) -> bool:
+    """Whether any device of the claim is configured for MPS or is a share of a shared GPU."""
+    return any(
+        d.share is not None
+        or (d.config and d.config.sharing and d.config.sharing.strategy == "MPS")
+        for d in devices
+    )
+
+
+def build_claim_spec(
+    claim_uid: str,
+    devices: Sequence[AllocatedDevice],
+    *,
+    common: ContainerEdits = NO_EDITS,
+    mig_minors: Mapping[str, int] | None = None,
+    mps_host_dir: str | None = None,
+    device_nodes: devnodes.Resolver = devnodes.plain,
+    mps_shm_dir: str | None = None,
+) -> Spec:
+    """The claim's CDI spec.
+
+    Claim-wide edits: the control device nodes, ``NVIDIA_VISIBLE_DEVICES`` with the UUIDs of
+    all the claim's devices (a container only gets the device nodes of the requests it uses,
+    so CUDA cannot open the others), MPS settings, and ``common`` edits (driver libraries and
+    hooks generated by nvidia-ctk, when installed).
+    """
+    env = [f"NVIDIA_VISIBLE_DEVICES={','.join(d.uuid for d in devices)}", *common.env]
+    nodes = [device_nodes(p) for p in CONTROL_NODES] + list(common.device_nodes)
+    mounts = list(common.mounts)
+    if uses_mps(devices) and mps_host_dir is not None:
+        mps = _mps_edits(devices, mps_host_dir, mps_shm_dir)
+        env += mps.env
+        mounts += mps.mounts
+    claim_edits = ContainerEdits(
+        env=tuple(env), device_nodes=tuple(nodes), mounts=tuple(mounts), hooks=common.hooks
+    )
+    return Spec(
+        kind=CDI_KIND,
+        devices=tuple(
+            Device(
+                name=cdi_device_name(
+                    claim_uid, d.device_name, d.share.share_id if d.share else None
+                ),
+                edits=_device_edits(d, mig_minors, device_nodes),
+            )
+            for d in devices
+        ),
+        edits=claim_edits,
+    )

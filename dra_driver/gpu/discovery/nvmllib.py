@@ -1,0 +1,103 @@
+"""Small helpers over pynvml shared by discovery, MIG and health: sessions, calls, errors.
+
+Every NVML error becomes a one-line :class:`DiscoveryError` that names the failing call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pynvml
+
+from dra_driver.gpu.discovery.base import DiscoveryError
+
+T = TypeVar("T")
+
+SIMULATED_HINT = "To run without GPUs use --backend simulated --profile NAME"
+
+
+def nvml_text(value: Any) -> str:
+    # pynvml hands back str from decorated getters but raw bytes from struct fields.
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return str(value)
+
+
+def error_code(exc: Exception) -> int:
+    return int(getattr(exc, "value", -1))
+
+
+def nvml_call(fn: Callable[..., T], *args: Any, where: str) -> T:
+    """Run one NVML call; any NVML error becomes a one-line :class:`DiscoveryError`."""
+    try:
+        return fn(*args)
+    except pynvml.NVMLError as exc:
+        raise DiscoveryError(f"NVML call {fn.__name__} failed for {where}: {exc}") from None
+
+
+def nvml_call_unless(
+    fn: Callable[..., T], *args: Any, where: str, codes: tuple[int, ...]
+) -> T | None:
+    """Like :func:`nvml_call`, but the NVML error ``codes`` mean "no answer": return None."""
+    try:
+        return fn(*args)
+    except pynvml.NVMLError as exc:
+        if error_code(exc) in codes:
+            return None
+        raise DiscoveryError(f"NVML call {fn.__name__} failed for {where}: {exc}") from None
+
+
+def nvml_init() -> None:
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        code = error_code(exc)
+        if code == pynvml.NVML_ERROR_LIBRARY_NOT_FOUND:
+            raise DiscoveryError(
+                "NVML library libnvidia-ml.so.1 not found: is the NVIDIA driver installed and "
+                f"its libraries mounted into this container? {SIMULATED_HINT}"
+            ) from None
+        if code == pynvml.NVML_ERROR_DRIVER_NOT_LOADED:
+            raise DiscoveryError(
+                "NVML cannot talk to the NVIDIA kernel driver (nvmlInit: Driver Not Loaded): "
+                f"is the driver loaded and are /dev/nvidia* visible? {SIMULATED_HINT}"
+            ) from None
+        raise DiscoveryError(f"NVML call nvmlInit failed: {exc}. {SIMULATED_HINT}") from None
+
+
+def nvml_shutdown() -> None:
+    # A failing shutdown must not hide the inventory (or the error) discovery produced.
+    with contextlib.suppress(pynvml.NVMLError):
+        pynvml.nvmlShutdown()
+
+
+#: Where driver installations put libnvidia-ml, relative to the driver root.
+LIBRARY_DIRS = (
+    "usr/lib64",
+    "usr/lib/x86_64-linux-gnu",
+    "usr/lib/aarch64-linux-gnu",
+    "lib64",
+    "usr/lib",
+)
+LIBRARY = "libnvidia-ml.so.1"
+
+
+def preload_library(driver_root: Path) -> Path | None:
+    """Load libnvidia-ml from a driver root mounted into the container, if it is there.
+
+    pynvml opens the library by its soname; once a library with that soname is loaded, the
+    dynamic loader hands out the same one, so nothing else from the host's library
+    directories leaks into this process (as it would with LD_LIBRARY_PATH).
+    """
+    if driver_root == Path("/"):
+        return None
+    for directory in LIBRARY_DIRS:
+        candidate = driver_root / directory / LIBRARY
+        if candidate.exists():
+            ctypes.CDLL(str(candidate), mode=ctypes.RTLD_GLOBAL)
+            return candidate
+    return None

@@ -1,0 +1,1 @@
+"""MIG geometry and carving: creating and destroying MIG devices (NVML, simulated)."""

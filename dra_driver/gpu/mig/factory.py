@@ -1,0 +1,19 @@
+"""Picking the MIG backend that matches the discovery backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dra_driver.gpu.inventory import Inventory
+from dra_driver.gpu.mig.backend import MigBackend
+from dra_driver.gpu.mig.nvml import NvmlMig
+from dra_driver.gpu.mig.simulated import SIMULATED_STATE_FILE, SimulatedMig
+
+
+def make_mig_backend(
+    backend: str, *, state_dir: Path, inventory: Inventory, driver_root: Path = Path("/")
+) -> MigBackend:
+    """The MIG backend matching the discovery backend."""
+    if backend == "simulated":
+        return SimulatedMig(state_dir / SIMULATED_STATE_FILE, inventory)
+    return NvmlMig(driver_root=driver_root)

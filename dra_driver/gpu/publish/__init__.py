@@ -1,0 +1,1 @@
+"""What the node publishes: inventory -> DRA devices (+ partitions and counters) -> the pool."""

@@ -1,0 +1,18 @@
+"""Picking the sharing backend that matches the discovery backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dra_driver.gpu.sharing.backend import SharingBackend
+from dra_driver.gpu.sharing.host import HostSharing
+from dra_driver.gpu.sharing.simulated import SIMULATED_STATE_FILE, SimulatedSharing
+
+
+def make_sharing_backend(
+    backend: str, *, state_dir: Path, driver_root: Path = Path("/")
+) -> SharingBackend:
+    """The sharing backend matching the discovery backend."""
+    if backend == "simulated":
+        return SimulatedSharing(state_dir / SIMULATED_STATE_FILE)
+    return HostSharing(mps_root=state_dir / "mps", driver_root=driver_root)

@@ -1,0 +1,1 @@
+"""The node's prepared claims: planning, the prepare/unprepare transaction, checkpoint, recovery."""

@@ -1,0 +1,137 @@
+"""The NVML MIG backend against the stand-in libnvidia-ml.so.1 (tests/fakenvml).
+
+Every step runs in a fresh Python process (the loader reads LD_LIBRARY_PATH at start), and
+the stand-in library writes MIG changes back to its data file, so each step also checks
+that the next process sees what the previous one did.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_driver.gpu.discovery.simulated import build_inventory, load_profile
+from dra_driver.gpu.inventory import Inventory
+from tests.unit.gpu.discovery.test_nvml_backend import build, render
+
+SINGLE_H100 = str(Path(__file__).parents[3] / "data" / "single-h100.yaml")
+
+_STEP = """
+import json, sys
+from dra_driver.gpu.inventory import Inventory
+from dra_driver.gpu.mig.backend import MigError
+from dra_driver.gpu.mig.nvml import NvmlMig
+inventory = Inventory.model_validate_json(sys.argv[1])
+gpu = inventory.gpus[0]
+profiles = {p.name: p for p in gpu.mig_profiles}
+mig = NvmlMig()
+out = {}
+try:
+    for op, *args in json.loads(sys.argv[2]):
+        if op == "enable":
+            mig.set_mig_mode(gpu, True)
+        elif op == "disable":
+            mig.set_mig_mode(gpu, False)
+        elif op == "create":
+            out.setdefault("created", []).append(
+                mig.create(gpu, profiles[args[0]], args[1]).model_dump(mode="json"))
+        elif op == "destroy":
+            mig.destroy(gpu, args[0])
+    out["enabled"] = mig.mig_enabled(gpu)
+    out["list"] = [
+        {"gi": i.gpu_instance_id, "profile": i.profile_id, "start": i.placement.start,
+         "uuid": i.device.uuid if i.device else None}
+        for i in mig.list(gpu)
+    ]
+except MigError as exc:
+    out["error"] = str(exc)
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def lib_dir() -> Path:
+    try:
+        library: Path = build.build_library()
+    except build.CompilerMissing as exc:
+        pytest.skip(str(exc))
+    return library.parent
+
+
+class Node:
+    def __init__(self, tmp_path: Path, lib_dir: Path) -> None:
+        self.inventory: Inventory = build_inventory(load_profile(SINGLE_H100), "n1")
+        self.data = tmp_path / "nvml.data"
+        self.data.write_text(render.render(self.inventory))
+        self.lib_dir = lib_dir
+
+    def run(self, *ops: list[Any], **env: str) -> dict[str, Any]:
+        result = subprocess.run(
+            [sys.executable, "-c", _STEP, self.inventory.model_dump_json(), json.dumps(ops)],
+            env={
+                "PATH": "/usr/bin:/bin",
+                "LD_LIBRARY_PATH": str(self.lib_dir),
+                "FAKE_NVML_DATA": str(self.data),
+                **env,
+            },
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        out: dict[str, Any] = json.loads(result.stdout)
+        return out
+
+
+@pytest.fixture
+def node(tmp_path: Path, lib_dir: Path) -> Node:
+    return Node(tmp_path, lib_dir)
+
+
+def test_create_list_destroy_across_processes(node: Node) -> None:
+    assert node.run() == {"enabled": False, "list": []}
+    out = node.run(["enable"], ["create", "4g.40gb", 0], ["create", "3g.40gb", 4])
+    assert out["enabled"] is True
+    four, three = out["created"]
+    assert four["profile_name"] == "4g.40gb" and four["placement"] == {"start": 0, "size": 4}
+    assert three["multiprocessors"] == 60 and three["uuid"].startswith("MIG-")
+    assert four["uuid"] != three["uuid"]
+    # A new process (a restarted driver) sees both, with their MIG devices.
+    listed = node.run()["list"]
+    assert [(i["profile"], i["start"], i["uuid"]) for i in listed] == [
+        (5, 0, four["uuid"]),
+        (9, 4, three["uuid"]),
+    ]
+    gi = listed[0]["gi"]
+    assert node.run(["destroy", gi], ["destroy", gi])["list"] == listed[1:]  # idempotent
+    assert node.run(["destroy", listed[1]["gi"]], ["disable"]) == {"enabled": False, "list": []}
+
+
+def test_placement_rules(node: Node) -> None:
+    assert "Not Supported" in node.run(["create", "1g.10gb", 0])["error"]  # MIG mode off
+    node.run(["enable"], ["create", "3g.40gb", 0])
+    assert "overlaps" in node.run(["create", "1g.10gb", 2])["error"]
+    assert "cannot start at memory slice 1" in node.run(["create", "2g.20gb", 1])["error"]
+    node.run(["create", "1g.10gb+me", 4])
+    assert "allows 1 instance" in node.run(["create", "1g.10gb+me", 5])["error"]
+    assert "in use" in node.run(["disable"])["error"].lower()
+
+
+def test_a_gpu_instance_without_compute_instance_is_listed(node: Node) -> None:
+    # The compute instance fails to appear (as after a crash between the two steps): the
+    # GI is still listed, without a MIG device, so the driver can destroy it.
+    out = node.run(
+        ["enable"],
+        ["create", "2g.20gb", 2],
+        FAKE_NVML_FAIL="nvmlGpuInstanceCreateComputeInstance",
+    )
+    assert "nvmlGpuInstanceCreateComputeInstance" in out["error"]
+    listed = node.run()["list"]
+    assert [(i["profile"], i["start"], i["uuid"]) for i in listed] == [(14, 2, None)]
+    assert node.run(["destroy", listed[0]["gi"]])["list"] == []

@@ -1,0 +1,202 @@
+"""Inventory -> DRA devices -> ResourceSlices: names, attributes and every API rule."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dra_driver.gpu.discovery.simulated import BUILTIN_PROFILES, SimulatedDiscovery
+from dra_driver.gpu.inventory import Gpu, Inventory, MigDevice, MigState, Placement
+from dra_driver.gpu.publish.devices import (
+    desired_pool,
+    inventory_devices,
+    mig_device_name,
+    quantity,
+    to_semver,
+)
+from dra_driver.resourceslice.pool import render_pool, slice_name
+from tests.unit.slice_rules import check_pool
+
+
+@pytest.mark.parametrize(
+    ("raw", "semver"),
+    [
+        ("560.35.03", "560.35.3"),
+        ("12.6", "12.6.0"),
+        ("9.0", "9.0.0"),
+        ("535", "535.0.0"),
+        ("580.95.05", "580.95.5"),
+        ("1.2.3-rc1", "1.2.3-rc1"),
+    ],
+)
+def test_to_semver(raw: str, semver: str) -> None:
+    assert to_semver(raw) == semver
+
+
+def test_to_semver_rejects_garbage() -> None:
+    with pytest.raises(ValueError):
+        to_semver("abc")
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (0, "0"),
+        (132, "132"),
+        (1000, "1k"),
+        (85520809984, "85520809984"),
+        (2_000_000, "2M"),
+        (40 * 10**9, "40G"),
+        (42949672960, "42949672960"),
+    ],
+)
+def test_quantity_is_canonical(value: int, text: str) -> None:
+    assert quantity(value) == text
+
+
+def test_mig_device_names() -> None:
+    assert mig_device_name(0, "1g.10gb", 19, 3) == "gpu-0-mig-1g10gb-19-3"
+    assert mig_device_name(7, "1g.10gb+me", 20, 0) == "gpu-7-mig-1g10gbme-20-0"
+
+
+def test_h100_gpu_device() -> None:
+    inventory = SimulatedDiscovery("dgx-h100", "n1").discover()
+    device = inventory_devices(inventory)[0]
+    assert device["name"] == "gpu-0"
+    attrs = device["attributes"]
+    assert attrs["type"] == {"string": "gpu"}
+    assert attrs["uuid"] == {"string": inventory.gpus[0].uuid}
+    assert attrs["productName"] == {"string": "NVIDIA H100 80GB HBM3"}
+    assert attrs["architecture"] == {"string": "Hopper"}
+    assert attrs["cudaComputeCapability"] == {"version": "9.0.0"}
+    assert attrs["driverVersion"] == {"version": "580.95.5"}
+    assert attrs["cudaDriverVersion"] == {"version": "13.0.0"}
+    assert attrs["migCapable"] == {"bool": True} and attrs["migEnabled"] == {"bool": False}
+    assert attrs["resource.kubernetes.io/pciBusID"] == {"string": "0000:1b:00.0"}
+    assert attrs["resource.kubernetes.io/pcieRoot"] == {"string": "pci0000:15"}
+    assert attrs["numaNode"] == {"int": 0}
+    assert device["capacity"] == {
+        "memory": {"value": "85520809984"},
+        "multiprocessors": {"value": "132"},
+    }
+
+
+def test_gpu_in_mig_mode_publishes_its_mig_devices_only() -> None:
+    inventory = SimulatedDiscovery("mixed", "n1").discover()
+    names = [d["name"] for d in inventory_devices(inventory)]
+    assert names == [
+        "gpu-0-mig-3g40gb-9-0",
+        "gpu-0-mig-2g20gb-14-4",
+        "gpu-0-mig-1g10gb-19-6",
+        "gpu-1-mig-4g40gb-5-0",
+        "gpu-1-mig-1g10gb-19-4",
+        "gpu-1-mig-1g10gb-19-5",
+        "gpu-2",
+        "gpu-3",
+    ]
+    mig = inventory_devices(inventory)[0]
+    assert mig["attributes"]["type"] == {"string": "mig"}
+    assert mig["attributes"]["parentUUID"] == {"string": inventory.gpus[0].uuid}
+    assert mig["attributes"]["profile"] == {"string": "3g.40gb"}
+    assert set(mig["capacity"]) == {
+        "memory",
+        "multiprocessors",
+        "copyEngines",
+        "decoders",
+        "encoders",
+        "jpegEngines",
+        "ofaEngines",
+    }
+    assert mig["capacity"]["multiprocessors"] == {"value": "42"}
+
+
+@pytest.mark.parametrize("profile", BUILTIN_PROFILES)
+def test_builtin_profiles_render_valid_slices(profile: str) -> None:
+    inventory = SimulatedDiscovery(profile, "node-1").discover()
+    slices = render_pool(desired_pool(inventory, "node-1"))
+    assert check_pool(slices) == []
+    assert all(
+        s["spec"]["nodeName"] == "node-1" and s["spec"]["pool"]["name"] == "node-1" for s in slices
+    )
+    assert all(s["spec"]["driver"] == "gpu.dra.dev" for s in slices)
+
+
+def test_long_names_are_hashed_into_valid_slice_names() -> None:
+    node = "n" * 250
+    names = {slice_name(node, "gpu.dra.dev", i) for i in range(3)}
+    assert len(names) == 3 and all(len(n) <= 253 for n in names)
+
+
+# --- property: any inventory NVML could report renders slices the API server accepts -----
+
+_text = st.text(st.characters(min_codepoint=32, max_codepoint=126), min_size=1, max_size=100)
+_version = st.tuples(st.integers(0, 999), st.integers(0, 99), st.integers(0, 99)).map(
+    lambda t: f"{t[0]}.{t[1]:02d}.{t[2]:02d}"
+)
+
+
+@st.composite
+def _gpus(draw: st.DrawFn, minor: int) -> Gpu:
+    mig_enabled = draw(st.booleans())
+    n_mig = draw(st.integers(0, 7)) if mig_enabled else 0
+    migs = tuple(
+        MigDevice(
+            uuid=f"MIG-{minor}-{i}",
+            gpu_instance_id=i + 1,
+            compute_instance_id=0,
+            profile_id=19,
+            profile_name="1g.10gb",
+            placement=Placement(start=i, size=1),
+            memory_bytes=draw(st.integers(0, 2**40)),
+            multiprocessors=16,
+            copy_engines=1,
+            decoders=1,
+            encoders=0,
+            jpeg_engines=1,
+            ofa_engines=0,
+        )
+        for i in range(n_mig)
+    )
+    return Gpu(
+        uuid=f"GPU-{minor}-{draw(st.uuids())}",
+        minor=minor,
+        index=minor,
+        product_name=draw(_text),
+        brand=draw(_text),
+        architecture=draw(_text),
+        cuda_compute_capability=f"{draw(st.integers(1, 12))}.{draw(st.integers(0, 9))}",
+        pci_bus_id=f"0000:{minor % 256:02x}:00.0",
+        pcie_root=draw(st.none() | st.just("pci0000:00")),
+        numa_node=draw(st.none() | st.integers(0, 7)),
+        memory_bytes=draw(st.integers(0, 2**44)),
+        multiprocessors=draw(st.integers(0, 300)),
+        mig=MigState(capable=mig_enabled, current_enabled=mig_enabled, pending_enabled=mig_enabled),
+        mig_devices=migs,
+    )
+
+
+@st.composite
+def _inventories(draw: st.DrawFn) -> Inventory:
+    count = draw(st.integers(0, 300))
+    minors = draw(st.lists(st.integers(0, 10_000), min_size=count, max_size=count, unique=True))
+    return Inventory(
+        driver_version=draw(_version),
+        cuda_driver_version=f"{draw(st.integers(10, 13))}.{draw(st.integers(0, 9))}",
+        gpus=tuple(draw(_gpus(m)) for m in minors),
+    )
+
+
+_node_names = st.from_regex(r"[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?", fullmatch=True)
+
+
+@settings(max_examples=40, deadline=None)
+@given(inventory=_inventories(), node=_node_names)
+def test_any_inventory_renders_valid_slices(inventory: Inventory, node: str) -> None:
+    devices = inventory_devices(inventory)
+    slices = render_pool(desired_pool(inventory, node))
+    if devices:
+        assert check_pool(slices) == []
+    rendered = [d["name"] for s in slices for d in s["spec"]["devices"]]
+    assert rendered == [d["name"] for d in devices]
+    assert all(len(s["spec"]["devices"]) <= 128 for s in slices)

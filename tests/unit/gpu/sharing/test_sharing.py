@@ -1,0 +1,240 @@
+"""Sharing applied on the node: time-slices and MPS daemons through the simulated backend,
+recorded in the checkpoint before they are taken, undone at unprepare and after a crash."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_driver.gpu.config import MpsConfig
+from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
+from dra_driver.gpu.sharing.backend import MpsDaemon, MpsLimits
+from dra_driver.gpu.sharing.host import control_commands, timeslice_failed
+from dra_driver.gpu.sharing.mps import config_limits, daemons_to_stop, gpu_daemon_id, mps_limit
+from dra_driver.gpu.sharing.simulated import SimulatedSharing
+from dra_driver.gpu.sharing.timeslicing import timeslice_value, to_reset
+from dra_driver.gpu.state.checkpoint import ClaimRecord, ClaimState, DeviceRecord, MpsRecord
+from dra_driver.gpu.state.device_state import DeviceState
+from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare
+
+NODE = "node-1"
+DRIVER = "gpu.dra.dev"
+
+
+def _config(sharing: dict[str, Any], kind: str = "GpuConfig") -> list[dict[str, Any]]:
+    params = {"apiVersion": "gpu.dra.dev/v1alpha1", "kind": kind, "sharing": sharing}
+    return [{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": params}}]
+
+
+TIMESLICE_LONG = _config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})
+MPS = _config(
+    {
+        "strategy": "MPS",
+        "mpsConfig": {"defaultActiveThreadPercentage": 40, "defaultPinnedDeviceMemoryLimit": "8Gi"},
+    }
+)
+
+
+def _claim(uid: str, *devices: str, config: list[dict[str, Any]] | None = None) -> ClaimToPrepare:
+    results = tuple(
+        {"request": f"req{i}", "driver": DRIVER, "pool": NODE, "device": d}
+        for i, d in enumerate(devices)
+    )
+    return ClaimToPrepare(
+        ref=ClaimRef("ns", f"claim-{uid}", uid),
+        claim={},
+        results=results,
+        config=tuple(config or ()),
+    )
+
+
+def _ref(uid: str) -> ClaimRef:
+    return ClaimRef("ns", f"claim-{uid}", uid)
+
+
+def _state(
+    tmp_path: Path, backend: SimulatedSharing, boot_id: str = "boot-1", profile: str = "mixed"
+) -> DeviceState:
+    return DeviceState(
+        inventory=SimulatedDiscovery(profile, NODE).discover(),
+        driver_name=DRIVER,
+        node_name=NODE,
+        cdi_root=tmp_path / "cdi",
+        state_dir=tmp_path / "plugin",
+        boot_id=boot_id,
+        sharing=backend,
+    )
+
+
+def _uuid(minor: int, profile: str = "mixed") -> str:
+    return next(
+        g.uuid for g in SimulatedDiscovery(profile, NODE).discover().gpus if g.minor == minor
+    )
+
+
+# --- pure parts ---------------------------------------------------------------------------
+
+
+def test_timeslice_values() -> None:
+    assert [timeslice_value(i) for i in ("Default", "Short", "Medium", "Long")] == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="not one of"):
+        timeslice_value("Forever")
+
+
+def _record(uid: str, *devices: DeviceRecord, mps: MpsRecord | None = None) -> ClaimRecord:
+    return ClaimRecord(
+        state=ClaimState.PREPARE_COMPLETED, namespace="ns", name=uid, devices=list(devices), mps=mps
+    )
+
+
+def _dev(uuid: str, **kw: Any) -> DeviceRecord:
+    return DeviceRecord(request_names=["r"], pool_name=NODE, device_name="gpu-0", uuid=uuid, **kw)
+
+
+def _mps(daemon: str) -> MpsRecord:
+    return MpsRecord(daemon=daemon, pipe_dir="/p", log_dir="/l", shm_dir="/s")
+
+
+def test_timeslice_reset_only_when_no_other_claim_slices_the_gpu() -> None:
+    a = _record("a", _dev("GPU-1", timeslice="Long"), _dev("GPU-2", timeslice="Short"))
+    b = _record("b", _dev("GPU-2", timeslice="Short"))
+    assert to_reset([a], [b]) == ["GPU-1"]
+    assert to_reset([a], []) == ["GPU-1", "GPU-2"]
+    assert to_reset([_record("c", _dev("GPU-3"))], []) == []
+
+
+def test_daemons_are_reference_counted_by_claims() -> None:
+    share = _mps(gpu_daemon_id(0))
+    a = _record("a", _dev("GPU-1", mps=share))
+    b = _record("b", _dev("GPU-1", mps=share))
+    own = _record("c", _dev("GPU-2"), mps=_mps("c"))
+    assert daemons_to_stop([a], [b, own]) == []
+    assert [d.daemon for d in daemons_to_stop([a, b], [own])] == ["gpu-0"]
+    assert [d.daemon for d in daemons_to_stop([own], [a])] == ["c"]
+
+
+def test_daemon_limits_from_config() -> None:
+    cfg = MpsConfig.model_validate(
+        {
+            "defaultActiveThreadPercentage": 30,
+            "defaultPinnedDeviceMemoryLimit": "4Gi",
+            "defaultPerDevicePinnedMemoryLimit": {"GPU-B": "1Gi"},
+        }
+    )
+    limits = config_limits([("GPU-A", cfg), ("GPU-B", cfg), ("GPU-C", None)])
+    assert limits == MpsLimits(30, ((0, "4096M"), (1, "1024M")))
+    assert mps_limit(10 * 2**30 + 5) == "10240M"
+    daemon = MpsDaemon("d", ("GPU-A",), Path("/p"), Path("/l"), Path("/s"), limits)
+    assert control_commands(daemon) == [
+        "set_default_active_thread_percentage 30",
+        "set_default_device_pinned_mem_limit 0 4096M",
+        "set_default_device_pinned_mem_limit 1 1024M",
+    ]
+
+
+def test_nvidia_smi_refusals_are_recognised() -> None:
+    assert timeslice_failed(0, "") is False
+    assert timeslice_failed(0, "Set timeslice to 3 for GPU 00000000:1B:00.0") is False
+    assert timeslice_failed(3, "")
+    # nvidia-smi reports some refusals with exit status 0.
+    assert timeslice_failed(0, "Setting timeslice is Not Supported for GPU 00000000:1B:00.0")
+
+
+def test_simulated_backend_records_lifecycle(tmp_path: Path) -> None:
+    sim = SimulatedSharing(tmp_path / "sim.json", timeslice_unsupported={"GPU-X"})
+    sim.set_timeslice("GPU-1", "Medium")
+    daemon = MpsDaemon(
+        "d1", ("GPU-1",), tmp_path / "p", tmp_path / "l", tmp_path / "s", MpsLimits(50)
+    )
+    sim.start_mps(daemon)
+    sim.start_mps(daemon)  # idempotent
+    assert sim.list_mps() == ("d1",) and (tmp_path / "p" / "control").exists()
+    sim.stop_mps("d1", tmp_path / "p")
+    sim.reset_timeslice("GPU-1")
+    state = json.loads((tmp_path / "sim.json").read_text())
+    assert state["gpus"]["GPU-1"]["timeslice"] == "Default"
+    assert state["mps"]["d1"]["state"] == "stopped"
+    assert state["mps"]["d1"]["activeThreadPercentage"] == 50
+    ops = [e["op"] for e in state["log"]]
+    assert ops == ["set-timeslice", "start-mps", "stop-mps", "reset-timeslice"]
+    with pytest.raises(Exception, match="does not support time-slice"):
+        sim.set_timeslice("GPU-X", "Long")
+
+
+# --- through prepare and unprepare --------------------------------------------------------
+
+
+def test_time_slicing_is_set_and_reset(tmp_path: Path) -> None:
+    sim = SimulatedSharing(tmp_path / "sim.json")
+    state = _state(tmp_path, sim)
+    assert isinstance(state.prepare([_claim("ts", "gpu-2", config=TIMESLICE_LONG)])["ts"], list)
+    uuid = _uuid(2)
+    assert sim.read().gpus[uuid].timeslice == "Long"
+    assert state.prepared_claims()["ts"].devices[0].timeslice == "Long"
+    assert state.unprepare([_ref("ts")]) == {"ts": None}
+    assert sim.read().gpus[uuid].timeslice == "Default"
+
+
+def test_unsupported_time_slice_fails_the_claim_clearly(tmp_path: Path) -> None:
+    uuid = _uuid(2)
+    sim = SimulatedSharing(tmp_path / "sim.json", timeslice_unsupported={uuid})
+    state = _state(tmp_path, sim)
+    out = state.prepare([_claim("ts", "gpu-2", config=TIMESLICE_LONG), _claim("ok", "gpu-3")])
+    assert isinstance(out["ts"], Exception)
+    assert "claim ns/claim-ts" in str(out["ts"]) and "does not support time-slice" in str(out["ts"])
+    assert isinstance(out["ok"], list)
+    assert "ts" not in state.prepared_claims() and not state.spec_path("ts").exists()
+
+
+def test_time_slicing_on_mig_takes_no_hardware_step(tmp_path: Path) -> None:
+    sim = SimulatedSharing(tmp_path / "sim.json")
+    state = _state(tmp_path, sim)
+    mig = _config({"strategy": "TimeSlicing"}, kind="MigDeviceConfig")
+    out = state.prepare([_claim("m", "gpu-0-mig-1g10gb-19-6", config=mig)])
+    assert isinstance(out["m"], list)
+    assert sim.read().gpus == {} and state.prepared_claims()["m"].devices[0].timeslice is None
+
+
+def test_mps_daemon_per_claim(tmp_path: Path) -> None:
+    sim = SimulatedSharing(tmp_path / "sim.json")
+    state = _state(tmp_path, sim)
+    assert isinstance(state.prepare([_claim("m", "gpu-2", config=MPS)])["m"], list)
+    rec = state.prepared_claims()["m"]
+    assert rec.mps is not None and rec.mps.uuids == [_uuid(2)]
+    daemon = sim.read().mps["m"]
+    assert daemon.state == "running" and daemon.uuids == [_uuid(2)]
+    assert daemon.active_thread_percentage == 40 and daemon.pinned_memory == {"0": "8192M"}
+    spec = json.loads(state.spec_path("m").read_text())
+    mounts = {m["containerPath"]: m["hostPath"] for m in spec["containerEdits"]["mounts"]}
+    assert mounts == {"/tmp/nvidia-mps": daemon.pipe_dir, "/dev/shm": daemon.shm_dir}
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8192M" in spec["containerEdits"]["env"]
+    assert state.unprepare([_ref("m")]) == {"m": None}
+    assert sim.read().mps["m"].state == "stopped"
+    assert not Path(daemon.pipe_dir).exists()
+
+
+def test_restart_stops_daemons_of_interrupted_prepares_and_restarts_dead_ones(
+    tmp_path: Path,
+) -> None:
+    sim = SimulatedSharing(tmp_path / "sim.json")
+    state = _state(tmp_path, sim)
+    state.prepare([_claim("keep", "gpu-2", config=MPS)])
+    # A crash right after the daemon of another claim started: the claim is PrepareStarted.
+    sim.start_mps(MpsDaemon("lost", ("GPU-Z",), tmp_path / "lp", tmp_path / "ll", tmp_path / "ls"))
+    sim.kill_mps("keep")
+    _state(tmp_path, sim)
+    daemons = sim.read().mps
+    assert daemons["lost"].state == "stopped"
+    assert daemons["keep"].state == "running" and daemons["keep"].starts == 2
+
+
+def test_reboot_drops_claims_and_undoes_their_sharing(tmp_path: Path) -> None:
+    sim = SimulatedSharing(tmp_path / "sim.json")
+    state = _state(tmp_path, sim)
+    state.prepare([_claim("m", "gpu-2", config=MPS), _claim("t", "gpu-3", config=TIMESLICE_LONG)])
+    _state(tmp_path, sim, boot_id="boot-2")
+    assert sim.read().mps["m"].state == "stopped"
+    assert sim.read().gpus[_uuid(3)].timeslice == "Default"

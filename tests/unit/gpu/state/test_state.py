@@ -1,0 +1,197 @@
+"""Prepare/unprepare on the node: CDI specs, the checkpoint, restarts and refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_driver.cdi.spec import parse_qualified_name
+from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
+from dra_driver.gpu.state import checkpoint
+from dra_driver.gpu.state.checkpoint import ClaimState
+from dra_driver.gpu.state.device_state import ClaimError, DeviceState
+from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare, PreparedDevice
+from tests.unit.cdi_schema import schema_errors
+
+NODE = "node-1"
+DRIVER = "gpu.dra.dev"
+
+
+def _state(tmp_path: Path, profile: str = "mixed", boot_id: str = "boot-1") -> DeviceState:
+    return DeviceState(
+        inventory=SimulatedDiscovery(profile, NODE).discover(),
+        driver_name=DRIVER,
+        node_name=NODE,
+        cdi_root=tmp_path / "cdi",
+        state_dir=tmp_path / "plugin",
+        boot_id=boot_id,
+    )
+
+
+def _claim(uid: str, *devices: str, config: list[dict[str, Any]] | None = None, admin: bool = False) -> ClaimToPrepare:
+    results = tuple(
+        {"request": f"req{i}", "driver": DRIVER, "pool": NODE, "device": d, **({"adminAccess": True} if admin else {})}
+        for i, d in enumerate(devices)
+    )
+    return ClaimToPrepare(ref=ClaimRef("ns", f"claim-{uid}", uid), claim={}, results=results, config=tuple(config or ()))
+
+
+def _spec(state: DeviceState, uid: str) -> dict[str, Any]:
+    return json.loads(state.spec_path(uid).read_text())
+
+
+def test_prepare_writes_a_valid_cdi_spec(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    out = state.prepare([_claim("uid-a", "gpu-2")])
+    devices = out["uid-a"]
+    assert isinstance(devices, list)
+    assert devices == [PreparedDevice(("req0",), NODE, "gpu-2", ("k8s.gpu.dra.dev/claim=uid-a-gpu-2",))]
+    spec = _spec(state, "uid-a")
+    assert state.spec_path("uid-a").name == "k8s.gpu.dra.dev-claim_uid-a.json"
+    assert schema_errors(spec) == []
+    assert spec["kind"] == "k8s.gpu.dra.dev/claim"
+    assert spec["devices"][0]["name"] == "uid-a-gpu-2"
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia2"}]
+    edits = spec["containerEdits"]
+    uuid = SimulatedDiscovery("mixed", NODE).discover().gpus[2].uuid
+    assert f"NVIDIA_VISIBLE_DEVICES={uuid}" in edits["env"]
+    assert [n["path"] for n in edits["deviceNodes"]] == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    for cdi_id in devices[0].cdi_device_ids:
+        assert parse_qualified_name(cdi_id) == ("k8s.gpu.dra.dev", "claim", "uid-a-gpu-2")
+
+
+def test_lowest_cdi_version(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    state.prepare([_claim("abc", "gpu-2"), _claim("123", "gpu-3")])
+    assert _spec(state, "abc")["cdiVersion"] == "0.3.0"
+    # A device name that starts with a digit needs 0.5.0.
+    assert _spec(state, "123")["cdiVersion"] == "0.5.0"
+
+
+def test_mig_device_gets_its_caps(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    out = state.prepare([_claim("m", "gpu-0-mig-3g40gb-9-0")])
+    assert not isinstance(out["m"], Exception)
+    spec = _spec(state, "m")
+    assert schema_errors(spec) == []
+    nodes = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
+    assert nodes[0] == "/dev/nvidia0" and all(n.startswith("/dev/nvidia-caps/nvidia-cap") for n in nodes[1:])
+    mig_uuid = SimulatedDiscovery("mixed", NODE).discover().gpus[0].mig_devices[0].uuid
+    assert f"NVIDIA_VISIBLE_DEVICES={mig_uuid}" in spec["containerEdits"]["env"]
+
+
+def test_one_bad_claim_does_not_fail_the_others(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    bad_config = [{"source": "FromClaim", "requests": ["req0"], "opaque": {"driver": DRIVER, "parameters": {"apiVersion": "gpu.dra.dev/v1alpha1", "kind": "GpuConfig", "sharing": {"strategy": "Nope"}}}}]
+    out = state.prepare([_claim("good", "gpu-2"), _claim("ghost", "gpu-99"), _claim("badcfg", "gpu-3", config=bad_config)])
+    assert isinstance(out["good"], list)
+    assert isinstance(out["ghost"], ClaimError) and "'gpu-99' is not published by this node" in str(out["ghost"])
+    assert "sharing.strategy" in str(out["badcfg"]) and "claim ns/claim-badcfg" in str(out["badcfg"])
+    assert set(state.prepared_claims()) == {"good"}
+    assert not state.spec_path("ghost").exists() and not state.spec_path("badcfg").exists()
+
+
+def test_repeat_prepare_returns_the_recorded_result(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    first = state.prepare([_claim("a", "gpu-2")])["a"]
+    again = state.prepare([_claim("a", "gpu-2")])["a"]
+    restarted = _state(tmp_path).prepare([_claim("a", "gpu-2")])["a"]
+    assert first == again == restarted
+
+
+def test_double_allocation_is_refused(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    state.prepare([_claim("a", "gpu-2")])
+    out = state.prepare([_claim("b", "gpu-2")])
+    assert "device gpu-2 is already prepared for claim ns/claim-a" in str(out["b"])
+    # Within one batch too.
+    out = state.prepare([_claim("c", "gpu-3"), _claim("d", "gpu-3")])
+    assert isinstance(out["c"], list) and isinstance(out["d"], ClaimError)
+
+
+def test_admin_access_may_share_a_device(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    state.prepare([_claim("a", "gpu-2")])
+    out = state.prepare([_claim("monitor", "gpu-2", admin=True)])
+    assert isinstance(out["monitor"], list)
+
+
+def test_unprepare_after_restart_and_of_unknown_claims(tmp_path: Path) -> None:
+    _state(tmp_path).prepare([_claim("a", "gpu-2")])
+    state = _state(tmp_path)
+    assert state.unprepare([ClaimRef("ns", "claim-a", "a"), ClaimRef("ns", "never", "zzz")]) == {"a": None, "zzz": None}
+    assert not state.spec_path("a").exists()
+    assert _state(tmp_path).prepared_claims() == {}
+    # The device is free again.
+    assert isinstance(_state(tmp_path).prepare([_claim("b", "gpu-2")])["b"], list)
+
+
+def test_mps_config_becomes_environment_and_pipe_mount(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    mps = [{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": {"apiVersion": "gpu.dra.dev/v1alpha1", "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 25, "defaultPinnedDeviceMemoryLimit": "10Gi"}}}}}]
+    out = state.prepare([_claim("mps", "gpu-2", config=mps)])
+    assert isinstance(out["mps"], list)
+    spec = _spec(state, "mps")
+    assert schema_errors(spec) == []
+    env = spec["containerEdits"]["env"]
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in env
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M" in env
+    assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in env
+    mount = spec["containerEdits"]["mounts"][0]
+    assert mount["containerPath"] == "/tmp/nvidia-mps" and Path(mount["hostPath"]).is_dir()
+    assert state.prepared_claims()["mps"].devices[0].sharing == "MPS"
+    state.unprepare([ClaimRef("ns", "claim-mps", "mps")])
+    assert not Path(mount["hostPath"]).exists()
+
+
+def test_corrupt_checkpoint_is_moved_aside(tmp_path: Path) -> None:
+    _state(tmp_path).prepare([_claim("a", "gpu-2")])
+    path = tmp_path / "plugin" / "checkpoint.json"
+    path.write_text(path.read_text().replace("gpu-2", "gpu-3"))  # checksum no longer matches
+    state = _state(tmp_path)
+    assert state.corrupt is not None and "checksum mismatch" in state.corrupt.reason
+    assert state.corrupt.moved_to.exists()
+    assert state.prepared_claims() == {}
+    path.write_text("{not json")
+    assert _state(tmp_path).corrupt is not None
+
+
+def test_reboot_drops_stale_claims(tmp_path: Path) -> None:
+    _state(tmp_path, boot_id="boot-1").prepare([_claim("a", "gpu-2")])
+    state = _state(tmp_path, boot_id="boot-2")
+    assert state.prepared_claims() == {}
+    assert not state.spec_path("a").exists()
+
+
+def test_interrupted_prepare_is_undone_at_start(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    state.prepare([_claim("a", "gpu-2")])
+    data = checkpoint.load(tmp_path / "plugin" / "checkpoint.json", "boot-1")
+    data.claims["a"].state = ClaimState.PREPARE_STARTED
+    checkpoint.save(tmp_path / "plugin" / "checkpoint.json", data)
+    restarted = _state(tmp_path)
+    assert restarted.prepared_claims() == {}
+    assert not restarted.spec_path("a").exists()
+
+
+def test_cdi_write_failure_is_a_claim_error(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    (tmp_path / "cdi").write_text("a file where the directory should be")
+    out = state.prepare([_claim("a", "gpu-2")])
+    assert isinstance(out["a"], ClaimError) and "cannot write CDI spec" in str(out["a"])
+    assert state.prepared_claims() == {}
+
+
+@pytest.mark.parametrize("profile", ["dgx-h100", "dgx-a100", "l4x4", "mixed"])
+def test_every_published_device_can_be_prepared(tmp_path: Path, profile: str) -> None:
+    from dra_driver.gpu.publish.devices import inventory_devices
+
+    state = _state(tmp_path, profile)
+    names = [d["name"] for d in inventory_devices(SimulatedDiscovery(profile, NODE).discover())]
+    out = state.prepare([_claim(f"c{i}", n) for i, n in enumerate(names)])
+    assert all(isinstance(v, list) for v in out.values())
+    for i in range(len(names)):
+        assert schema_errors(_spec(state, f"c{i}")) == []

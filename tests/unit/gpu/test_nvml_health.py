@@ -1,0 +1,291 @@
+"""The NVML health watcher against the stand-in libnvidia-ml.so.1 (tests/fakenvml).
+
+The watcher runs in a child process (the loader reads LD_LIBRARY_PATH at start) with an
+asyncio loop; it prints every HealthEvent its sink receives as one JSON line. The test
+appends events to the stand-in's events file and reads what comes out.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_driver.gpu.health import HealthEvent, NvmlEventWatcher
+from tests.unit.gpu.discovery.test_nvml_backend import FakeNode, fake_lib_dir, make_node
+
+__all__ = ["fake_lib_dir"]  # the stand-in library's fixture, shared with the backend tests
+
+# Short waits keep the tests quick; the stop test uses the watcher's own period.
+WAIT_MS = 200
+QUIET = 3 * WAIT_MS / 1000
+
+_WATCH = """
+import asyncio, dataclasses, json, sys, threading, time
+from dra_driver import logs
+from dra_driver.gpu.health import NvmlEventWatcher
+logs.configure("json")  # logs go to stderr, as in the agent; stdout carries the events
+
+def alive():
+    return any(t.name == "nvml-events" for t in threading.enumerate())
+
+def say(record):
+    print(json.dumps(record), flush=True)
+
+async def main():
+    uuids, wait_ms = json.loads(sys.argv[1]), sys.argv[2]
+    if wait_ms != "default":
+        NvmlEventWatcher.WAIT_MS = int(wait_ms)
+    loop = asyncio.get_running_loop()
+    watcher = NvmlEventWatcher(uuids, lambda e: say(dataclasses.asdict(e)), loop)
+    watcher.start()
+    say({"started": True})
+    # stdin: "stop" stops the watcher; "alive" asks whether its thread still runs.
+    while line := (await loop.run_in_executor(None, sys.stdin.readline)).strip():
+        if line == "alive":
+            say({"alive": alive()})
+        elif line == "stop":
+            began = time.monotonic()
+            watcher.stop()
+            while alive():
+                await asyncio.sleep(0.01)
+            say({"stopped_after": time.monotonic() - began})
+            # Events the thread handed over just before it ended still reach the sink.
+            await asyncio.sleep(0.1)
+            return
+
+asyncio.run(main())
+"""
+
+
+class Watcher:
+    """The child process running an NvmlEventWatcher, and the lines it prints."""
+
+    def __init__(
+        self,
+        node: FakeNode,
+        events: Path,
+        wait_ms: int | None,
+        uuids: list[str] | None = None,
+        **env: str,
+    ) -> None:
+        self.node = node
+        self.events = events
+        if uuids is None:
+            uuids = [g.uuid for g in node.inventory.gpus]
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _WATCH, json.dumps(uuids), str(wait_ms or "default")],
+            env=node.env(FAKE_NVML_EVENTS=str(events), **env),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        assert self.next(timeout=30) == {"started": True}
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(json.loads(line))
+
+    def uuid(self, index: int) -> str:
+        return self.node.inventory.gpus[index].uuid
+
+    def inject(self, *lines: str) -> None:
+        with self.events.open("a") as f:
+            f.writelines(f"{line}\n" for line in lines)
+
+    def next(self, timeout: float = 10) -> dict[str, Any]:
+        try:
+            return self.lines.get(timeout=timeout)
+        except queue.Empty:
+            pytest.fail(f"nothing from the watcher within {timeout}s; stderr: {self.stderr()}")
+
+    def events_out(self, count: int) -> list[HealthEvent]:
+        return [HealthEvent(**self.next()) for _ in range(count)]
+
+    def quiet(self, seconds: float) -> None:
+        """Nothing comes out for ``seconds``."""
+        time.sleep(seconds)
+        assert self.lines.empty(), list(self.lines.queue)
+
+    def command(self, text: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(text + "\n")
+        self.proc.stdin.flush()
+
+    def alive(self) -> bool:
+        self.command("alive")
+        answer = self.next()
+        return bool(answer["alive"])
+
+    def stop(self) -> float:
+        """Stop the watcher; seconds until its thread ended."""
+        self.command("stop")
+        answer = self.next()
+        assert self.proc.wait(timeout=30) == 0, self.stderr()
+        assert self.lines.empty(), list(self.lines.queue)
+        return float(answer["stopped_after"])
+
+    def stderr(self) -> str:
+        if self.proc.poll() is None:
+            return "(still running)"
+        assert self.proc.stderr is not None
+        return self.proc.stderr.read()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._reader.join(timeout=5)
+
+
+@pytest.fixture
+def node(tmp_path: Path, fake_lib_dir: Path) -> FakeNode:
+    return make_node("dgx-h100", tmp_path, fake_lib_dir)
+
+
+@pytest.fixture
+def watch(node: FakeNode, tmp_path: Path) -> Iterator[Watcher]:
+    watcher = Watcher(node, tmp_path / "nvml.events", WAIT_MS)
+    yield watcher
+    watcher.close()
+
+
+def _clean(stderr: str) -> None:
+    # No traceback from the thread, no complaint from the stand-in (e.g. a leaked event set).
+    assert "Traceback" not in stderr, stderr
+    assert "fakenvml:" not in stderr, stderr
+
+
+def test_critical_xid_names_the_gpu(watch: Watcher) -> None:
+    watch.inject(f"{watch.uuid(2)} xid 79")
+    assert watch.events_out(1) == [HealthEvent(watch.uuid(2), "xid", 79)]
+    # Later events on other GPUs come through the same wait loop.
+    watch.inject(f"{watch.uuid(5)} xid 94", f"{watch.uuid(0)} xid 13")
+    assert watch.events_out(2) == [
+        HealthEvent(watch.uuid(5), "xid", 94),
+        # Application Xids are filtered by the tracker, not here.
+        HealthEvent(watch.uuid(0), "xid", 13),
+    ]
+    watch.stop()
+    _clean(watch.stderr())
+
+
+def test_double_bit_ecc_is_xid_48(watch: Watcher) -> None:
+    watch.inject(f"{watch.uuid(7)} dbe")
+    assert watch.events_out(1) == [HealthEvent(watch.uuid(7), "xid", 48)]
+    watch.stop()
+    _clean(watch.stderr())
+
+
+def test_lost_gpu_marks_every_gpu_and_ends_the_watch(watch: Watcher) -> None:
+    watch.inject("lost")
+    uuids = [g.uuid for g in watch.node.inventory.gpus]
+    assert watch.events_out(len(uuids)) == [HealthEvent(u, "gpu-lost") for u in uuids]
+    deadline = time.monotonic() + 5
+    while watch.alive():
+        assert time.monotonic() < deadline, "the watcher kept waiting on a lost GPU"
+        time.sleep(0.05)
+    watch.quiet(QUIET)
+    watch.stop()
+    _clean(watch.stderr())
+
+
+def test_timeouts_are_quiet_and_the_watch_goes_on(watch: Watcher) -> None:
+    watch.quiet(QUIET)  # several waits time out
+    assert watch.alive()
+    watch.inject(f"{watch.uuid(1)} xid 79")
+    assert watch.events_out(1) == [HealthEvent(watch.uuid(1), "xid", 79)]
+    watch.stop()
+    _clean(watch.stderr())
+
+
+def test_gpus_register_only_supported_events(node: FakeNode, tmp_path: Path) -> None:
+    # GPU 3 supports Xid events only (nvmlEventTypeXidCriticalError): asking NVML for ECC
+    # events too must not cost it its Xid events. GPU 6 supports neither (PState only).
+    gpu3, gpu6 = node.inventory.gpus[3].uuid, node.inventory.gpus[6].uuid
+    text = node.data.read_text()
+    text = text.replace(f"gpu {gpu3}\n", f"gpu {gpu3}\nevents 8\n")
+    text = text.replace(f"gpu {gpu6}\n", f"gpu {gpu6}\nevents 0x4\n")
+    node.data.write_text(text)
+    watch = Watcher(node, tmp_path / "nvml.events", WAIT_MS)
+    try:
+        watch.inject(f"{gpu3} dbe", f"{gpu3} xid 79", f"{gpu6} xid 79", f"{watch.uuid(4)} dbe")
+        assert watch.events_out(2) == [
+            HealthEvent(gpu3, "xid", 79),
+            HealthEvent(watch.uuid(4), "xid", 48),
+        ]
+        watch.stop()
+        stderr = watch.stderr()
+        _clean(stderr)
+        warnings = [json.loads(line) for line in stderr.splitlines()]
+        assert [(w["event"], w["uuid"]) for w in warnings] == [
+            ("GPU does not report health events", gpu6)
+        ]
+    finally:
+        watch.close()
+
+
+def test_gpu_lost_before_the_watch_starts(node: FakeNode, tmp_path: Path) -> None:
+    # 15 = NVML_ERROR_GPU_IS_LOST from the UUID lookup.
+    watch = Watcher(
+        node, tmp_path / "nvml.events", WAIT_MS, FAKE_NVML_FAIL="nvmlDeviceGetHandleByUUID=15"
+    )
+    try:
+        uuids = [g.uuid for g in node.inventory.gpus]
+        assert watch.events_out(len(uuids)) == [HealthEvent(u, "gpu-lost") for u in uuids]
+        watch.stop()
+        _clean(watch.stderr())
+    finally:
+        watch.close()
+
+
+def test_unknown_gpu_does_not_stop_the_others(node: FakeNode, tmp_path: Path) -> None:
+    # A GPU NVML cannot find (gone since discovery) is skipped, the rest are watched.
+    uuids = [g.uuid for g in node.inventory.gpus[:2]]
+    uuids.insert(1, "GPU-00000000-0000-0000-0000-000000000000")
+    watch = Watcher(node, tmp_path / "nvml.events", WAIT_MS, uuids)
+    try:
+        watch.inject(f"{watch.uuid(1)} xid 79")
+        assert watch.events_out(1) == [HealthEvent(watch.uuid(1), "xid", 79)]
+        watch.stop()
+    finally:
+        watch.close()
+
+
+def test_registration_failure_is_logged_not_fatal(node: FakeNode, tmp_path: Path) -> None:
+    watch = Watcher(
+        node, tmp_path / "nvml.events", WAIT_MS, FAKE_NVML_FAIL="nvmlDeviceRegisterEvents=3"
+    )
+    try:
+        watch.inject(f"{watch.uuid(2)} xid 79")
+        watch.quiet(QUIET)
+        watch.stop()
+        stderr = watch.stderr()
+        assert "GPU does not report health events" in stderr
+        assert "Traceback" not in stderr
+    finally:
+        watch.close()
+
+
+def test_stop_ends_the_thread_within_one_wait(node: FakeNode, tmp_path: Path) -> None:
+    watch = Watcher(node, tmp_path / "nvml.events", None)
+    try:
+        time.sleep(0.3)  # inside a wait
+        period = NvmlEventWatcher.WAIT_MS / 1000
+        assert watch.stop() < period * 1.5
+        _clean(watch.stderr())
+    finally:
+        watch.close()
