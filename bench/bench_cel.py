@@ -24,7 +24,7 @@ from dra_driver.cel import (
 )
 from dra_driver.cel.match import Device
 from dra_driver.gpu.discovery.simulated import BUILTIN_PROFILES, SimulatedDiscovery
-from dra_driver.gpu.publish.devices import inventory_devices
+from dra_driver.gpu.publish.catalog import build_catalog
 
 DRIVER = "gpu.dra.dev"
 A = f'device.attributes["{DRIVER}"]'
@@ -44,7 +44,7 @@ def inventory(count: int) -> list[Device]:
     templates = [
         (profile, d)
         for profile in BUILTIN_PROFILES
-        for d in inventory_devices(SimulatedDiscovery(profile, "node").discover())
+        for d in build_catalog(SimulatedDiscovery(profile, "node").discover()).published()
     ]
     devices = []
     for i in range(count):

@@ -143,9 +143,7 @@ class NodeAgent:
 
     async def publish(self) -> None:
         """Hand the publisher the pool as it should be now (health taints included)."""
-        pool = self.mig_publishing.pool(
-            self.inventory, self.node, self.driver, self.health.taints()
-        )
+        pool = self.mig_publishing.pool(self.node, self.driver, self.health.taints())
         metrics.PUBLISHED_DEVICES.set(sum(len(s.devices) for s in pool.slices))
         metrics.PUBLISHED_SLICES.set(len(pool.slices))
         await self.slices.set_pool(pool)

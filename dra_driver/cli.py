@@ -44,8 +44,8 @@ def _discover(settings: Settings, _: argparse.Namespace) -> int:
 
 
 def _slices(settings: Settings, _: argparse.Namespace) -> int:
-    from dra_driver.gpu.publish.devices import desired_pool, gpu_device_name
-    from dra_driver.gpu.sharing.shared_gpus import parse_selection, share_pool, shared_uuids
+    from dra_driver.gpu.publish.catalog import build_catalog
+    from dra_driver.gpu.sharing.shared_gpus import parse_selection, shared_uuids
     from dra_driver.resourceslice.pool import render_pool
 
     if not settings.node_name:
@@ -53,12 +53,12 @@ def _slices(settings: Settings, _: argparse.Namespace) -> int:
     inventory = make_discovery(
         settings.backend, node_name=settings.node_name, profile=settings.profile
     ).discover()
-    shared = shared_uuids(inventory, parse_selection(settings.shared_gpus))
-    pool = share_pool(
-        desired_pool(inventory, settings.node_name, settings.driver_name),
-        {gpu_device_name(g) for g in inventory.gpus if g.uuid in shared},
+    catalog = build_catalog(
+        inventory,
+        dynamic=settings.dynamic_mig,
+        shared=shared_uuids(inventory, parse_selection(settings.shared_gpus)),
     )
-    slices = render_pool(pool)
+    slices = render_pool(catalog.pool(settings.node_name, settings.driver_name))
     _print(slices, settings.output)
     return 0
 
@@ -148,7 +148,7 @@ COMMANDS: dict[str, Command] = {
     ),
     "slices": Command(
         "print the ResourceSlices the driver would publish for this node",
-        (*_DISCOVERY, "driver_name", "shared_gpus", "output", *_LOGGING),
+        (*_DISCOVERY, "driver_name", "dynamic_mig", "shared_gpus", "output", *_LOGGING),
         _slices,
         defaults={"output": "yaml"},
     ),

@@ -60,11 +60,9 @@ def slice_file_devices(path: str | Path) -> list[Device]:
 
 def profile_devices(profile: str, node_name: str, driver: str) -> list[Device]:
     """The devices a simulated node with ``profile`` would publish."""
-    from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
-    from dra_driver.gpu.publish.devices import inventory_devices
+    from dra_driver.gpu.publish.catalog import simulated_devices
 
-    inventory = SimulatedDiscovery(profile, node_name).discover()
     return [
         Device(driver, node_name, str(d["name"]), d, node_name)
-        for d in inventory_devices(inventory)
+        for d in simulated_devices(profile, node_name)
     ]

@@ -38,7 +38,7 @@ from dra_driver._proto.pluginregistration import api_pb2 as reg_pb2
 from dra_driver._proto.pluginregistration import api_pb2_grpc as reg_grpc
 from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
 from dra_driver.gpu.driver import GpuDriver
-from dra_driver.gpu.publish.devices import inventory_devices
+from dra_driver.gpu.publish.catalog import build_catalog
 from dra_driver.gpu.state.device_state import DeviceState
 from dra_driver.kubeletplugin import ClaimRef, Plugin
 from tests.unit.kubeletplugin.helpers import DRIVER, NODE, FakeFetcher, config_for
@@ -46,7 +46,7 @@ from tests.unit.kubeletplugin.helpers import DRIVER, NODE, FakeFetcher, config_f
 PROFILE = "mixed"
 INVENTORY = SimulatedDiscovery(PROFILE, NODE).discover()
 DEVICES: dict[str, str] = {
-    str(d["name"]): str(d["attributes"]["type"]["string"]) for d in inventory_devices(INVENTORY)
+    str(d["name"]): str(d["attributes"]["type"]["string"]) for d in build_catalog(INVENTORY).published()
 }
 API_VERSION = "gpu.dra.dev/v1alpha1"
 

@@ -21,7 +21,7 @@ import yaml
 
 from dra_driver.gpu.config import parse_config
 from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
-from dra_driver.gpu.publish.devices import inventory_devices
+from dra_driver.gpu.publish.catalog import build_catalog
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
@@ -90,7 +90,7 @@ def published_names() -> tuple[frozenset[str], frozenset[str]]:
     capacities: set[str] = set()
     for profile in DEMO_PROFILES:
         inventory = SimulatedDiscovery(profile, "n1").discover()
-        for device in inventory_devices(inventory):
+        for device in build_catalog(inventory).published():
             attributes.update(device.get("attributes", {}))
             capacities.update(device.get("capacity", {}))
     return frozenset(attributes), frozenset(capacities)

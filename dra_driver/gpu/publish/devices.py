@@ -1,4 +1,4 @@
-"""Inventory -> DRA devices (resource.k8s.io/v1 JSON) -> the node's desired pool.
+"""Inventory -> DRA devices (resource.k8s.io/v1 JSON); :mod:`.catalog` assembles the pool.
 
 Attribute names follow the widely used NVIDIA DRA driver so users' selectors port by changing
 the domain only; ``migCapable``, ``migEnabled`` and ``numaNode`` are this driver's additions.
@@ -7,11 +7,9 @@ the domain only; ``migCapable``, ``migEnabled`` and ``numaNode`` are this driver
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dra_driver.gpu.inventory import Gpu, Inventory, MigDevice
-from dra_driver.resourceslice.pool import DesiredPool, contents_for
 
 DEFAULT_DRIVER_NAME = "gpu.dra.dev"
 STANDARD_DOMAIN = "resource.kubernetes.io"
@@ -159,32 +157,3 @@ def devices_for_gpu(gpu: Gpu, inventory: Inventory) -> list[JSON]:
     if gpu.mig_enabled:
         return [mig_device(gpu, m, inventory) for m in gpu.mig_devices]
     return [gpu_device(gpu, inventory)]
-
-
-def inventory_devices(inventory: Inventory) -> list[JSON]:
-    """Every device the node publishes, GPUs in index order."""
-    return [d for gpu in inventory.gpus for d in devices_for_gpu(gpu, inventory)]
-
-
-def desired_pool(
-    inventory: Inventory,
-    node_name: str,
-    driver: str = DEFAULT_DRIVER_NAME,
-    taints: Mapping[str, Sequence[JSON]] | None = None,
-) -> DesiredPool:
-    """The pool the node agent publishes: pool name = node name, slices packed by API limits.
-
-    ``taints`` (device name -> device taints) marks unhealthy devices so the scheduler keeps
-    new claims away from them.
-    """
-    devices = inventory_devices(inventory)
-    if taints:
-        devices = [
-            {**d, "taints": list(taints[d["name"]])} if d["name"] in taints else d for d in devices
-        ]
-    return DesiredPool(
-        driver=driver,
-        pool_name=node_name,
-        node_name=node_name,
-        slices=contents_for(devices),
-    )

@@ -12,7 +12,7 @@ Everything here is pure: inventory in, JSON out.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -20,12 +20,10 @@ from typing import Any
 from dra_driver.gpu.inventory import Gpu, Inventory, MigDevice, MigProfile, Placement
 from dra_driver.gpu.publish.devices import (
     gpu_device,
-    gpu_device_name,
     mig_device,
     mig_device_name,
     quantity,
 )
-from dra_driver.resourceslice.pool import DesiredPool, contents_for
 
 JSON = dict[str, Any]
 
@@ -216,58 +214,24 @@ class DynamicLayout:
     devices: tuple[JSON, ...]
 
 
-def dynamic_layout(
-    inventory: Inventory,
-    taints: Mapping[str, Sequence[JSON]] | None = None,
-    shared: Collection[str] = (),
-) -> DynamicLayout:
+def dynamic_layout(inventory: Inventory, shared: Collection[str] = ()) -> DynamicLayout:
     """Counter sets and devices for every GPU; MIG-capable GPUs get one slice group each.
 
     GPUs in ``shared`` (UUIDs of GPUs shared by memory) are published whole, without
     placements: see :mod:`dra_driver.gpu.sharing.shared_gpus`.
 
     One GPU's group holds its whole-GPU device plus all its placements (20 on an H100),
-    well within the 64-device limit for slices whose devices consume counters. Taints of a
-    whole GPU (``gpu-<minor>``) apply to all its placements: they share its health.
+    well within the 64-device limit for slices whose devices consume counters.
     """
-    taints = taints or {}
     sets: list[JSON] = []
     groups: list[tuple[JSON, ...]] = []
     plain: list[JSON] = []
     for gpu in inventory.gpus:
-        inherited = list(taints.get(gpu_device_name(gpu), ()))
         if not gpu.mig.capable or not gpu.mig_profiles or gpu.uuid in shared:
-            plain.append(_tainted(gpu_device(gpu, inventory), taints, inherited))
+            plain.append(gpu_device(gpu, inventory))
             continue
         sets.append(counter_set(gpu))
         group = [whole_gpu_device(gpu, inventory)]
         group += [placement_device(s, inventory) for s in publish_order(gpu)]
-        groups.append(tuple(_tainted(d, taints, inherited) for d in group))
+        groups.append(tuple(group))
     return DynamicLayout(tuple(sets), tuple(groups), tuple(plain))
-
-
-def _tainted(device: JSON, taints: Mapping[str, Sequence[JSON]], inherited: list[JSON]) -> JSON:
-    own = list(taints.get(device["name"], ())) or inherited
-    return {**device, "taints": own} if own else device
-
-
-def placement_index(inventory: Inventory) -> dict[str, PlacementSpec]:
-    """Published placement device name -> what it stands for."""
-    return {s.device_name: s for gpu in inventory.gpus if gpu.mig.capable for s in placements(gpu)}
-
-
-def dynamic_pool(
-    inventory: Inventory,
-    node_name: str,
-    driver: str,
-    taints: Mapping[str, Sequence[JSON]] | None = None,
-    shared: Collection[str] = (),
-) -> DesiredPool:
-    """The node's pool with dynamic MIG: counter sets in their own slice, a slice per GPU."""
-    layout = dynamic_layout(inventory, taints, shared)
-    return DesiredPool(
-        driver=driver,
-        pool_name=node_name,
-        node_name=node_name,
-        slices=contents_for(layout.devices, layout.counter_sets, layout.groups),
-    )

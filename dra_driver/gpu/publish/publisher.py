@@ -17,9 +17,7 @@ import structlog
 
 from dra_driver.gpu.inventory import Inventory, MigState
 from dra_driver.gpu.mig.backend import MigBackend, live_inventory
-from dra_driver.gpu.publish.devices import desired_pool, gpu_device_name
-from dra_driver.gpu.publish.partitions import dynamic_pool
-from dra_driver.gpu.sharing.shared_gpus import share_pool
+from dra_driver.gpu.publish.catalog import build_catalog
 from dra_driver.resourceslice.pool import DesiredPool
 
 log = structlog.get_logger(__name__)
@@ -44,7 +42,8 @@ def fallback_inventory(inventory: Inventory, backend: MigBackend) -> Inventory:
 
 
 class MigPublishing:
-    """Chooses the desired pool and falls back when the cluster lacks partitionable devices."""
+    """Chooses the catalogue to publish and falls back when the cluster lacks partitionable
+    devices."""
 
     def __init__(
         self,
@@ -56,6 +55,7 @@ class MigPublishing:
         self.backend = backend
         self._inventory = inventory
         self.shared = shared
+        self.catalog = build_catalog(inventory, dynamic=backend is not None, shared=shared)
         self.fallback: Inventory | None = None  # set once dynamic MIG had to be given up
 
     @property
@@ -65,18 +65,12 @@ class MigPublishing:
 
     def pool(
         self,
-        inventory: Inventory,
         node_name: str,
         driver: str,
         taints: Mapping[str, Sequence[dict[str, Any]]] | None = None,
     ) -> DesiredPool:
         """The pool to publish now."""
-        if self.dynamic:
-            pool = dynamic_pool(inventory, node_name, driver, taints, self.shared)
-        else:
-            pool = desired_pool(self.fallback or inventory, node_name, driver, taints)
-        names = {gpu_device_name(g) for g in inventory.gpus if g.uuid in self.shared}
-        return share_pool(pool, names)
+        return self.catalog.pool(node_name, driver, taints)
 
     async def on_dropped(self, gates: Iterable[str]) -> bool:
         """Handle the publisher's dropped-fields report; True if the pool must be republished."""
@@ -90,4 +84,5 @@ class MigPublishing:
             feature_gate=FEATURE_GATE,
         )
         self.fallback = await asyncio.to_thread(fallback_inventory, self._inventory, self.backend)
+        self.catalog = build_catalog(self.fallback, shared=self.shared)
         return True

@@ -27,12 +27,10 @@ counted against, and changing MIG mode needs an idle GPU, which a shared GPU rar
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
 from dra_driver.gpu.inventory import Gpu, Inventory
-from dra_driver.resourceslice.pool import DesiredPool
 
 JSON = dict[str, Any]
 GIB = 2**30
@@ -132,17 +130,3 @@ def shared_device(device: JSON) -> JSON:
         },
     }
     return {**device, "allowMultipleAllocations": True, "capacity": capacity}
-
-
-def share_pool(pool: DesiredPool, names: Collection[str]) -> DesiredPool:
-    """``pool`` with the devices named in ``names`` published as shared GPUs."""
-    if not names:
-        return pool
-    slices = tuple(
-        dataclasses.replace(
-            content,
-            devices=tuple(shared_device(d) if d["name"] in names else d for d in content.devices),
-        )
-        for content in pool.slices
-    )
-    return dataclasses.replace(pool, slices=slices)

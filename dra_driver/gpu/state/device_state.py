@@ -10,7 +10,7 @@ import contextlib
 import dataclasses
 import shutil
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,10 +30,10 @@ from dra_driver.gpu.container.claim_spec import (
     cdi_device_id,
     uses_mps,
 )
-from dra_driver.gpu.inventory import Gpu, Inventory, MigDevice, Placement
+from dra_driver.gpu.inventory import Inventory, Placement
 from dra_driver.gpu.mig.backend import MigBackend, MigError, overlaps
-from dra_driver.gpu.publish.devices import devices_for_gpu, gpu_device_name
-from dra_driver.gpu.publish.partitions import PlacementSpec, placement_index
+from dra_driver.gpu.publish.catalog import build_catalog
+from dra_driver.gpu.publish.partitions import PlacementSpec
 from dra_driver.gpu.sharing.backend import SharingBackend, SharingError
 from dra_driver.gpu.sharing.manager import SharingManager, with_share
 from dra_driver.gpu.sharing.shares import ShareError, share_of
@@ -76,17 +76,6 @@ class _Plan:
 _Footprint = tuple[str, Placement | None]
 
 
-def _device_index(inventory: Inventory) -> dict[str, tuple[Gpu, MigDevice | None]]:
-    """Published device name -> the GPU (and MIG device) behind it."""
-    index: dict[str, tuple[Gpu, MigDevice | None]] = {}
-    for gpu in inventory.gpus:
-        devices = devices_for_gpu(gpu, inventory)
-        migs: Iterable[MigDevice | None] = gpu.mig_devices if gpu.mig_enabled else [None]
-        for device, mig in zip(devices, migs, strict=True):
-            index[device["name"]] = (gpu, mig)
-    return index
-
-
 def _usable_uid(uid: str) -> bool:
     """Whether a claim UID can name files: the API server's UIDs are UUIDs, and a UID with a
     path separator or a NUL (only a broken or hostile caller sends one) must never reach a
@@ -126,17 +115,10 @@ class DeviceState:
         self._mig_minors = mig_minors
         self._device_nodes = device_nodes
         self._lock = threading.Lock()
-        self._devices = _device_index(inventory)
+        self._catalog = build_catalog(inventory, dynamic=mig is not None, shared=shared_gpus)
         self._mig = mig
         self._sharing = SharingManager(sharing, state_dir / "mps")
-        self._shared_gpus = shared_gpus
         self._gpus = {g.uuid: g for g in inventory.gpus}
-        self._placements = placement_index(inventory) if mig is not None else {}
-        if mig is not None:
-            # A MIG-capable GPU is published whole as well as in placements.
-            for gpu in inventory.gpus:
-                if gpu.mig.capable:
-                    self._devices[gpu_device_name(gpu)] = (gpu, None)
         self._path = state_dir / CHECKPOINT_FILE
         self.corrupt: checkpoint.CorruptCheckpoint | None = None
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -213,7 +195,7 @@ class DeviceState:
                 spec = next(
                     (
                         s
-                        for s in self._placements.values()
+                        for s in self._catalog.placements()
                         if s.gpu.uuid == gpu.uuid
                         and s.profile.profile_id == inst.profile_id
                         and s.placement.start == inst.placement.start
@@ -276,25 +258,22 @@ class DeviceState:
         carve: list[PlacementSpec | None] = []
         for result in claim.results:
             name = str(result.get("device", ""))
-            placement = self._placements.get(name)
-            found = (placement.gpu, None) if placement else self._devices.get(name)
-            carve.append(placement)
-            if found is None:
-                known = ", ".join(sorted(self._devices)) or "none"
+            entry = self._catalog.get(name)
+            if entry is None:
+                named = (n for n, e in self._catalog.entries.items() if e.placement is None)
+                known = ", ".join(sorted(named)) or "none"
                 raise ClaimError(
                     f"claim {ref}: device {name!r} is not published by this node "
                     f"(devices: {known}); the allocation is stale, delete the pod so the "
                     "claim is allocated again"
                 )
-            gpu, mig = found
+            carve.append(entry.placement)
             request = str(result.get("request", ""))
-            kind = "mig" if mig or placement else "gpu"
-            config = resolve_config(configs, request, kind, claim=str(ref))
+            config = resolve_config(configs, request, entry.kind, claim=str(ref))
             device = AllocatedDevice(
-                requests=(request,), device_name=name, gpu=gpu, mig=mig, config=config
+                requests=(request,), device_name=name, gpu=entry.gpu, mig=entry.mig, config=config
             )
-            shared = gpu.uuid in self._shared_gpus and mig is None and placement is None
-            if shared and not result.get("adminAccess"):
+            if entry.shared and not result.get("adminAccess"):
                 # A shared GPU: the scheduler counted this claim's share of it.
                 if not result.get("shareID"):
                     raise ClaimError(
@@ -358,14 +337,12 @@ class DeviceState:
         """Which part of which GPU a recorded device occupies."""
         if rec.mig is not None:
             return rec.mig.gpu_uuid, Placement(start=rec.mig.start, size=rec.mig.size)
-        spec = self._placements.get(rec.device_name)
-        if spec is not None:
-            return spec.gpu.uuid, spec.placement
-        found = self._devices.get(rec.device_name)
-        if found is None:
+        entry = self._catalog.get(rec.device_name)
+        if entry is None:
             return None
-        gpu, mig = found
-        return gpu.uuid, mig.placement if mig else None
+        if entry.placement is not None:
+            return entry.gpu.uuid, entry.placement.placement
+        return entry.gpu.uuid, entry.mig.placement if entry.mig else None
 
     def _check_gpu_free(
         self,

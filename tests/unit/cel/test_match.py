@@ -16,7 +16,7 @@ from dra_driver.cel.match import Selector, claim_requests
 from dra_driver.cel.sources import profile_devices, slice_file_devices
 from dra_driver.command import Command
 from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
-from dra_driver.gpu.publish.devices import desired_pool
+from dra_driver.gpu.publish.catalog import build_catalog
 from dra_driver.resourceslice.pool import render_pool
 from dra_driver.settings import add_arguments, from_namespace
 
@@ -78,7 +78,7 @@ def slices_file(tmp_path: Path) -> Path:
     docs = []
     for node, profile in (("node-a", "dgx-a100"), ("node-h", "dgx-h100")):
         inventory = SimulatedDiscovery(profile, node).discover()
-        docs += render_pool(desired_pool(inventory, node, DRIVER))
+        docs += render_pool(build_catalog(inventory).pool(node, DRIVER))
     path = tmp_path / "slices.yaml"
     path.write_text(yaml.safe_dump_all(docs))
     return path

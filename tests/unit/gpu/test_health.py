@@ -15,7 +15,7 @@ from dra_driver.gpu.health import (
     parse_xids,
     read_injected,
 )
-from dra_driver.gpu.publish.devices import desired_pool
+from dra_driver.gpu.publish.catalog import build_catalog
 from dra_driver.kubeletplugin.interfaces import HealthStatus
 from dra_driver.resourceslice.pool import render_pool
 from tests.unit.slice_rules import check_pool
@@ -69,7 +69,7 @@ def test_tainted_pool_stays_valid() -> None:
     inventory = SimulatedDiscovery("dgx-h100", "n").discover()
     tracker = HealthTracker(inventory, DRIVER)
     tracker.apply(HealthEvent(inventory.gpus[3].uuid, "xid", 48))
-    slices = render_pool(desired_pool(inventory, "n", DRIVER, tracker.taints()))
+    slices = render_pool(build_catalog(inventory).pool("n", DRIVER, tracker.taints()))
     assert check_pool(slices) == []
     tainted = [d for s in slices for d in s["spec"]["devices"] if d.get("taints")]
     assert [d["name"] for d in tainted] == ["gpu-3"]

@@ -279,11 +279,11 @@ async def test_dropped_counters_fall_back_to_static_devices(tmp_path: Path) -> N
     gpu = inventory.gpus[0]
     backend.set_mig_mode(gpu, True)  # left in MIG mode without instances
     publishing = MigPublishing(backend, inventory)
-    dynamic = publishing.pool(inventory, NODE, DRIVER)
+    dynamic = publishing.pool(NODE, DRIVER)
     assert dynamic.slices[0].shared_counters
     assert not await publishing.on_dropped(frozenset({"DRADeviceTaints"}))
     assert await publishing.on_dropped(frozenset({"DRAPartitionableDevices"}))
-    static = publishing.pool(inventory, NODE, DRIVER)
+    static = publishing.pool(NODE, DRIVER)
     devices = [d for s in static.slices for d in s.devices]
     assert [d["name"] for d in devices] == ["gpu-0"]
     assert not any(s.shared_counters for s in static.slices)

@@ -8,9 +8,8 @@ from hypothesis import strategies as st
 
 from dra_driver.gpu.discovery.simulated import BUILTIN_PROFILES, SimulatedDiscovery
 from dra_driver.gpu.inventory import Gpu, Inventory, MigDevice, MigState, Placement
+from dra_driver.gpu.publish.catalog import build_catalog
 from dra_driver.gpu.publish.devices import (
-    desired_pool,
-    inventory_devices,
     mig_device_name,
     quantity,
     to_semver,
@@ -62,7 +61,7 @@ def test_mig_device_names() -> None:
 
 def test_h100_gpu_device() -> None:
     inventory = SimulatedDiscovery("dgx-h100", "n1").discover()
-    device = inventory_devices(inventory)[0]
+    device = build_catalog(inventory).published()[0]
     assert device["name"] == "gpu-0"
     attrs = device["attributes"]
     assert attrs["type"] == {"string": "gpu"}
@@ -84,7 +83,7 @@ def test_h100_gpu_device() -> None:
 
 def test_gpu_in_mig_mode_publishes_its_mig_devices_only() -> None:
     inventory = SimulatedDiscovery("mixed", "n1").discover()
-    names = [d["name"] for d in inventory_devices(inventory)]
+    names = [d["name"] for d in build_catalog(inventory).published()]
     assert names == [
         "gpu-0-mig-3g40gb-9-0",
         "gpu-0-mig-2g20gb-14-4",
@@ -95,7 +94,7 @@ def test_gpu_in_mig_mode_publishes_its_mig_devices_only() -> None:
         "gpu-2",
         "gpu-3",
     ]
-    mig = inventory_devices(inventory)[0]
+    mig = build_catalog(inventory).published()[0]
     assert mig["attributes"]["type"] == {"string": "mig"}
     assert mig["attributes"]["parentUUID"] == {"string": inventory.gpus[0].uuid}
     assert mig["attributes"]["profile"] == {"string": "3g.40gb"}
@@ -114,7 +113,7 @@ def test_gpu_in_mig_mode_publishes_its_mig_devices_only() -> None:
 @pytest.mark.parametrize("profile", BUILTIN_PROFILES)
 def test_builtin_profiles_render_valid_slices(profile: str) -> None:
     inventory = SimulatedDiscovery(profile, "node-1").discover()
-    slices = render_pool(desired_pool(inventory, "node-1"))
+    slices = render_pool(build_catalog(inventory).pool("node-1"))
     assert check_pool(slices) == []
     assert all(
         s["spec"]["nodeName"] == "node-1" and s["spec"]["pool"]["name"] == "node-1" for s in slices
@@ -193,8 +192,8 @@ _node_names = st.from_regex(r"[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?", fullmatch=Tru
 @settings(max_examples=40, deadline=None)
 @given(inventory=_inventories(), node=_node_names)
 def test_any_inventory_renders_valid_slices(inventory: Inventory, node: str) -> None:
-    devices = inventory_devices(inventory)
-    slices = render_pool(desired_pool(inventory, node))
+    devices = build_catalog(inventory).published()
+    slices = render_pool(build_catalog(inventory).pool(node))
     if devices:
         assert check_pool(slices) == []
     rendered = [d["name"] for s in slices for d in s["spec"]["devices"]]

@@ -10,12 +10,12 @@ import pytest
 
 from dra_driver.gpu.discovery.simulated import build_inventory, load_profile
 from dra_driver.gpu.inventory import Gpu
+from dra_driver.gpu.publish.catalog import build_catalog
 from dra_driver.gpu.publish.partitions import (
     PlacementSpec,
     consumption,
     counter_capacity,
     counter_set_name,
-    dynamic_pool,
     placements,
     valid_layouts,
 )
@@ -132,7 +132,7 @@ def test_whole_gpu_excludes_every_placement() -> None:
 @pytest.mark.parametrize("profile", ["dgx-h100", "dgx-a100", "mixed", "l4x4", SINGLE_H100])
 def test_dynamic_pool_passes_slice_validation(profile: str) -> None:
     inventory = build_inventory(load_profile(profile), "n1")
-    pool = dynamic_pool(inventory, "n1", "gpu.dra.dev")
+    pool = build_catalog(inventory, dynamic=True).pool("n1", "gpu.dra.dev")
     slices = render_pool(pool)
     assert check_pool(slices) == []
     sets = {c["name"]: c["counters"] for s in slices for c in s["spec"].get("sharedCounters", [])}
@@ -157,6 +157,6 @@ def test_dynamic_pool_passes_slice_validation(profile: str) -> None:
 def test_whole_gpu_taints_apply_to_its_placements() -> None:
     inventory = build_inventory(load_profile(SINGLE_H100), "n1")
     taint = {"key": "gpu.dra.dev/xid", "value": "79", "effect": "NoSchedule"}
-    pool = dynamic_pool(inventory, "n1", "gpu.dra.dev", {"gpu-0": [taint]})
+    pool = build_catalog(inventory, dynamic=True).pool("n1", "gpu.dra.dev", {"gpu-0": [taint]})
     devices = [d for s in pool.slices for d in s.devices]
     assert devices and all(d["taints"] == [taint] for d in devices)

@@ -9,13 +9,12 @@ from typing import Any
 import pytest
 
 from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
-from dra_driver.gpu.publish.devices import desired_pool
+from dra_driver.gpu.publish.catalog import build_catalog
 from dra_driver.gpu.publish.publisher import MigPublishing
 from dra_driver.gpu.sharing.shared_gpus import (
     Selection,
     SelectionError,
     parse_selection,
-    share_pool,
     shared_uuids,
 )
 from dra_driver.gpu.sharing.shares import Share, ShareError, check_fits, consumed, share_of
@@ -66,7 +65,7 @@ def _devices(pool_slices: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def test_shared_gpu_is_published_with_consumable_capacity() -> None:
     inventory = SimulatedDiscovery("l4x4", NODE).discover()
-    pool = share_pool(desired_pool(inventory, NODE, DRIVER), {"gpu-1"})
+    pool = build_catalog(inventory, shared={inventory.gpus[1].uuid}).pool(NODE, DRIVER)
     slices = render_pool(pool)
     assert check_pool(slices) == []
     devices = _devices(slices)
@@ -94,7 +93,7 @@ def test_dynamic_mig_publishes_no_placements_of_a_shared_gpu(tmp_path: Path) -> 
     first = inventory.gpus[0]
     backend = SimulatedMig(tmp_path / "mig.json", inventory)
     publishing = MigPublishing(backend, inventory, frozenset({first.uuid}))
-    slices = render_pool(publishing.pool(inventory, NODE, DRIVER))
+    slices = render_pool(publishing.pool(NODE, DRIVER))
     assert check_pool(slices) == []
     devices = _devices(slices)
     assert not [n for n in devices if n.startswith("gpu-0-mig-")]

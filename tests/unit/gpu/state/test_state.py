@@ -187,10 +187,10 @@ def test_cdi_write_failure_is_a_claim_error(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("profile", ["dgx-h100", "dgx-a100", "l4x4", "mixed"])
 def test_every_published_device_can_be_prepared(tmp_path: Path, profile: str) -> None:
-    from dra_driver.gpu.publish.devices import inventory_devices
+    from dra_driver.gpu.publish.catalog import build_catalog
 
     state = _state(tmp_path, profile)
-    names = [d["name"] for d in inventory_devices(SimulatedDiscovery(profile, NODE).discover())]
+    names = [d["name"] for d in build_catalog(SimulatedDiscovery(profile, NODE).discover()).published()]
     out = state.prepare([_claim(f"c{i}", n) for i, n in enumerate(names)])
     assert all(isinstance(v, list) for v in out.values())
     for i in range(len(names)):

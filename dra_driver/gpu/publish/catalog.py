@@ -1,0 +1,154 @@
+"""The device catalogue: every device the node publishes, and what backs each one.
+
+Built once per inventory and mode (dynamic MIG on or off, which GPUs are shared GPUs), it is
+the one answer to "what is published and what can be prepared": the agent publishes
+:meth:`Catalog.pool`, ``dra-driver slices`` prints it, ``match --profile`` matches against
+:meth:`Catalog.published`, and prepare looks every allocated device up with :meth:`Catalog.get`.
+
+With dynamic MIG a catalogue also knows devices it does not publish (``Entry.device is None``):
+the MIG devices that existed when the agent started, so that a claim prepared for one of them
+before dynamic MIG was turned on is still understood at restart and unprepare.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
+from dra_driver.gpu.inventory import Gpu, Inventory, MigDevice
+from dra_driver.gpu.publish.devices import DEFAULT_DRIVER_NAME, devices_for_gpu, gpu_device_name
+from dra_driver.gpu.publish.partitions import PlacementSpec, dynamic_layout, placements
+from dra_driver.gpu.sharing.shared_gpus import shared_device
+from dra_driver.resourceslice.pool import DesiredPool, contents_for
+
+JSON = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One device of the catalogue and what backs it."""
+
+    gpu: Gpu
+    device: JSON | None  # the published device; None: known but not published
+    mig: MigDevice | None = None  # a MIG device that exists
+    placement: PlacementSpec | None = None  # dynamic MIG: the MIG device prepare creates
+    shared: bool = False  # a shared GPU: several claims each hold a share of it
+
+    @property
+    def kind(self) -> str:
+        """``mig`` for MIG devices (existing or to be created), ``gpu`` for whole GPUs."""
+        return "mig" if self.mig is not None or self.placement is not None else "gpu"
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """The node's devices by name, and how the published ones are packed into slices."""
+
+    entries: Mapping[str, Entry]
+    counter_sets: tuple[JSON, ...] = ()
+    groups: tuple[tuple[str, ...], ...] = ()  # device names published together, per GPU
+    plain: tuple[str, ...] = ()  # the other published devices, in inventory order
+
+    def get(self, name: str) -> Entry | None:
+        """The entry for a device name, published or only known."""
+        return self.entries.get(name)
+
+    def published(self) -> list[JSON]:
+        """Every published device (without taints), plain devices first, then the groups."""
+        return [self._device(n) for n in (*self.plain, *(n for g in self.groups for n in g))]
+
+    def placements(self) -> Iterator[PlacementSpec]:
+        """The dynamic MIG placements the catalogue knows."""
+        return (e.placement for e in self.entries.values() if e.placement is not None)
+
+    def pool(
+        self,
+        node_name: str,
+        driver: str = DEFAULT_DRIVER_NAME,
+        taints: Mapping[str, Sequence[JSON]] | None = None,
+    ) -> DesiredPool:
+        """The pool to publish: pool name = node name, slices packed by API limits.
+
+        ``taints`` (device name -> device taints) marks unhealthy devices. A placement
+        without taints of its own carries those of its whole GPU: they share its health.
+        """
+        taints = taints or {}
+
+        def tainted(name: str, inherit: bool) -> JSON:
+            device = self._device(name)
+            own = list(taints.get(name, ()))
+            if not own and inherit:
+                own = list(taints.get(gpu_device_name(self.entries[name].gpu), ()))
+            return {**device, "taints": own} if own else device
+
+        return DesiredPool(
+            driver=driver,
+            pool_name=node_name,
+            node_name=node_name,
+            slices=contents_for(
+                [tainted(n, False) for n in self.plain],
+                self.counter_sets,
+                [[tainted(n, True) for n in group] for group in self.groups],
+            ),
+        )
+
+    def _device(self, name: str) -> JSON:
+        device = self.entries[name].device
+        assert device is not None, f"{name} is not published"
+        return device
+
+
+def _published(gpu: Gpu, device: JSON, shared: Collection[str]) -> tuple[JSON, bool]:
+    is_shared = gpu.uuid in shared and device["name"] == gpu_device_name(gpu)
+    return (shared_device(device) if is_shared else device), is_shared
+
+
+def _static_entries(inventory: Inventory, shared: Collection[str]) -> dict[str, Entry]:
+    entries: dict[str, Entry] = {}
+    for gpu in inventory.gpus:
+        migs: Sequence[MigDevice | None] = gpu.mig_devices if gpu.mig_enabled else [None]
+        for device, mig in zip(devices_for_gpu(gpu, inventory), migs, strict=True):
+            published, is_shared = _published(gpu, device, shared)
+            entries[device["name"]] = Entry(gpu, published, mig=mig, shared=is_shared)
+    return entries
+
+
+def build_catalog(
+    inventory: Inventory, *, dynamic: bool = False, shared: Collection[str] = ()
+) -> Catalog:
+    """The catalogue of ``inventory``.
+
+    ``dynamic``: publish every MIG placement of MIG-capable GPUs, with counters (dynamic MIG);
+    ``shared``: UUIDs of the GPUs published as shared GPUs (see
+    :mod:`dra_driver.gpu.sharing.shared_gpus`).
+    """
+    entries = _static_entries(inventory, shared)
+    if not dynamic:
+        return Catalog(entries, plain=tuple(entries))
+    # Existing MIG devices stay known but are not published; whole GPUs and placements are.
+    entries = {n: Entry(e.gpu, None, mig=e.mig) if e.mig else e for n, e in entries.items()}
+    for gpu in inventory.gpus:
+        if gpu.mig.capable:
+            entries[gpu_device_name(gpu)] = Entry(gpu, None)
+            entries.update((s.device_name, Entry(gpu, None, placement=s)) for s in placements(gpu))
+    layout = dynamic_layout(inventory, shared=shared)
+    plain: list[str] = []
+    for device in layout.devices:
+        entry = entries[device["name"]]
+        published, is_shared = _published(entry.gpu, device, shared)
+        entries[device["name"]] = Entry(entry.gpu, published, shared=is_shared)
+        plain.append(device["name"])
+    groups: list[tuple[str, ...]] = []
+    for group in layout.groups:
+        for device in group:
+            entry = entries[device["name"]]
+            entries[device["name"]] = Entry(entry.gpu, device, placement=entry.placement)
+        groups.append(tuple(d["name"] for d in group))
+    return Catalog(entries, layout.counter_sets, tuple(groups), tuple(plain))
+
+
+def simulated_devices(profile: str, node_name: str) -> list[JSON]:
+    """The devices a simulated node with ``profile`` publishes (no dynamic MIG, no sharing)."""
+    return build_catalog(SimulatedDiscovery(profile, node_name).discover()).published()
