@@ -7,48 +7,53 @@ kubelet plugin's node-wide lock; the internal lock only guards against misuse.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import shutil
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import structlog
 
 from dra_driver import faults
 from dra_driver.cdi.spec import NO_EDITS, ContainerEdits
 from dra_driver.cdi.writer import fsync_dir, remove, spec_file_name, write_atomic
-from dra_driver.gpu.config import ConfigError, parse_allocation_config, resolve_config
+from dra_driver.gpu.config import ConfigError
 from dra_driver.gpu.container import devnodes
 from dra_driver.gpu.container.claim_spec import (
     CDI_CLASS,
     CDI_VENDOR,
-    AllocatedDevice,
     build_claim_spec,
-    cdi_device_id,
     uses_mps,
 )
-from dra_driver.gpu.inventory import Inventory, Placement
-from dra_driver.gpu.mig.backend import MigBackend, MigError, overlaps
+from dra_driver.gpu.inventory import Inventory
+from dra_driver.gpu.mig.backend import MigBackend, MigError
 from dra_driver.gpu.publish.catalog import build_catalog
-from dra_driver.gpu.publish.partitions import PlacementSpec
 from dra_driver.gpu.sharing.backend import SharingBackend, SharingError
-from dra_driver.gpu.sharing.manager import SharingManager, with_share
-from dra_driver.gpu.sharing.shares import ShareError, share_of
-from dra_driver.gpu.state import checkpoint
+from dra_driver.gpu.sharing.manager import SharingManager
+from dra_driver.gpu.sharing.shares import ShareError
+from dra_driver.gpu.state import checkpoint, recovery
+from dra_driver.gpu.state.carving import Carver
 from dra_driver.gpu.state.checkpoint import (
-    CheckpointData,
     ClaimRecord,
     ClaimState,
     DeviceRecord,
-    MigRecord,
+)
+from dra_driver.gpu.state.planner import (
+    ClaimError,
+    Plan,
+    check_free,
+    check_gpu_free,
+    device_records,
+    holders,
+    is_share,
+    plan_claim,
+    prepared_devices,
+    shared_devices,
+    usable_uid,
 )
 from dra_driver.kubeletplugin.interfaces import (
     ClaimRef,
     ClaimToPrepare,
-    PreparedDevice,
     PrepareResult,
     UnprepareResult,
 )
@@ -56,31 +61,6 @@ from dra_driver.kubeletplugin.interfaces import (
 log = structlog.get_logger(__name__)
 
 CHECKPOINT_FILE = "checkpoint.json"
-
-
-class ClaimError(Exception):
-    """A claim cannot be prepared; the message tells the user what to fix."""
-
-
-@dataclass(frozen=True)
-class _Plan:
-    ref: ClaimRef
-    devices: tuple[AllocatedDevice, ...]
-    results: tuple[dict[str, Any], ...]
-    pods: tuple[str, ...] = ()
-    # Dynamic MIG: the placement to create for each device (None: the device exists).
-    carve: tuple[PlacementSpec | None, ...] = ()
-
-
-# A device's footprint on its GPU: the GPU's UUID and the placement it takes (None: all of it).
-_Footprint = tuple[str, Placement | None]
-
-
-def _usable_uid(uid: str) -> bool:
-    """Whether a claim UID can name files: the API server's UIDs are UUIDs, and a UID with a
-    path separator or a NUL (only a broken or hostile caller sends one) must never reach a
-    path, where ``..`` would point outside the driver's directories."""
-    return bool(uid) and "/" not in uid and "\x00" not in uid and uid not in (".", "..")
 
 
 class DeviceState:
@@ -116,102 +96,23 @@ class DeviceState:
         self._device_nodes = device_nodes
         self._lock = threading.Lock()
         self._catalog = build_catalog(inventory, dynamic=mig is not None, shared=shared_gpus)
-        self._mig = mig
         self._sharing = SharingManager(sharing, state_dir / "mps")
-        self._gpus = {g.uuid: g for g in inventory.gpus}
+        self._carver = Carver(mig, {g.uuid: g for g in inventory.gpus})
         self._path = state_dir / CHECKPOINT_FILE
-        self.corrupt: checkpoint.CorruptCheckpoint | None = None
         state_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            data = checkpoint.load(self._path, boot_id)
-        except checkpoint.CorruptCheckpoint as exc:
-            self.corrupt = exc
-            log.error(
-                "checkpoint corrupt", reason=exc.reason, moved_to=str(exc.moved_to), node=node_name
-            )
-            data = CheckpointData(boot_id=boot_id)
-        self._data = self._recover(data, boot_id)
-
-    # --- start-up -------------------------------------------------------------------------
-
-    def _recover(self, data: CheckpointData, boot_id: str) -> CheckpointData:
-        """Drop what a reboot made stale and undo prepares a crash interrupted."""
-        stale: list[str] = []
-        if data.boot_id != boot_id:
-            stale = list(data.claims)
-            log.info(
-                "node rebooted: dropping prepared claims", count=len(stale), node=self.node_name
-            )
-        else:
-            stale = [
-                uid
-                for uid, rec in data.claims.items()
-                if rec.state is not ClaimState.PREPARE_COMPLETED
-            ]
-        dropped = [data.claims.pop(uid) for uid in stale]
-        try:
-            # Daemons first: their pipe directories go with the claims' artifacts.
-            self._sharing.release(dropped, data.claims.values())
-        except SharingError as exc:
-            log.error("undoing sharing of dropped claims failed", error=str(exc))
-        self._sharing.sweep(data.claims.values())
-        for uid, rec in zip(stale, dropped, strict=True):
-            self._remove_artifacts(uid)
-            # An interrupted unprepare is finished, an interrupted prepare undone: either way
-            # the claim goes, and its MIG devices with it (see _destroy_orphans).
-            log.info(
-                "finished interrupted unprepare"
-                if rec.state is ClaimState.UNPREPARE_STARTED
-                else "undid interrupted prepare",
-                claim=f"{rec.namespace}/{rec.name}",
-                claim_uid=uid,
-            )
-        data.boot_id = boot_id
-        if stale or not self._path.exists():
+        data, self.corrupt = recovery.load(self._path, boot_id, node_name)
+        dropped = recovery.recover(
+            data,
+            boot_id,
+            node_name=node_name,
+            sharing=self._sharing,
+            remove_artifacts=self._remove_artifacts,
+        )
+        if dropped or not self._path.exists():
             checkpoint.save(self._path, data)
-        if self._mig is not None:
-            self._destroy_orphans(data)
-        return data
-
-    def _destroy_orphans(self, data: CheckpointData) -> None:
-        """Destroy MIG devices no prepared claim uses (dynamic MIG owns the GPUs' layout).
-
-        Covers instances left by a crash mid-prepare (their claim was just dropped) and
-        MIG devices made before the driver started; a claim's devices are recognised by the
-        placement recorded for them, or by the device name (claims prepared statically).
-        """
-        assert self._mig is not None
-        kept_names = {d.device_name for rec in data.claims.values() for d in rec.devices}
-        kept = {
-            (d.mig.gpu_uuid, d.mig.profile_id, d.mig.start)
-            for rec in data.claims.values()
-            for d in rec.devices
-            if d.mig is not None
-        }
-        for gpu in self._gpus.values():
-            if not gpu.mig.capable:
-                continue
-            for inst in self._mig.list(gpu):
-                spec = next(
-                    (
-                        s
-                        for s in self._catalog.placements()
-                        if s.gpu.uuid == gpu.uuid
-                        and s.profile.profile_id == inst.profile_id
-                        and s.placement.start == inst.placement.start
-                    ),
-                    None,
-                )
-                name = spec.device_name if spec else ""
-                if (gpu.uuid, inst.profile_id, inst.placement.start) in kept or name in kept_names:
-                    continue
-                self._mig.destroy(gpu, inst.gpu_instance_id)
-                log.info(
-                    "destroyed MIG device no claim uses",
-                    gpu=gpu.uuid,
-                    device=name or f"gi{inst.gpu_instance_id}",
-                    uuid=inst.device.uuid if inst.device else None,
-                )
+        if mig is not None:
+            self._carver.destroy_orphans(data.claims.values(), self._catalog.placements())
+        self._data = data
 
     # --- paths ----------------------------------------------------------------------------
 
@@ -251,159 +152,6 @@ class DeviceState:
 
     # --- prepare --------------------------------------------------------------------------
 
-    def _plan(self, claim: ClaimToPrepare) -> _Plan:
-        ref = claim.ref
-        configs = parse_allocation_config(claim.config, driver=self.driver_name, claim=str(ref))
-        devices: list[AllocatedDevice] = []
-        carve: list[PlacementSpec | None] = []
-        for result in claim.results:
-            name = str(result.get("device", ""))
-            entry = self._catalog.get(name)
-            if entry is None:
-                named = (n for n, e in self._catalog.entries.items() if e.placement is None)
-                known = ", ".join(sorted(named)) or "none"
-                raise ClaimError(
-                    f"claim {ref}: device {name!r} is not published by this node "
-                    f"(devices: {known}); the allocation is stale, delete the pod so the "
-                    "claim is allocated again"
-                )
-            carve.append(entry.placement)
-            request = str(result.get("request", ""))
-            config = resolve_config(configs, request, entry.kind, claim=str(ref))
-            device = AllocatedDevice(
-                requests=(request,), device_name=name, gpu=entry.gpu, mig=entry.mig, config=config
-            )
-            if entry.shared and not result.get("adminAccess"):
-                # A shared GPU: the scheduler counted this claim's share of it.
-                if not result.get("shareID"):
-                    raise ClaimError(
-                        f"claim {ref}: device {name} is a shared GPU but its allocation has no "
-                        "shareID; is the DRAConsumableCapacity feature on in the scheduler?"
-                    )
-                share = share_of(str(result["shareID"]), result.get("consumedCapacity"))
-                device = with_share(device, share)
-            devices.append(device)
-        return _Plan(
-            ref=ref,
-            devices=tuple(devices),
-            results=claim.results,
-            pods=claim.pods,
-            carve=tuple(carve),
-        )
-
-    def _holders(self) -> dict[str, str]:
-        """Device name -> UID of the claim holding it exclusively, or of a share of it."""
-        held: dict[str, str] = {}
-        for uid, rec in self._data.claims.items():
-            for dev in rec.devices:
-                if dev.sharing != "admin":
-                    held[dev.device_name] = uid
-        return held
-
-    def _shared(self) -> set[str]:
-        """Devices held by shares (several claims may hold a share of a shared GPU)."""
-        return {
-            d.device_name for r in self._data.claims.values() for d in r.devices if _is_share(d)
-        }
-
-    def _records(self, plan: _Plan) -> list[DeviceRecord]:
-        records = []
-        for device, result, spec in zip(plan.devices, plan.results, plan.carve, strict=True):
-            admin = bool(result.get("adminAccess"))
-            strategy = (
-                device.config.sharing.strategy if device.config and device.config.sharing else None
-            )
-            records.append(
-                DeviceRecord(
-                    request_names=list(device.requests),
-                    pool_name=self.node_name,
-                    device_name=device.device_name,
-                    cdi_device_ids=[
-                        cdi_device_id(
-                            plan.ref.uid,
-                            device.device_name,
-                            device.share.share_id if device.share else None,
-                        )
-                    ],
-                    share_id=result.get("shareID"),
-                    uuid="" if spec else device.uuid,
-                    sharing="admin" if admin else strategy,
-                    mig=_mig_record(spec) if spec else None,
-                )
-            )
-        return records
-
-    def _footprint(self, rec: DeviceRecord) -> _Footprint | None:
-        """Which part of which GPU a recorded device occupies."""
-        if rec.mig is not None:
-            return rec.mig.gpu_uuid, Placement(start=rec.mig.start, size=rec.mig.size)
-        entry = self._catalog.get(rec.device_name)
-        if entry is None:
-            return None
-        if entry.placement is not None:
-            return entry.gpu.uuid, entry.placement.placement
-        return entry.gpu.uuid, entry.mig.placement if entry.mig else None
-
-    def _check_gpu_free(
-        self,
-        ref: ClaimRef,
-        records: Sequence[DeviceRecord],
-        others: Sequence[tuple[str, DeviceRecord]],
-    ) -> None:
-        """Dynamic MIG: a whole GPU and MIG devices of it (or overlapping ones) exclude each other.
-
-        The scheduler's counters already prevent such allocations; this double-checks, and
-        it is what keeps MIG mode from changing under a claim that holds the whole GPU.
-        """
-        # Shares of a shared GPU are whole-GPU users that coexist by design (a shared GPU has
-        # no MIG placements published).
-        taken = [
-            (uid, r, self._footprint(r))
-            for uid, r in others
-            if r.sharing != "admin" and not _is_share(r)
-        ]
-        for rec in records:
-            mine = self._footprint(rec)
-            if mine is None or rec.sharing == "admin" or _is_share(rec):
-                continue
-            for uid, other, theirs in taken:
-                if uid == ref.uid or theirs is None or theirs[0] != mine[0]:
-                    continue
-                if mine[1] is None or theirs[1] is None or overlaps(mine[1], theirs[1]):
-                    holder = self._data.claims.get(uid)
-                    owner = f"{holder.namespace}/{holder.name}" if holder else uid
-                    raise ClaimError(
-                        f"claim {ref}: device {rec.device_name} cannot be prepared while claim "
-                        f"{owner} holds {other.device_name} on the same GPU {mine[0]} (a whole "
-                        "GPU and its MIG devices exclude each other; MIG mode can only change "
-                        "on an idle GPU)"
-                    )
-
-    def _check_free(
-        self,
-        ref: ClaimRef,
-        records: Sequence[DeviceRecord],
-        held: Mapping[str, str],
-        shared: set[str] | None = None,
-    ) -> None:
-        """The last line of defence against double allocation.
-
-        Shares of a shared GPU may hold it together (``shared``: devices held by shares); an
-        exclusive claim and a share may not.
-        """
-        shared = shared or set()
-        for rec in records:
-            holder = held.get(rec.device_name)
-            if rec.sharing == "admin" or holder in (None, ref.uid):
-                continue
-            if _is_share(rec) and rec.device_name in shared:
-                continue
-            other = self._data.claims.get(holder) if holder else None
-            owner = f"{other.namespace}/{other.name}" if other else holder
-            raise ClaimError(
-                f"claim {ref}: device {rec.device_name} is already prepared for claim {owner}"
-            )
-
     def prepare(self, claims: Sequence[ClaimToPrepare]) -> dict[str, PrepareResult]:
         """Prepare a batch of claims; one result per claim UID, errors per claim.
 
@@ -412,26 +160,26 @@ class DeviceState:
         """
         with self._lock:
             out: dict[str, PrepareResult] = {}
-            plans: list[_Plan] = []
-            held = self._holders()
-            shared = self._shared()
+            plans: list[Plan] = []
+            held = holders(self._data.claims)
+            shared = shared_devices(self._data.claims)
             others = [(u, d) for u, r in self._data.claims.items() for d in r.devices]
             for claim in claims:
                 uid = claim.ref.uid
-                if not _usable_uid(uid):
+                if not usable_uid(uid):
                     out[uid] = ClaimError(f"claim {claim.ref}: invalid claim UID {uid!r}")
                     continue
                 done = self._data.claims.get(uid)
                 if done is not None and done.state is ClaimState.PREPARE_COMPLETED:
-                    out[uid] = _prepared(done)
+                    out[uid] = prepared_devices(done)
                     continue
                 try:
-                    plan = self._plan(claim)
-                    records = self._records(plan)
+                    plan = plan_claim(claim, self._catalog, self.driver_name)
+                    records = device_records(plan, self.node_name)
                     own_mps = self._sharing.annotate(uid, plan.devices, records)
-                    self._check_free(claim.ref, records, held, shared)
-                    if self._mig is not None:
-                        self._check_gpu_free(claim.ref, records, others)
+                    check_free(claim.ref, records, held, shared, self._data.claims)
+                    if self._carver.enabled:
+                        check_gpu_free(claim.ref, records, others, self._catalog, self._data.claims)
                     self._sharing.check(
                         str(claim.ref),
                         plan.devices,
@@ -461,7 +209,7 @@ class DeviceState:
                     out[uid] = ClaimError(f"claim {claim.ref}: malformed allocation: {error}")
                     continue
                 held.update({r.device_name: uid for r in records if r.sharing != "admin"})
-                shared.update(r.device_name for r in records if _is_share(r))
+                shared.update(r.device_name for r in records if is_share(r))
                 others += [(uid, r) for r in records]
                 self._data.claims[uid] = ClaimRecord(
                     state=ClaimState.PREPARE_STARTED,
@@ -480,11 +228,11 @@ class DeviceState:
                 faults.point("prepare.completed-recorded")
             return out
 
-    def _finish(self, plan: _Plan) -> PrepareResult:
+    def _finish(self, plan: Plan) -> PrepareResult:
         """Create the claim's MIG devices (dynamic MIG), then write its CDI spec."""
         records = list(self._data.claims[plan.ref.uid].devices)
         try:
-            plan = self._carve(plan)
+            plan = self._carver.carve(plan, self._data.claims[plan.ref.uid])
         except MigError as exc:
             self._undo_carve(plan.ref, records)
             log.error("creating MIG device failed", claim=str(plan.ref), error=str(exc))
@@ -511,70 +259,12 @@ class DeviceState:
         except SharingError as exc:
             log.error("undoing sharing failed", claim=str(ref), error=str(exc))
 
-    def _carve(self, plan: _Plan) -> _Plan:
-        """Make the GPUs match the claim: MIG devices created, or MIG mode off for whole GPUs.
-
-        The intent (GPU, profile, placement) is already in the checkpoint, so a crash at any
-        step leaves something a restart recognises and destroys.
-        """
-        if self._mig is None:
-            return plan
-        record = self._data.claims[plan.ref.uid]
-        devices = list(plan.devices)
-        for i, (device, rec, spec) in enumerate(
-            zip(plan.devices, record.devices, plan.carve, strict=True)
-        ):
-            if spec is None:
-                if (
-                    device.mig is None
-                    and device.gpu.mig.capable
-                    and self._mig.mig_enabled(device.gpu)
-                ):
-                    # A whole GPU in MIG mode cannot run CUDA work; it is idle (checked above).
-                    self._mig.set_mig_mode(device.gpu, False)
-                    faults.point("prepare.mig-disabled")
-                continue
-            if not self._mig.mig_enabled(spec.gpu):
-                self._mig.set_mig_mode(spec.gpu, True)
-                faults.point("prepare.mig-enabled")
-            created = self._mig.create(spec.gpu, spec.profile, spec.placement.start)
-            faults.point("prepare.mig-created")
-            assert rec.mig is not None
-            rec.mig.gpu_instance_id = created.gpu_instance_id
-            rec.mig.compute_instance_id = created.compute_instance_id
-            rec.uuid = created.uuid
-            devices[i] = dataclasses.replace(device, mig=created)
-            log.info(
-                "created MIG device",
-                claim=str(plan.ref),
-                device=device.device_name,
-                uuid=created.uuid,
-                gpu_instance=created.gpu_instance_id,
-            )
-        return dataclasses.replace(plan, devices=tuple(devices))
-
     def _undo_carve(self, ref: ClaimRef, records: Sequence[DeviceRecord]) -> None:
-        """Best effort: destroy what a failed prepare created (a restart sweeps the rest)."""
+        """Forget the claim and destroy what its failed prepare created."""
         self._data.claims.pop(ref.uid, None)
-        for rec in records:
-            if rec.mig is not None:
-                try:
-                    self._destroy(rec.mig)
-                except MigError as exc:
-                    log.error("destroying MIG device failed", claim=str(ref), error=str(exc))
+        self._carver.undo(ref, records)
 
-    def _destroy(self, mig: MigRecord) -> None:
-        """Destroy the MIG device recorded for a claim, if it (still) exists."""
-        assert self._mig is not None
-        gpu = self._gpus.get(mig.gpu_uuid)
-        if gpu is None:
-            return
-        for inst in self._mig.list(gpu):
-            if inst.profile_id == mig.profile_id and inst.placement.start == mig.start:
-                self._mig.destroy(gpu, inst.gpu_instance_id)
-                log.info("destroyed MIG device", gpu=gpu.uuid, profile=mig.profile, start=mig.start)
-
-    def _write_spec(self, plan: _Plan) -> PrepareResult:
+    def _write_spec(self, plan: Plan) -> PrepareResult:
         uid = plan.ref.uid
         try:
             dirs = self._sharing.pipe_and_shm(self._data.claims[uid])
@@ -610,7 +300,7 @@ class DeviceState:
             devices=[d.device_name for d in record.devices],
             node=self.node_name,
         )
-        return _prepared(record)
+        return prepared_devices(record)
 
     # --- unprepare ------------------------------------------------------------------------
 
@@ -620,7 +310,7 @@ class DeviceState:
             out: dict[str, UnprepareResult] = {}
             changed = False
             for ref in refs:
-                if not _usable_uid(ref.uid):
+                if not usable_uid(ref.uid):
                     out[ref.uid] = None  # never prepared: nothing can exist under that name
                     continue
                 rec = self._data.claims.get(ref.uid)
@@ -647,7 +337,7 @@ class DeviceState:
                 faults.point("unprepare.cdi-removed")
                 try:
                     for mig in migs:
-                        self._destroy(mig)
+                        self._carver.destroy(mig)
                 except MigError as exc:
                     out[ref.uid] = ClaimError(f"claim {ref}: cannot destroy MIG device: {exc}")
                     continue
@@ -664,31 +354,3 @@ class DeviceState:
                 checkpoint.save(self._path, self._data)
                 faults.point("unprepare.recorded")
             return out
-
-
-def _is_share(rec: DeviceRecord) -> bool:
-    """Whether the record is a share of a shared GPU (it records what the share consumed)."""
-    return rec.consumed_capacity is not None
-
-
-def _mig_record(spec: PlacementSpec) -> MigRecord:
-    return MigRecord(
-        gpu_uuid=spec.gpu.uuid,
-        profile_id=spec.profile.profile_id,
-        profile=spec.profile.name,
-        start=spec.placement.start,
-        size=spec.placement.size,
-    )
-
-
-def _prepared(record: ClaimRecord) -> list[PreparedDevice]:
-    return [
-        PreparedDevice(
-            request_names=tuple(d.request_names),
-            pool_name=d.pool_name,
-            device_name=d.device_name,
-            cdi_device_ids=tuple(d.cdi_device_ids),
-            share_id=d.share_id,
-        )
-        for d in record.devices
-    ]

@@ -1,0 +1,241 @@
+"""Planning a prepare (pure): look the devices up, record them, refuse conflicts.
+
+Nothing here touches a file or a GPU; :mod:`dra_driver.gpu.state.device_state` runs the
+transaction around it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dra_driver.gpu.config import parse_allocation_config, resolve_config
+from dra_driver.gpu.container.claim_spec import AllocatedDevice, cdi_device_id
+from dra_driver.gpu.inventory import Placement
+from dra_driver.gpu.mig.backend import overlaps
+from dra_driver.gpu.publish.catalog import Catalog
+from dra_driver.gpu.publish.partitions import PlacementSpec
+from dra_driver.gpu.sharing.manager import with_share
+from dra_driver.gpu.sharing.shares import share_of
+from dra_driver.gpu.state.checkpoint import ClaimRecord, DeviceRecord, MigRecord
+from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare, PreparedDevice
+
+
+class ClaimError(Exception):
+    """A claim cannot be prepared; the message tells the user what to fix."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A claim about to be prepared: its devices and the allocation results they came from."""
+
+    ref: ClaimRef
+    devices: tuple[AllocatedDevice, ...]
+    results: tuple[dict[str, Any], ...]
+    pods: tuple[str, ...] = ()
+    # Dynamic MIG: the placement to create for each device (None: the device exists).
+    carve: tuple[PlacementSpec | None, ...] = ()
+
+
+# A device's footprint on its GPU: the GPU's UUID and the placement it takes (None: all of it).
+Footprint = tuple[str, Placement | None]
+
+
+def usable_uid(uid: str) -> bool:
+    """Whether a claim UID can name files: the API server's UIDs are UUIDs, and a UID with a
+    path separator or a NUL (only a broken or hostile caller sends one) must never reach a
+    path, where ``..`` would point outside the driver's directories."""
+    return bool(uid) and "/" not in uid and "\x00" not in uid and uid not in (".", "..")
+
+
+def plan_claim(claim: ClaimToPrepare, catalog: Catalog, driver_name: str) -> Plan:
+    """What preparing ``claim`` means: its devices looked up in the catalogue, with their
+    configs, shares and the MIG devices to create. Raises :class:`ClaimError` and the
+    config and share errors, all meant for the claim's user."""
+    ref = claim.ref
+    configs = parse_allocation_config(claim.config, driver=driver_name, claim=str(ref))
+    devices: list[AllocatedDevice] = []
+    carve: list[PlacementSpec | None] = []
+    for result in claim.results:
+        name = str(result.get("device", ""))
+        entry = catalog.get(name)
+        if entry is None:
+            named = (n for n, e in catalog.entries.items() if e.placement is None)
+            known = ", ".join(sorted(named)) or "none"
+            raise ClaimError(
+                f"claim {ref}: device {name!r} is not published by this node "
+                f"(devices: {known}); the allocation is stale, delete the pod so the "
+                "claim is allocated again"
+            )
+        carve.append(entry.placement)
+        request = str(result.get("request", ""))
+        config = resolve_config(configs, request, entry.kind, claim=str(ref))
+        device = AllocatedDevice(
+            requests=(request,), device_name=name, gpu=entry.gpu, mig=entry.mig, config=config
+        )
+        if entry.shared and not result.get("adminAccess"):
+            # A shared GPU: the scheduler counted this claim's share of it.
+            if not result.get("shareID"):
+                raise ClaimError(
+                    f"claim {ref}: device {name} is a shared GPU but its allocation has no "
+                    "shareID; is the DRAConsumableCapacity feature on in the scheduler?"
+                )
+            share = share_of(str(result["shareID"]), result.get("consumedCapacity"))
+            device = with_share(device, share)
+        devices.append(device)
+    return Plan(
+        ref=ref,
+        devices=tuple(devices),
+        results=claim.results,
+        pods=claim.pods,
+        carve=tuple(carve),
+    )
+
+
+def device_records(plan: Plan, node_name: str) -> list[DeviceRecord]:
+    """The checkpoint records of a planned claim's devices (before any step is taken)."""
+    records = []
+    for device, result, spec in zip(plan.devices, plan.results, plan.carve, strict=True):
+        admin = bool(result.get("adminAccess"))
+        strategy = (
+            device.config.sharing.strategy if device.config and device.config.sharing else None
+        )
+        records.append(
+            DeviceRecord(
+                request_names=list(device.requests),
+                pool_name=node_name,
+                device_name=device.device_name,
+                cdi_device_ids=[
+                    cdi_device_id(
+                        plan.ref.uid,
+                        device.device_name,
+                        device.share.share_id if device.share else None,
+                    )
+                ],
+                share_id=result.get("shareID"),
+                uuid="" if spec else device.uuid,
+                sharing="admin" if admin else strategy,
+                mig=mig_record(spec) if spec else None,
+            )
+        )
+    return records
+
+
+def holders(claims: Mapping[str, ClaimRecord]) -> dict[str, str]:
+    """Device name -> UID of the claim holding it exclusively, or of a share of it."""
+    held: dict[str, str] = {}
+    for uid, rec in claims.items():
+        for dev in rec.devices:
+            if dev.sharing != "admin":
+                held[dev.device_name] = uid
+    return held
+
+
+def shared_devices(claims: Mapping[str, ClaimRecord]) -> set[str]:
+    """Devices held by shares (several claims may hold a share of a shared GPU)."""
+    return {d.device_name for r in claims.values() for d in r.devices if is_share(d)}
+
+
+def footprint(rec: DeviceRecord, catalog: Catalog) -> Footprint | None:
+    """Which part of which GPU a recorded device occupies."""
+    if rec.mig is not None:
+        return rec.mig.gpu_uuid, Placement(start=rec.mig.start, size=rec.mig.size)
+    entry = catalog.get(rec.device_name)
+    if entry is None:
+        return None
+    if entry.placement is not None:
+        return entry.gpu.uuid, entry.placement.placement
+    return entry.gpu.uuid, entry.mig.placement if entry.mig else None
+
+
+def check_gpu_free(
+    ref: ClaimRef,
+    records: Sequence[DeviceRecord],
+    others: Sequence[tuple[str, DeviceRecord]],
+    catalog: Catalog,
+    claims: Mapping[str, ClaimRecord],
+) -> None:
+    """Dynamic MIG: a whole GPU and MIG devices of it (or overlapping ones) exclude each other.
+
+    The scheduler's counters already prevent such allocations; this double-checks, and
+    it is what keeps MIG mode from changing under a claim that holds the whole GPU.
+    """
+    # Shares of a shared GPU are whole-GPU users that coexist by design (a shared GPU has
+    # no MIG placements published).
+    taken = [
+        (uid, r, footprint(r, catalog))
+        for uid, r in others
+        if r.sharing != "admin" and not is_share(r)
+    ]
+    for rec in records:
+        mine = footprint(rec, catalog)
+        if mine is None or rec.sharing == "admin" or is_share(rec):
+            continue
+        for uid, other, theirs in taken:
+            if uid == ref.uid or theirs is None or theirs[0] != mine[0]:
+                continue
+            if mine[1] is None or theirs[1] is None or overlaps(mine[1], theirs[1]):
+                holder = claims.get(uid)
+                owner = f"{holder.namespace}/{holder.name}" if holder else uid
+                raise ClaimError(
+                    f"claim {ref}: device {rec.device_name} cannot be prepared while claim "
+                    f"{owner} holds {other.device_name} on the same GPU {mine[0]} (a whole "
+                    "GPU and its MIG devices exclude each other; MIG mode can only change "
+                    "on an idle GPU)"
+                )
+
+
+def check_free(
+    ref: ClaimRef,
+    records: Sequence[DeviceRecord],
+    held: Mapping[str, str],
+    shared: set[str],
+    claims: Mapping[str, ClaimRecord],
+) -> None:
+    """The last line of defence against double allocation.
+
+    Shares of a shared GPU may hold it together (``shared``: devices held by shares); an
+    exclusive claim and a share may not.
+    """
+    for rec in records:
+        holder = held.get(rec.device_name)
+        if rec.sharing == "admin" or holder in (None, ref.uid):
+            continue
+        if is_share(rec) and rec.device_name in shared:
+            continue
+        other = claims.get(holder) if holder else None
+        owner = f"{other.namespace}/{other.name}" if other else holder
+        raise ClaimError(
+            f"claim {ref}: device {rec.device_name} is already prepared for claim {owner}"
+        )
+
+
+def is_share(rec: DeviceRecord) -> bool:
+    """Whether the record is a share of a shared GPU (it records what the share consumed)."""
+    return rec.consumed_capacity is not None
+
+
+def mig_record(spec: PlacementSpec) -> MigRecord:
+    """The checkpoint record of a MIG device to create, written before it is created."""
+    return MigRecord(
+        gpu_uuid=spec.gpu.uuid,
+        profile_id=spec.profile.profile_id,
+        profile=spec.profile.name,
+        start=spec.placement.start,
+        size=spec.placement.size,
+    )
+
+
+def prepared_devices(record: ClaimRecord) -> list[PreparedDevice]:
+    """What the kubelet is told about a prepared claim."""
+    return [
+        PreparedDevice(
+            request_names=tuple(d.request_names),
+            pool_name=d.pool_name,
+            device_name=d.device_name,
+            cdi_device_ids=tuple(d.cdi_device_ids),
+            share_id=d.share_id,
+        )
+        for d in record.devices
+    ]
