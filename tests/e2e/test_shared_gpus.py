@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dra_driver.gpu.sharing.shares import consumed
+from dra_driver.gpu.sharing.shared_gpus import consumed
 from dra_driver.gpu.sharing.simulated import SIMULATED_STATE_FILE
 from dra_driver.simnode import GpuNode
 from tests.e2e.conftest import gone, raw, wait_until

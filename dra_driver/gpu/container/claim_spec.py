@@ -20,7 +20,7 @@ from dra_driver.cdi.spec import (
 from dra_driver.gpu.config import DeviceConfig, memory_bytes
 from dra_driver.gpu.container import devnodes
 from dra_driver.gpu.inventory import Gpu, MigDevice
-from dra_driver.gpu.sharing.shares import Share
+from dra_driver.gpu.sharing.shared_gpus import Share
 
 CDI_VENDOR = "k8s.gpu.dra.dev"
 CDI_CLASS = "claim"

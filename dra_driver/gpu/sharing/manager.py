@@ -26,7 +26,7 @@ from dra_driver.gpu.config import MpsConfig
 from dra_driver.gpu.container.claim_spec import AllocatedDevice
 from dra_driver.gpu.sharing import mps as mpsplan
 from dra_driver.gpu.sharing.backend import SharingBackend, SharingError
-from dra_driver.gpu.sharing.shares import Share, ShareError, check_fits, memory_in_use
+from dra_driver.gpu.sharing.shared_gpus import Share, ShareError, check_fits, memory_in_use
 from dra_driver.gpu.sharing.timeslicing import to_reset
 from dra_driver.gpu.state.checkpoint import ClaimRecord, DeviceRecord, MpsRecord
 

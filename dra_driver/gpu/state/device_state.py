@@ -30,7 +30,7 @@ from dra_driver.gpu.mig.backend import MigBackend, MigError
 from dra_driver.gpu.publish.catalog import build_catalog
 from dra_driver.gpu.sharing.backend import SharingBackend, SharingError
 from dra_driver.gpu.sharing.manager import SharingManager
-from dra_driver.gpu.sharing.shares import ShareError
+from dra_driver.gpu.sharing.shared_gpus import ShareError
 from dra_driver.gpu.state import checkpoint, recovery
 from dra_driver.gpu.state.carving import Carver
 from dra_driver.gpu.state.checkpoint import (

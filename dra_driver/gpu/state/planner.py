@@ -17,7 +17,7 @@ from dra_driver.gpu.mig.backend import overlaps
 from dra_driver.gpu.publish.catalog import Catalog
 from dra_driver.gpu.publish.partitions import PlacementSpec
 from dra_driver.gpu.sharing.manager import with_share
-from dra_driver.gpu.sharing.shares import share_of
+from dra_driver.gpu.sharing.shared_gpus import share_of
 from dra_driver.gpu.state.checkpoint import ClaimRecord, DeviceRecord, MigRecord
 from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare, PreparedDevice
 

@@ -14,10 +14,14 @@ from dra_driver.gpu.publish.publisher import MigPublishing
 from dra_driver.gpu.sharing.shared_gpus import (
     Selection,
     SelectionError,
+    Share,
+    ShareError,
+    check_fits,
+    consumed,
     parse_selection,
+    share_of,
     shared_uuids,
 )
-from dra_driver.gpu.sharing.shares import Share, ShareError, check_fits, consumed, share_of
 from dra_driver.gpu.sharing.simulated import SimulatedSharing
 from dra_driver.gpu.state.device_state import DeviceState
 from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare
