@@ -16,6 +16,7 @@ from dra_driver.cel.commands import EXPLAIN_CLAIM, MATCH
 from dra_driver.command import Command
 from dra_driver.gpu.discovery.base import DiscoveryError
 from dra_driver.gpu.discovery.factory import make_discovery
+from dra_driver.gpu.state.checkpoint import CheckpointTooNew
 from dra_driver.kube import KubeConfigError
 from dra_driver.settings import Settings, SettingsError, add_arguments, from_namespace
 
@@ -203,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = from_namespace(ns, command.fields)
         logs.configure(settings.log_format, settings.log_level)
         return command.run(settings, ns)
-    except (SettingsError, DiscoveryError, KubeConfigError) as exc:
+    except (SettingsError, DiscoveryError, KubeConfigError, CheckpointTooNew) as exc:
         print(f"dra-driver {ns.command}: error: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:

@@ -4,6 +4,17 @@ One JSON file in the plugin directory, written atomically, carrying a schema ver
 node's boot id and a checksum of its content. A claim is recorded as ``PrepareStarted`` before
 anything is written for it and ``PrepareCompleted`` once its CDI spec exists, so a restart can
 finish or undo whatever a crash interrupted.
+
+The file is ``{"checksum": ..., "data": {"version": N, ...}}``. The checksum is the SHA-256 of
+``data`` as stored (serialised with sorted keys and no whitespace), never of the model it is
+read into, so adding an optional field changes no checksum. Versions:
+
+- 1: unset optional fields were left out field by field, by hand-kept key lists.
+- 2: every unset optional field is left out. A version-1 file reads as version 2 unchanged.
+
+An older file is migrated step by step when read (:data:`MIGRATIONS`) and written back in the
+current version at the next save. A newer one (written by a newer agent, before a rollback) is
+never moved aside as corrupt: :class:`CheckpointTooNew` stops the agent with one line.
 """
 
 from __future__ import annotations
@@ -11,22 +22,16 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SerializerFunctionWrapHandler,
-    ValidationError,
-    model_serializer,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dra_driver.cdi.writer import write_atomic
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 
 
@@ -76,15 +81,6 @@ class MpsRecord(_Model):
     pinned_memory: dict[str, str] = Field(default_factory=dict, alias="pinnedMemory")
 
 
-def _omit_none(body: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
-    # Files written before a field existed lack its key; leaving it out when unset keeps their
-    # checksums (computed over the re-serialised body) valid.
-    for key in keys:
-        if body.get(key) is None:
-            body.pop(key, None)
-    return body
-
-
 class DeviceRecord(_Model):
     """One device prepared for a claim, with what was returned for it."""
 
@@ -101,10 +97,6 @@ class DeviceRecord(_Model):
     consumed_capacity: dict[str, str] | None = Field(default=None, alias="consumedCapacity")
     mps: MpsRecord | None = None
 
-    @model_serializer(mode="wrap")
-    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _omit_none(handler(self), ("mig", "timeslice", "consumedCapacity", "mps"))
-
 
 class ClaimRecord(_Model):
     """One claim's entry."""
@@ -115,10 +107,6 @@ class ClaimRecord(_Model):
     devices: list[DeviceRecord] = Field(default_factory=list)
     mps: MpsRecord | None = None  # the claim's own MPS control daemon (MPS config)
 
-    @model_serializer(mode="wrap")
-    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _omit_none(handler(self), ("mps",))
-
 
 class CheckpointData(_Model):
     """The checksummed body of the file."""
@@ -126,6 +114,26 @@ class CheckpointData(_Model):
     version: int = SCHEMA_VERSION
     boot_id: str = Field(alias="bootID")
     claims: dict[str, ClaimRecord] = Field(default_factory=dict)
+
+
+def _from_v1(data: dict[str, Any]) -> dict[str, Any]:
+    # Version 2 only stopped writing unset fields; what version 1 stored reads the same.
+    return {**data, "version": 2}
+
+
+#: Version N -> the step that turns a stored version-N body into a version-N+1 body.
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _from_v1}
+
+
+class CheckpointTooNew(Exception):
+    """The file was written by a newer agent; reading it could lose what that one recorded."""
+
+    def __init__(self, path: Path, version: int) -> None:
+        super().__init__(
+            f"checkpoint {path} has format version {version}, newer than this agent's "
+            f"{SCHEMA_VERSION}: run the newer agent, or move the file aside to start empty"
+        )
+        self.version = version
 
 
 class CorruptCheckpoint(Exception):
@@ -145,31 +153,37 @@ def read_boot_id(path: Path = BOOT_ID_PATH) -> str:
         return ""
 
 
-def _checksum(body: str) -> str:
+def _checksum(data: Any) -> str:
+    body = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(body.encode()).hexdigest()
 
 
-def _body(data: CheckpointData) -> str:
-    return json.dumps(
-        data.model_dump(mode="json", by_alias=True), sort_keys=True, separators=(",", ":")
-    )
-
-
 def save(path: Path, data: CheckpointData) -> None:
-    """Write the checkpoint atomically with its checksum."""
-    body = _body(data)
+    """Write the checkpoint atomically with its checksum, in the current version."""
+    body = data.model_dump(mode="json", by_alias=True, exclude_none=True)
+    body["version"] = SCHEMA_VERSION
     write_atomic(
-        path,
-        {"checksum": _checksum(body), "data": json.loads(body)},
-        fault="checkpoint.before-rename",
+        path, {"checksum": _checksum(body), "data": body}, fault="checkpoint.before-rename"
     )
+
+
+def migrate(body: dict[str, Any]) -> dict[str, Any]:
+    """A stored body of any known version as a body of the current one."""
+    version = body.get("version")
+    if not isinstance(version, int) or version < 1:
+        raise ValueError(f"schema version {version!r} is not a version")
+    while version < SCHEMA_VERSION:
+        body = MIGRATIONS[version](body)
+        version = body["version"]
+    return body
 
 
 def load(path: Path, boot_id: str) -> CheckpointData:
     """Read the checkpoint; a missing file is an empty one.
 
     Raises :class:`CorruptCheckpoint` after moving an unreadable file aside, so the agent
-    starts with an empty state instead of crash-looping on it.
+    starts with an empty state instead of crash-looping on it, and :class:`CheckpointTooNew`
+    (leaving the file alone) for a version this agent does not know.
     """
     try:
         raw = path.read_text()
@@ -177,12 +191,14 @@ def load(path: Path, boot_id: str) -> CheckpointData:
         return CheckpointData(boot_id=boot_id)
     try:
         envelope = json.loads(raw)
-        data = CheckpointData.model_validate(envelope["data"])
-        if data.version != SCHEMA_VERSION:
-            raise ValueError(f"schema version {data.version}, expected {SCHEMA_VERSION}")
-        if envelope.get("checksum") != _checksum(_body(data)):
+        body = envelope["data"]
+        version = body.get("version")
+        if isinstance(version, int) and version > SCHEMA_VERSION:
+            raise CheckpointTooNew(path, version)
+        if envelope.get("checksum") != _checksum(body):
             raise ValueError("checksum mismatch")
-    except (ValueError, KeyError, TypeError, ValidationError) as exc:
+        data = CheckpointData.model_validate(migrate(body))
+    except (ValueError, KeyError, TypeError, AttributeError, ValidationError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         moved = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
         path.replace(moved)

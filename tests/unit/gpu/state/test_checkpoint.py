@@ -1,0 +1,122 @@
+"""The checkpoint's format: versions, migrations, and a checksum of what is stored."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
+from dra_driver.gpu.state import checkpoint
+from dra_driver.gpu.state.checkpoint import CheckpointTooNew, ClaimState, CorruptCheckpoint
+from dra_driver.gpu.state.device_state import DeviceState
+
+#: Written by checkpoint.save of the version-1 code; never regenerate it.
+V1 = Path(__file__).parents[3] / "data" / "checkpoint" / "v1.json"
+BOOT = "0d6c2f3a-boot"
+
+
+def _copy(tmp_path: Path) -> Path:
+    path = tmp_path / "checkpoint.json"
+    shutil.copy(V1, path)
+    return path
+
+
+def _write(path: Path, body: dict[str, Any]) -> None:
+    checksum = checkpoint._checksum(body)  # the stored body, as a newer agent would write it
+    path.write_text(json.dumps({"checksum": checksum, "data": body}, indent=2))
+
+
+def test_version_1_file_is_read_and_upgraded(tmp_path: Path) -> None:
+    path = _copy(tmp_path)
+    assert json.loads(path.read_text())["data"]["version"] == 1
+    data = checkpoint.load(path, BOOT)
+    assert data.version == checkpoint.SCHEMA_VERSION == 2
+    assert data.boot_id == BOOT
+    assert sorted(data.claims) == [
+        "uid-mig",
+        "uid-mps",
+        "uid-share",
+        "uid-started",
+        "uid-ts",
+        "uid-whole",
+    ]
+    mig = data.claims["uid-mig"]
+    assert mig.state is ClaimState.UNPREPARE_STARTED
+    assert mig.devices[0].mig is not None and mig.devices[0].mig.gpu_instance_id == 13
+    mps = data.claims["uid-mps"].mps
+    assert mps is not None and mps.active_thread_percentage == 50
+    assert mps.pinned_memory == {"0": "10240M"}
+    share = data.claims["uid-share"].devices[0]
+    assert share.consumed_capacity == {"memory": "4294967296", "compute": "25"}
+    assert share.mps is not None and share.mps.daemon == "gpu-3"
+    assert data.claims["uid-ts"].devices[0].timeslice == "Long"
+    assert data.claims["uid-started"].state is ClaimState.PREPARE_STARTED
+
+    checkpoint.save(path, data)
+    stored = json.loads(path.read_text())["data"]
+    assert stored["version"] == 2
+    assert "null" not in path.read_text()  # unset fields are left out, all of them
+    assert checkpoint.load(path, BOOT) == data
+
+
+def test_checksum_is_over_the_stored_body_not_the_model(tmp_path: Path) -> None:
+    # An optional field stored explicitly as null (the model would leave it out) still checks.
+    body = json.loads(V1.read_text())["data"]
+    body["claims"]["uid-whole"]["devices"][0]["timeslice"] = None
+    body["version"] = 2
+    path = tmp_path / "checkpoint.json"
+    _write(path, body)
+    assert checkpoint.load(path, BOOT).claims["uid-whole"].devices[0].timeslice is None
+
+
+def test_a_changed_body_is_corrupt_and_moved_aside(tmp_path: Path) -> None:
+    path = _copy(tmp_path)
+    path.write_text(path.read_text().replace('"Long"', '"Short"'))
+    with pytest.raises(CorruptCheckpoint, match="checksum mismatch"):
+        checkpoint.load(path, BOOT)
+    assert not path.exists()
+
+
+def test_a_newer_version_is_refused_and_left_in_place(tmp_path: Path) -> None:
+    body = json.loads(V1.read_text())["data"]
+    body["version"] = 3
+    path = tmp_path / "plugin" / "checkpoint.json"
+    path.parent.mkdir()
+    _write(path, body)
+    before = path.read_text()
+    with pytest.raises(CheckpointTooNew, match="format version 3, newer than this agent's 2"):
+        DeviceState(
+            inventory=SimulatedDiscovery("l4x4", "node-a").discover(),
+            driver_name="gpu.dra.dev",
+            node_name="node-a",
+            cdi_root=tmp_path / "cdi",
+            state_dir=path.parent,
+            boot_id=BOOT,
+        )
+    assert path.read_text() == before
+    assert [p.name for p in path.parent.iterdir()] == ["checkpoint.json"]
+
+
+def test_migrations_run_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def to_v3(body: dict[str, Any]) -> dict[str, Any]:
+        return {**body, "version": 3, "bootID": body["bootID"] + "-v3"}
+
+    monkeypatch.setattr(checkpoint, "SCHEMA_VERSION", 3)
+    monkeypatch.setitem(checkpoint.MIGRATIONS, 2, to_v3)
+    data = checkpoint.load(_copy(tmp_path), BOOT)
+    assert data.version == 3
+    assert data.boot_id == BOOT + "-v3"
+
+
+@pytest.mark.parametrize("version", [0, "1", None])
+def test_a_version_that_is_not_one_is_corrupt(tmp_path: Path, version: object) -> None:
+    body = json.loads(V1.read_text())["data"]
+    body["version"] = version
+    path = tmp_path / "checkpoint.json"
+    _write(path, body)
+    with pytest.raises(CorruptCheckpoint, match="is not a version"):
+        checkpoint.load(path, BOOT)
