@@ -1,4 +1,8 @@
-"""The node's prepared claims: prepare, unprepare, the checkpoint and the CDI specs.
+"""The node's prepared claims: the prepare and unprepare transactions.
+
+Planning and conflict checks are pure (:mod:`.planner`); around them this module keeps the
+checkpoint (:mod:`.checkpoint`) and takes the steps in order: MIG devices (:mod:`.carving`),
+sharing (:mod:`dra_driver.gpu.sharing.manager`), the CDI spec. Start-up is :mod:`.recovery`.
 
 All methods block (fsync) and are meant to run in a worker thread. Calls are serialised by the
 kubelet plugin's node-wide lock; the internal lock only guards against misuse.
