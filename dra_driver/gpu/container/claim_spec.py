@@ -7,7 +7,6 @@ One spec per claim, kind ``k8s.gpu.dra.dev/claim``, one CDI device per allocated
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from dra_driver.cdi.spec import (
     NO_EDITS,
@@ -17,10 +16,9 @@ from dra_driver.cdi.spec import (
     Spec,
     qualified_name,
 )
-from dra_driver.gpu.config import DeviceConfig, memory_bytes
+from dra_driver.gpu.allocation import AllocatedDevice
+from dra_driver.gpu.config import memory_bytes
 from dra_driver.gpu.container import devnodes
-from dra_driver.gpu.inventory import Gpu, MigDevice
-from dra_driver.gpu.sharing.shared_gpus import Share
 
 CDI_VENDOR = "k8s.gpu.dra.dev"
 CDI_CLASS = "claim"
@@ -35,28 +33,6 @@ MPS_SHM_IN_CONTAINER = "/dev/shm"
 # has 15 GPU instances with one access minor each followed by 8 compute-instance minors.
 _GIS_PER_GPU = 15
 _CIS_PER_GI = 8
-
-
-@dataclass(frozen=True)
-class AllocatedDevice:
-    """One allocated device of a claim, resolved against the inventory."""
-
-    requests: tuple[str, ...]
-    device_name: str
-    gpu: Gpu
-    mig: MigDevice | None = None
-    config: DeviceConfig | None = None
-    share: Share | None = None  # a share of a shared GPU (several claims on one GPU)
-
-    @property
-    def uuid(self) -> str:
-        """The UUID CUDA sees: the MIG device's, or the GPU's."""
-        return self.mig.uuid if self.mig else self.gpu.uuid
-
-    @property
-    def type(self) -> str:
-        """``gpu`` or ``mig``."""
-        return "mig" if self.mig else "gpu"
 
 
 def cdi_device_name(claim_uid: str, device_name: str, share_id: str | None = None) -> str:

@@ -1,7 +1,8 @@
 """Sharing steps of prepare and unprepare: what to record, then what to apply or undo.
 
 :class:`DeviceState` calls this in three places. Before the checkpoint records a claim as
-PrepareStarted, :meth:`SharingManager.annotate` writes into the claim's records everything the
+PrepareStarted, :meth:`SharingManager.annotate` has every strategy of
+:data:`~dra_driver.gpu.sharing.registry.STRATEGIES` write into the claim's record what the
 hardware steps will do (time-slice, MPS daemons with their directories and limits), so a crash
 at any later point leaves enough to undo them. After the claim's MIG devices exist,
 :meth:`~SharingManager.apply` takes the steps. At unprepare and at start-up,
@@ -14,7 +15,6 @@ no hardware step is taken.
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -22,33 +22,29 @@ from pathlib import Path
 import structlog
 
 from dra_driver import faults
-from dra_driver.gpu.config import MpsConfig
-from dra_driver.gpu.container.claim_spec import AllocatedDevice
+from dra_driver.gpu.allocation import AllocatedDevice
 from dra_driver.gpu.sharing import mps as mpsplan
 from dra_driver.gpu.sharing.backend import SharingBackend, SharingError
-from dra_driver.gpu.sharing.shared_gpus import Share, ShareError, check_fits, memory_in_use
-from dra_driver.gpu.sharing.timeslicing import to_reset
-from dra_driver.gpu.state.checkpoint import ClaimRecord, DeviceRecord, MpsRecord
+from dra_driver.gpu.sharing.registry import STRATEGIES
+from dra_driver.gpu.sharing.shared_gpus import ShareError
+from dra_driver.gpu.sharing.strategy import Strategy
+from dra_driver.gpu.state.checkpoint import ClaimRecord, MpsRecord
 
 log = structlog.get_logger(__name__)
-
-
-def _strategy(device: AllocatedDevice) -> str | None:
-    sharing = device.config.sharing if device.config else None
-    return sharing.strategy if sharing else None
-
-
-def _mps_config(device: AllocatedDevice) -> MpsConfig | None:
-    sharing = device.config.sharing if device.config else None
-    return sharing.mps_config if sharing else None
 
 
 class SharingManager:
     """Records, applies and undoes the sharing of the node's prepared claims."""
 
-    def __init__(self, backend: SharingBackend | None, mps_root: Path) -> None:
+    def __init__(
+        self,
+        backend: SharingBackend | None,
+        mps_root: Path,
+        strategies: Sequence[Strategy] = STRATEGIES,
+    ) -> None:
         self.backend = backend
         self.mps_root = mps_root
+        self.strategies = tuple(strategies)
 
     # --- before the checkpoint -----------------------------------------------------------
 
@@ -58,28 +54,12 @@ class SharingManager:
         devices: Sequence[AllocatedDevice],
         prepared: Iterable[ClaimRecord],
     ) -> None:
-        """Refuse what cannot work: sharing settings on a share, a claim needing two MPS
-        daemons, or shares beyond a GPU's memory (``prepared``: the other claims)."""
+        """Refuse what a strategy cannot serve, or a claim needing two MPS daemons
+        (``prepared``: the other claims)."""
         prepared = list(prepared)
-        daemons: set[str] = set()
-        added: dict[str, int] = {}
-        for device in devices:
-            if device.share is not None:
-                if _strategy(device) is not None:
-                    raise ShareError(
-                        f"claim {claim}: device {device.device_name} is a share of a shared GPU, "
-                        f"which MPS already shares; remove the {_strategy(device)} config"
-                    )
-                daemons.add(mpsplan.gpu_daemon_id(device.gpu.minor))
-                uuid = device.gpu.uuid
-                in_use = memory_in_use(prepared, uuid) + added.get(uuid, 0)
-                try:
-                    check_fits(device.share, in_use, device.gpu.memory_bytes, gpu=uuid)
-                except ShareError as exc:
-                    raise ShareError(f"claim {claim}: device {device.device_name}: {exc}") from None
-                added[uuid] = added.get(uuid, 0) + device.share.memory_bytes
-            elif _strategy(device) == "MPS":
-                daemons.add("claim")
+        for strategy in self.strategies:
+            strategy.check(claim, devices, prepared)
+        daemons = set().union(*(s.daemons(devices) for s in self.strategies))
         if len(daemons) > 1:
             raise ShareError(
                 f"claim {claim}: its devices would need {len(daemons)} MPS control daemons (shares "
@@ -88,41 +68,11 @@ class SharingManager:
             )
 
     def annotate(
-        self, claim_uid: str, devices: Sequence[AllocatedDevice], records: Sequence[DeviceRecord]
-    ) -> MpsRecord | None:
-        """Fill the records with the steps to take; returns the claim's own daemon, if any."""
-        own: list[tuple[str, MpsConfig | None]] = []
-        for device, rec in zip(devices, records, strict=True):
-            if rec.sharing == "admin":
-                continue
-            if device.share is not None:
-                rec.consumed_capacity = {
-                    "memory": str(device.share.memory_bytes),
-                    **(
-                        {"compute": str(device.share.compute_percent)}
-                        if device.share.compute_percent is not None
-                        else {}
-                    ),
-                }
-                daemon = mpsplan.daemon_for(
-                    self.mps_root, mpsplan.gpu_daemon_id(device.gpu.minor), [device.gpu.uuid]
-                )
-                rec.mps = mpsplan.to_record(daemon)
-            elif _strategy(device) == "TimeSlicing" and device.type == "gpu":
-                sharing = device.config.sharing if device.config else None
-                slicing = getattr(sharing, "time_slicing_config", None)
-                rec.timeslice = slicing.interval if slicing else "Default"
-            elif _strategy(device) == "MPS":
-                own.append((rec.uuid, _mps_config(device)))
-        if not own:
-            return None
-        daemon = mpsplan.daemon_for(
-            self.mps_root,
-            mpsplan.claim_daemon_id(claim_uid),
-            [uuid for uuid, _ in own if uuid],
-            mpsplan.config_limits(own),
-        )
-        return mpsplan.to_record(daemon)
+        self, claim_uid: str, devices: Sequence[AllocatedDevice], record: ClaimRecord
+    ) -> None:
+        """Fill the claim's record with the steps to take."""
+        for strategy in self.strategies:
+            strategy.annotate(claim_uid, devices, record, self.mps_root)
 
     # --- prepare --------------------------------------------------------------------------
 
@@ -131,11 +81,9 @@ class SharingManager:
 
         ``record`` already has the UUIDs of MIG devices created for the claim.
         """
-        for rec in record.devices:
-            if rec.timeslice is not None and self.backend is not None:
-                self.backend.set_timeslice(rec.uuid, rec.timeslice)
-                faults.point("prepare.timeslice-set")
-                log.info("time-slice applied", claim=claim, uuid=rec.uuid, interval=rec.timeslice)
+        if self.backend is not None:
+            for strategy in self.strategies:
+                strategy.apply(claim, record, self.backend)
         if record.mps is not None:
             # MIG devices created on demand get their UUIDs only now.
             record.mps.uuids = [d.uuid for d in record.devices if d.sharing == "MPS" and d.uuid]
@@ -174,12 +122,8 @@ class SharingManager:
             except SharingError as exc:
                 errors.append(str(exc))
         if self.backend is not None:
-            for uuid in to_reset(released, remaining):
-                try:
-                    self.backend.reset_timeslice(uuid)
-                    log.info("time-slice reset", uuid=uuid)
-                except SharingError as exc:
-                    errors.append(str(exc))
+            for strategy in reversed(self.strategies):
+                errors += strategy.release(released, remaining, self.backend)
         if errors:
             raise SharingError(errors[0])
 
@@ -210,8 +154,3 @@ class SharingManager:
         """The MPS pipe and shm directories the claim's containers get, if it uses MPS."""
         daemon = record.mps or next((d.mps for d in record.devices if d.mps), None)
         return (daemon.pipe_dir, daemon.shm_dir) if daemon else None
-
-
-def with_share(device: AllocatedDevice, share: Share | None) -> AllocatedDevice:
-    """``device`` as a share of its GPU."""
-    return dataclasses.replace(device, share=share)

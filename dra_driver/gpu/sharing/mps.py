@@ -1,4 +1,4 @@
-"""MPS decisions (pure): which control daemon a claim uses, where it lives, what it limits.
+"""MPS: which control daemon a claim uses, where it lives, what it limits.
 
 Two kinds of daemon:
 
@@ -17,8 +17,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from dra_driver.gpu.allocation import AllocatedDevice
 from dra_driver.gpu.config import MpsConfig, memory_bytes
 from dra_driver.gpu.sharing.backend import MpsDaemon, MpsLimits
+from dra_driver.gpu.sharing.strategy import Strategy, sharable
 from dra_driver.gpu.state.checkpoint import ClaimRecord, MpsRecord
 
 MIB = 2**20
@@ -127,3 +129,34 @@ def daemons_to_stop(
     """Daemons the released claims used that no remaining claim uses (the refcount at zero)."""
     kept = daemons_in_use(remaining)
     return [rec for daemon, rec in sorted(daemons_in_use(released).items()) if daemon not in kept]
+
+
+def _mps_config(device: AllocatedDevice) -> MpsConfig | None:
+    sharing = device.config.sharing if device.config else None
+    return sharing.mps_config if sharing else None
+
+
+class Mps(Strategy):
+    """``strategy: MPS``: the claim's own control daemon, serving the devices configured so."""
+
+    def daemons(self, devices: Sequence[AllocatedDevice]) -> set[str]:
+        """The claim's own daemon, if a device asks for MPS."""
+        return {"claim"} if any(d.share is None and d.strategy == "MPS" for d in devices) else set()
+
+    def annotate(
+        self,
+        claim_uid: str,
+        devices: Sequence[AllocatedDevice],
+        record: ClaimRecord,
+        mps_root: Path,
+    ) -> None:
+        """Record the claim's daemon with the limits of its devices' MPS configs."""
+        own = [
+            (rec.uuid, _mps_config(device))
+            for device, rec in sharable(devices, record)
+            if device.share is None and device.strategy == "MPS"
+        ]
+        if own:
+            uuids = [uuid for uuid, _ in own if uuid]
+            daemon = daemon_for(mps_root, claim_daemon_id(claim_uid), uuids, config_limits(own))
+            record.mps = to_record(daemon)

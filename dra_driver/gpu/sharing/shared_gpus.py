@@ -36,13 +36,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from dra_driver.cel.errors import EvalError
 from dra_driver.cel.quantity import NANOS, parse_quantity
+from dra_driver.gpu.allocation import AllocatedDevice, Share
 from dra_driver.gpu.inventory import Gpu, Inventory
+from dra_driver.gpu.sharing.mps import daemon_for, gpu_daemon_id, to_record
+from dra_driver.gpu.sharing.strategy import Strategy, sharable
 from dra_driver.gpu.state.checkpoint import ClaimRecord
 
 JSON = dict[str, Any]
@@ -153,20 +157,6 @@ class ShareError(ValueError):
     """A share cannot be prepared; the message says why."""
 
 
-@dataclass(frozen=True)
-class Share:
-    """One claim's share of a shared GPU."""
-
-    share_id: str
-    memory_bytes: int
-    compute_percent: int | None = None  # None or 0: no compute limit
-
-    @property
-    def thread_percentage(self) -> int | None:
-        """``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` for the share's clients, if limited."""
-        return self.compute_percent or None
-
-
 def _whole(text: str, name: str) -> int:
     try:
         nanos = parse_quantity(str(text)).nanos
@@ -218,3 +208,55 @@ def check_fits(share: Share, in_use: int, gpu_memory: int, *, gpu: str) -> None:
             f"but prepared shares already hold {in_use / gib:.1f} GiB of its "
             f"{gpu_memory / gib:.1f} GiB (the allocation is stale or over-committed)"
         )
+
+
+class SharedGpus(Strategy):
+    """Shares of shared GPUs: one MPS daemon per GPU, each share limited by what it was given."""
+
+    def check(
+        self, claim: str, devices: Sequence[AllocatedDevice], prepared: Sequence[ClaimRecord]
+    ) -> None:
+        """Refuse sharing settings on a share (MPS already shares it) and shares beyond a
+        GPU's memory."""
+        added: dict[str, int] = {}
+        for device in devices:
+            if device.share is None:
+                continue
+            if device.strategy is not None:
+                raise ShareError(
+                    f"claim {claim}: device {device.device_name} is a share of a shared GPU, "
+                    f"which MPS already shares; remove the {device.strategy} config"
+                )
+            uuid = device.gpu.uuid
+            in_use = memory_in_use(prepared, uuid) + added.get(uuid, 0)
+            try:
+                check_fits(device.share, in_use, device.gpu.memory_bytes, gpu=uuid)
+            except ShareError as exc:
+                raise ShareError(f"claim {claim}: device {device.device_name}: {exc}") from None
+            added[uuid] = added.get(uuid, 0) + device.share.memory_bytes
+
+    def daemons(self, devices: Sequence[AllocatedDevice]) -> set[str]:
+        """The daemons of the GPUs the claim holds shares of."""
+        return {gpu_daemon_id(d.gpu.minor) for d in devices if d.share is not None}
+
+    def annotate(
+        self,
+        claim_uid: str,
+        devices: Sequence[AllocatedDevice],
+        record: ClaimRecord,
+        mps_root: Path,
+    ) -> None:
+        """Record each share's consumed capacity and its GPU's daemon."""
+        for device, rec in sharable(devices, record):
+            if device.share is None:
+                continue
+            rec.consumed_capacity = {
+                MEMORY: str(device.share.memory_bytes),
+                **(
+                    {COMPUTE: str(device.share.compute_percent)}
+                    if device.share.compute_percent is not None
+                    else {}
+                ),
+            }
+            daemon = daemon_for(mps_root, gpu_daemon_id(device.gpu.minor), [device.gpu.uuid])
+            rec.mps = to_record(daemon)

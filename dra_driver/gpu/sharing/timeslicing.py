@@ -1,4 +1,4 @@
-"""Time-slicing decisions (pure): what to set at prepare and what to reset at unprepare.
+"""Time-slicing: what to set at prepare and what to reset at unprepare.
 
 The interval is a GPU-wide compute policy (``nvidia-smi compute-policy --set-timeslice``), so
 it is set on whole GPUs only. A MIG device has no interval of its own: processes on one MIG
@@ -9,9 +9,18 @@ time-slicing is therefore prepared without a hardware step (the driver logs it).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 
+import structlog
+
+from dra_driver import faults
+from dra_driver.gpu.allocation import AllocatedDevice
+from dra_driver.gpu.sharing.backend import SharingBackend, SharingError
+from dra_driver.gpu.sharing.strategy import Strategy, sharable
 from dra_driver.gpu.state.checkpoint import ClaimRecord
+
+log = structlog.get_logger(__name__)
 
 #: ``nvidia-smi compute-policy --set-timeslice`` values.
 TIMESLICE_VALUES: Mapping[str, int] = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
@@ -41,3 +50,45 @@ def to_reset(released: Iterable[ClaimRecord], remaining: Iterable[ClaimRecord]) 
     """GPUs the released claims time-sliced that no remaining claim still time-slices."""
     still = timesliced(remaining)
     return sorted(uuid for uuid in timesliced(released) if uuid not in still)
+
+
+class TimeSlicing(Strategy):
+    """``strategy: TimeSlicing``: the GPU's time-slice interval, for whole GPUs only."""
+
+    def annotate(
+        self,
+        claim_uid: str,
+        devices: Sequence[AllocatedDevice],
+        record: ClaimRecord,
+        mps_root: Path,
+    ) -> None:
+        """Record the interval to set on each whole GPU configured for time-slicing."""
+        for device, rec in sharable(devices, record):
+            if device.share is None and device.strategy == "TimeSlicing" and device.type == "gpu":
+                sharing = device.config.sharing if device.config else None
+                slicing = getattr(sharing, "time_slicing_config", None)
+                rec.timeslice = slicing.interval if slicing else "Default"
+
+    def apply(self, claim: str, record: ClaimRecord, backend: SharingBackend) -> None:
+        """Set the recorded intervals."""
+        for rec in record.devices:
+            if rec.timeslice is not None:
+                backend.set_timeslice(rec.uuid, rec.timeslice)
+                faults.point("prepare.timeslice-set")
+                log.info("time-slice applied", claim=claim, uuid=rec.uuid, interval=rec.timeslice)
+
+    def release(
+        self,
+        released: Sequence[ClaimRecord],
+        remaining: Sequence[ClaimRecord],
+        backend: SharingBackend,
+    ) -> list[str]:
+        """Reset the GPUs only the released claims time-sliced."""
+        errors: list[str] = []
+        for uuid in to_reset(released, remaining):
+            try:
+                backend.reset_timeslice(uuid)
+                log.info("time-slice reset", uuid=uuid)
+            except SharingError as exc:
+                errors.append(str(exc))
+        return errors

@@ -179,8 +179,14 @@ class DeviceState:
                     continue
                 try:
                     plan = plan_claim(claim, self._catalog, self.driver_name)
-                    records = device_records(plan, self.node_name)
-                    own_mps = self._sharing.annotate(uid, plan.devices, records)
+                    record = ClaimRecord(
+                        state=ClaimState.PREPARE_STARTED,
+                        namespace=claim.ref.namespace,
+                        name=claim.ref.name,
+                        devices=device_records(plan, self.node_name),
+                    )
+                    records = record.devices
+                    self._sharing.annotate(uid, plan.devices, record)
                     check_free(claim.ref, records, held, shared, self._data.claims)
                     if self._carver.enabled:
                         check_gpu_free(claim.ref, records, others, self._catalog, self._data.claims)
@@ -215,13 +221,7 @@ class DeviceState:
                 held.update({r.device_name: uid for r in records if r.sharing != "admin"})
                 shared.update(r.device_name for r in records if is_share(r))
                 others += [(uid, r) for r in records]
-                self._data.claims[uid] = ClaimRecord(
-                    state=ClaimState.PREPARE_STARTED,
-                    namespace=claim.ref.namespace,
-                    name=claim.ref.name,
-                    devices=records,
-                    mps=own_mps,
-                )
+                self._data.claims[uid] = record
                 plans.append(plan)
             if plans:
                 checkpoint.save(self._path, self._data)

@@ -10,13 +10,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dra_driver.gpu.allocation import AllocatedDevice, with_share
 from dra_driver.gpu.config import parse_allocation_config, resolve_config
-from dra_driver.gpu.container.claim_spec import AllocatedDevice, cdi_device_id
+from dra_driver.gpu.container.claim_spec import cdi_device_id
 from dra_driver.gpu.inventory import Placement
 from dra_driver.gpu.mig.backend import overlaps
 from dra_driver.gpu.publish.catalog import Catalog
 from dra_driver.gpu.publish.partitions import PlacementSpec
-from dra_driver.gpu.sharing.manager import with_share
 from dra_driver.gpu.sharing.shared_gpus import share_of
 from dra_driver.gpu.state.checkpoint import ClaimRecord, DeviceRecord, MigRecord
 from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare, PreparedDevice
