@@ -18,9 +18,9 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedTok
 
 from dra_driver.cel.compiler import Ast, Compiler, Eval, Node
 from dra_driver.cel.errors import CompileError, EvalError
-from dra_driver.cel.quantity import parse_quantity
 from dra_driver.cel.semver import parse_semver
 from dra_driver.cel.types import type_name
+from dra_driver.quantity import QuantityError, parse_quantity
 
 VARIABLES = {"device": "device"}
 OBJECTS = {
@@ -162,7 +162,10 @@ def device_variables(device: Mapping[str, Any], driver: str) -> dict[str, Any]:
     capacity = DomainMap()
     for name, entry in (device.get("capacity") or {}).items():
         domain, key = split_name(name, driver)
-        capacity.setdefault(domain, {})[key] = parse_quantity(str(entry["value"]))
+        try:
+            capacity.setdefault(domain, {})[key] = parse_quantity(str(entry["value"]))
+        except QuantityError as exc:
+            raise EvalError(str(exc)) from None
     return {
         "device": {
             "driver": driver,

@@ -17,8 +17,8 @@ from lark import Token, Tree
 from dra_driver.cel.compiler import Ast, Node
 from dra_driver.cel.environment import Program
 from dra_driver.cel.errors import EvalError, NoSuchKey
-from dra_driver.cel.quantity import Quantity
 from dra_driver.cel.values import format_value
+from dra_driver.quantity import Quantity
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from dra_driver.cel.errors import NoSuchOverload
-from dra_driver.cel.quantity import Quantity, int_quantity, is_quantity, parse_quantity
+from dra_driver.cel.errors import EvalError, NoSuchOverload
 from dra_driver.cel.regex import find, find_all
 from dra_driver.cel.semver import Semver, is_semver, parse_semver
+from dra_driver.quantity import Quantity, QuantityError, int_quantity, is_quantity, parse_quantity
 
 Function = Callable[..., Any]
 
@@ -17,7 +17,10 @@ def quantity(text: Any) -> Quantity:
     """``quantity("1Gi")``."""
     if type(text) is not str:
         raise NoSuchOverload("quantity", text)
-    return parse_quantity(text)
+    try:
+        return parse_quantity(text)
+    except QuantityError as exc:
+        raise EvalError(str(exc)) from None
 
 
 def is_quantity_(text: Any) -> bool:
@@ -103,7 +106,10 @@ def is_integer(q: Any) -> bool:
 
 def as_integer(q: Any) -> int:
     """The value as int, or an error."""
-    return _quantity("asInteger", q).as_integer()
+    try:
+        return _quantity("asInteger", q).as_integer()
+    except QuantityError as exc:
+        raise EvalError(str(exc)) from None
 
 
 def as_approximate_float(q: Any) -> float:

@@ -10,7 +10,7 @@ bytes      bytes
 null       None
 list       list / tuple
 map        dict
-quantity   :class:`dra_driver.cel.quantity.Quantity`
+quantity   :class:`dra_driver.quantity.Quantity`
 semver     :class:`dra_driver.cel.semver.Semver`
 
 Plain values keep evaluation fast; the helpers below add CEL's rules where Python's differ

@@ -80,7 +80,7 @@ def check_device(device: dict[str, Any]) -> list[str]:
 
 def _int(text: str) -> int:
     """A whole-number quantity as an int (the shapes a driver publishes)."""
-    from dra_driver.cel.quantity import NANOS, parse_quantity
+    from dra_driver.quantity import NANOS, parse_quantity
 
     nanos = parse_quantity(text).nanos
     assert nanos % NANOS == 0, text

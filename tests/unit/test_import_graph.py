@@ -109,3 +109,21 @@ def test_framework_never_imports_the_gpu_driver(framework: str) -> None:
         if target.startswith(f"{PACKAGE}.gpu")
     )
     assert leaks == []
+
+
+def _closure(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo.extend(graph.get(module, ()))
+    return seen
+
+
+def test_the_agent_does_not_load_the_cel_stack() -> None:
+    # The node agent parses quantities (shares of shared GPUs) but never evaluates CEL.
+    loaded = _closure(import_graph(), f"{PACKAGE}.agent")
+    assert f"{PACKAGE}.gpu.state.device_state" in loaded
+    assert sorted(m for m in loaded if m.startswith(f"{PACKAGE}.cel")) == []

@@ -41,13 +41,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dra_driver.cel.errors import EvalError
-from dra_driver.cel.quantity import NANOS, parse_quantity
 from dra_driver.gpu.allocation import AllocatedDevice, Share
 from dra_driver.gpu.inventory import Gpu, Inventory
 from dra_driver.gpu.sharing.mps import daemon_for, gpu_daemon_id, to_record
 from dra_driver.gpu.sharing.strategy import Strategy, sharable
 from dra_driver.gpu.state.checkpoint import ClaimRecord
+from dra_driver.quantity import NANOS, QuantityError, parse_quantity
 
 JSON = dict[str, Any]
 GIB = 2**30
@@ -160,7 +159,7 @@ class ShareError(ValueError):
 def _whole(text: str, name: str) -> int:
     try:
         nanos = parse_quantity(str(text)).nanos
-    except EvalError as exc:
+    except QuantityError as exc:
         raise ShareError(f"consumed capacity {name}={text!r} is not a quantity: {exc}") from None
     if nanos < 0:
         raise ShareError(f"consumed capacity {name}={text!r} is negative")

@@ -12,7 +12,10 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Final
 
-from dra_driver.cel.errors import EvalError
+
+class QuantityError(ValueError):
+    """Text that is not a quantity, or a quantity that is not what was asked (an integer)."""
+
 
 NANOS: Final = 10**9
 _INT64_MAX: Final = 2**63 - 1
@@ -59,7 +62,7 @@ class Quantity:
     def as_integer(self) -> int:
         """The value as int64, or an error when it has a fraction or does not fit."""
         if not self.is_integer():
-            raise EvalError("cannot convert value to integer")
+            raise QuantityError("cannot convert value to integer")
         return self.nanos // NANOS
 
     def as_float(self) -> float:
@@ -97,7 +100,7 @@ def _format(nanos: int) -> str:
 
 @lru_cache(maxsize=4096)
 def parse_quantity(text: str) -> Quantity:
-    """Parse ``text`` like ``resource.ParseQuantity``; :class:`EvalError` if it is not one.
+    """Parse ``text`` like ``resource.ParseQuantity``; :class:`QuantityError` if it is not one.
 
     Cached: devices of one product publish the same capacity strings, and quantities are
     immutable.
@@ -106,14 +109,14 @@ def parse_quantity(text: str) -> Quantity:
         return Quantity(int(text) * NANOS, text)  # the common case: a plain byte count
     match = _SYNTAX.fullmatch(text)
     if not text or match is None:
-        raise EvalError(
+        raise QuantityError(
             f"quantities must match the regular expression "
             f"'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$': {text!r}"
         )
     sign, whole, fraction, suffix = match.groups()
     fraction = fraction or ""
     if not whole and not fraction:
-        raise EvalError(f"unable to parse quantity's numeric part: {text!r}")
+        raise QuantityError(f"unable to parse quantity's numeric part: {text!r}")
     value = Fraction(int(whole + fraction or "0"), 10 ** len(fraction))
     binary = False
     if suffix in _DECIMAL:
@@ -124,10 +127,10 @@ def parse_quantity(text: str) -> Quantity:
     elif exp := _EXPONENT.fullmatch(suffix):
         power = int(exp.group(1))
         if not -(2**31) <= power < 2**31:
-            raise EvalError(f"unable to parse quantity's suffix: {text!r}")
+            raise QuantityError(f"unable to parse quantity's suffix: {text!r}")
         value *= Fraction(10) ** power
     else:
-        raise EvalError(f"unable to parse quantity's suffix: {text!r}")
+        raise QuantityError(f"unable to parse quantity's suffix: {text!r}")
     # Round up (away from zero) to whole nano-units, as the API server does.
     scaled = value * NANOS
     nanos = -(-scaled.numerator // scaled.denominator)
@@ -140,7 +143,7 @@ def is_quantity(text: str) -> bool:
     """Whether ``text`` parses as a quantity."""
     try:
         parse_quantity(text)
-    except EvalError:
+    except QuantityError:
         return False
     return True
 

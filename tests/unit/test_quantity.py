@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dra_driver.cel.errors import EvalError
-from dra_driver.cel.quantity import NANOS, parse_quantity
+from dra_driver.quantity import NANOS, QuantityError, parse_quantity
 
 
 @pytest.mark.parametrize(
@@ -52,7 +51,7 @@ def test_parse(text: str, value: Fraction | int) -> None:
     "text", ["", "1GB", "1K", "Gi", "1.2.3", "1 Gi", "e3", "1e", "abc", "1Gi1"]
 )
 def test_reject(text: str) -> None:
-    with pytest.raises(EvalError):
+    with pytest.raises(QuantityError):
         parse_quantity(text)
 
 
