@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dra_driver import resourceapi
 from dra_driver.command import Command
 from dra_driver.settings import Settings
 
@@ -83,9 +84,13 @@ async def _cluster_inputs(settings: Settings, ns: argparse.Namespace) -> dict[st
             out["class"] = await live.get_class(client, ns.device_class)
         if ns.claim and not _is_file(ns.claim):
             out["claim"] = await live.get_claim(client, ns.claim)
-        out["classes"] = await live.list_all(client, f"{live.API}/deviceclasses", "DeviceClass")
+        out["classes"] = await live.list_all(
+            client, resourceapi.path(resourceapi.DEVICE_CLASSES), "DeviceClass"
+        )
         if ns.live and not ns.slices and not settings.profile:
-            slices = await live.list_all(client, f"{live.API}/resourceslices", "ResourceSlice")
+            slices = await live.list_all(
+                client, resourceapi.path(resourceapi.RESOURCE_SLICES), "ResourceSlice"
+            )
             out["devices"] = slice_devices(slices)
         return out
     except live.LiveError as exc:

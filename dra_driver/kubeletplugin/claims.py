@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import json
 from typing import Protocol
-from urllib.parse import quote
 
+from dra_driver import resourceapi
 from dra_driver.kube import KubeClient
 from dra_driver.kubeletplugin.interfaces import JSON, ClaimRef, ClaimToPrepare
-
-CLAIMS_API = "/apis/resource.k8s.io/v1"
 
 #: A claim read takes well under a second; the kubelet's own deadline (45 s) bounds the rest.
 DEFAULT_FETCH_TIMEOUT = 10.0
@@ -47,8 +45,7 @@ class KubeClaimFetcher:
         """Read one claim as it is stored (no conversion, so unknown fields survive)."""
         response = await self._client.request(
             "GET",
-            f"{CLAIMS_API}/namespaces/{quote(namespace, safe='')}"
-            f"/resourceclaims/{quote(name, safe='')}",
+            resourceapi.path(resourceapi.RESOURCE_CLAIMS, name, namespace=namespace),
             timeout=self._timeout,
         )
         if response.status == 404:

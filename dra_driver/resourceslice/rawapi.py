@@ -15,11 +15,12 @@ from urllib.parse import quote
 
 import aiohttp
 
+from dra_driver import resourceapi
 from dra_driver.kube import KubeClient, Response
 
 JSON = dict[str, Any]
 
-SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
+SLICES_PATH = resourceapi.path(resourceapi.RESOURCE_SLICES)
 NODES_PATH = "/api/v1/nodes"
 
 #: Errors that mean "could not talk to the API server" rather than "the server said no".
