@@ -28,6 +28,8 @@ from urllib.parse import urlsplit
 import aiohttp
 import yaml
 
+from dra_driver.errors import DriverError
+
 #: Where a pod's service account credentials are mounted.
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
@@ -42,7 +44,7 @@ RequestObserver = Callable[[str, str], None]
 Query = Sequence[tuple[str, str]] | Mapping[str, str]
 
 
-class KubeConfigError(Exception):
+class KubeConfigError(DriverError):
     """No way to reach the API server was found; the message says which were tried."""
 
 

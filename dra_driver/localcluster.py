@@ -45,6 +45,8 @@ from typing import Any
 
 import yaml
 
+from dra_driver.errors import DriverError
+
 __all__ = [
     "DEFAULT_CONTROLLERS",
     "ClusterError",
@@ -95,7 +97,7 @@ PORT_ATTEMPTS = 3
 CONTROL_PLANE_STOP_ORDER = ("kube-controller-manager", "kube-scheduler", "kube-apiserver", "etcd")
 
 
-class ClusterError(RuntimeError):
+class ClusterError(DriverError, RuntimeError):
     """A control-plane component failed to start or a wait timed out."""
 
 

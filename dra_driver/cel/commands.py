@@ -23,6 +23,7 @@ from typing import Any
 
 from dra_driver import resourceapi
 from dra_driver.command import Command
+from dra_driver.errors import DriverError
 from dra_driver.settings import Settings
 
 EXIT_MATCH = 0
@@ -30,7 +31,7 @@ EXIT_NO_MATCH = 1
 EXIT_INPUT = 2
 
 
-class InputError(Exception):
+class InputError(DriverError):
     """Missing flags, unreadable files or API errors: reported on stderr, exit status 2."""
 
 

@@ -7,12 +7,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dra_driver import resourceapi
+from dra_driver.errors import DriverError
 from dra_driver.kube import KubeClient
 
 JSON = dict[str, Any]
 
 
-class LiveError(Exception):
+class LiveError(DriverError):
     """The API server answered with an error (the message says which request)."""
 
 

@@ -20,6 +20,7 @@ import structlog
 from dra_driver import faults
 from dra_driver.cdi.spec import NO_EDITS, ContainerEdits
 from dra_driver.cdi.writer import fsync_dir, remove, spec_file_name, write_atomic
+from dra_driver.errors import PrepareError
 from dra_driver.gpu import checkpoint, devnodes
 from dra_driver.gpu.checkpoint import (
     CheckpointData,
@@ -57,7 +58,7 @@ log = structlog.get_logger(__name__)
 CHECKPOINT_FILE = "checkpoint.json"
 
 
-class ClaimError(Exception):
+class ClaimError(PrepareError):
     """A claim cannot be prepared; the message tells the user what to fix."""
 
 

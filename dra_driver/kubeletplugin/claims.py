@@ -11,15 +11,12 @@ import json
 from typing import Protocol
 
 from dra_driver import resourceapi
+from dra_driver.errors import PrepareError
 from dra_driver.kube import KubeClient
 from dra_driver.kubeletplugin.interfaces import JSON, ClaimRef, ClaimToPrepare
 
 #: A claim read takes well under a second; the kubelet's own deadline (45 s) bounds the rest.
 DEFAULT_FETCH_TIMEOUT = 10.0
-
-
-class ClaimError(Exception):
-    """A claim that cannot be prepared; the message is shown to the user by the kubelet."""
 
 
 class ClaimFetcher(Protocol):
@@ -51,13 +48,13 @@ class KubeClaimFetcher:
         if response.status == 404:
             return None
         if response.status != 200:
-            raise ClaimError(
+            raise PrepareError(
                 f"reading ResourceClaim {namespace}/{name}: HTTP {response.status}: "
                 f"{_api_message(response.body)}"
             )
         claim = response.json()
         if not isinstance(claim, dict):
-            raise ClaimError(f"reading ResourceClaim {namespace}/{name}: unexpected response")
+            raise PrepareError(f"reading ResourceClaim {namespace}/{name}: unexpected response")
         return claim
 
 
@@ -79,18 +76,20 @@ def claim_to_prepare(
     """Check a fetched claim against the kubelet's reference and select this driver's part.
 
     ``pool_name`` ``None`` accepts results from every pool of the driver. Raises
-    ``ClaimError`` when the claim is gone, was replaced, is not allocated, or allocates
+    ``PrepareError`` when the claim is gone, was replaced, is not allocated, or allocates
     nothing from this driver and pool.
     """
     if claim is None:
-        raise ClaimError(f"ResourceClaim {ref} not found")
+        raise PrepareError(f"ResourceClaim {ref} not found")
     uid = claim.get("metadata", {}).get("uid")
     if uid != ref.uid:
         # Same name, different object: the claim the kubelet means was deleted.
-        raise ClaimError(f"ResourceClaim {ref} has UID {uid}, expected {ref.uid}: it was replaced")
+        raise PrepareError(
+            f"ResourceClaim {ref} has UID {uid}, expected {ref.uid}: it was replaced"
+        )
     allocation = (claim.get("status") or {}).get("allocation")
     if not allocation:
-        raise ClaimError(f"ResourceClaim {ref} is not allocated")
+        raise PrepareError(f"ResourceClaim {ref} is not allocated")
     devices = allocation.get("devices") or {}
     results = tuple(
         r
@@ -99,7 +98,7 @@ def claim_to_prepare(
     )
     if not results:
         where = f"driver {driver_name}" + (f" in pool {pool_name}" if pool_name else "")
-        raise ClaimError(f"ResourceClaim {ref} has no devices allocated by {where}")
+        raise PrepareError(f"ResourceClaim {ref} has no devices allocated by {where}")
     config = tuple(
         c
         for c in devices.get("config") or ()

@@ -13,7 +13,8 @@ from typing import Any
 
 import structlog
 
-from dra_driver.kubeletplugin.claims import ClaimError, ClaimFetcher, claim_to_prepare
+from dra_driver.errors import PrepareError
+from dra_driver.kubeletplugin.claims import ClaimFetcher, claim_to_prepare
 from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare, Driver, PreparedDevice
 from dra_driver.kubeletplugin.lock import NodeLock
 
@@ -177,7 +178,7 @@ class NodeService:
         try:
             claim = await self._fetcher.get_claim(ref.namespace, ref.name)
             return claim_to_prepare(ref, claim, self._driver_name, self._pool)
-        except ClaimError as exc:
+        except PrepareError as exc:
             message = str(exc)
         except Exception as exc:
             message = f"fetching ResourceClaim {ref}: {error_text(exc)}"

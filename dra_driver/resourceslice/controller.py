@@ -25,6 +25,7 @@ from typing import Any
 import structlog
 
 from dra_driver import faults
+from dra_driver.errors import DriverError
 from dra_driver.kube import KubeClient
 from dra_driver.resourceslice.backoff import Backoff
 from dra_driver.resourceslice.dropped import describe_dropped, feature_gate_for, find_dropped
@@ -53,7 +54,7 @@ def _describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
-class NodeNotFoundError(Exception):
+class NodeNotFoundError(DriverError):
     """The Node object does not exist (yet); a node-local pool without its node is not published."""
 
 

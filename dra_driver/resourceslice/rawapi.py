@@ -16,6 +16,7 @@ from urllib.parse import quote
 import aiohttp
 
 from dra_driver import resourceapi
+from dra_driver.errors import DriverError
 from dra_driver.kube import KubeClient, Response
 
 JSON = dict[str, Any]
@@ -32,7 +33,7 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
-class ApiError(Exception):
+class ApiError(DriverError):
     """A non-2xx answer from the API server, with the parts worth logging."""
 
     def __init__(

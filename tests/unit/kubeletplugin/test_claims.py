@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from dra_driver.kube import KubeClient
-from dra_driver.kubeletplugin import ClaimError, ClaimRef, KubeClaimFetcher, claim_to_prepare
+from dra_driver.kubeletplugin import ClaimRef, KubeClaimFetcher, PrepareError, claim_to_prepare
 from tests.unit.kubeserver import FakeApiServer, plain_client, serve
 
 from .helpers import DRIVER, NODE, make_claim
@@ -52,7 +52,7 @@ def test_selects_results_of_this_driver_and_pool() -> None:
     ],
 )
 def test_rejects(claim: dict[str, Any] | None, message: str) -> None:
-    with pytest.raises(ClaimError, match=message):
+    with pytest.raises(PrepareError, match=message):
         claim_to_prepare(REF, claim, DRIVER, NODE)
 
 
@@ -83,5 +83,5 @@ async def test_fetcher_not_found(api: tuple[FakeApiServer, KubeClient]) -> None:
 async def test_fetcher_error_carries_api_message(api: tuple[FakeApiServer, KubeClient]) -> None:
     server, client = api
     server.json("GET", PATH, 403, {"kind": "Status", "message": "forbidden: no RBAC"})
-    with pytest.raises(ClaimError, match=r"HTTP 403: forbidden: no RBAC"):
+    with pytest.raises(PrepareError, match=r"HTTP 403: forbidden: no RBAC"):
         await KubeClaimFetcher(client).get_claim("ns", "c")
