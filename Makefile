@@ -26,8 +26,8 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 lint: install
-	$(BIN)/ruff check dra_driver tests bench
-	$(BIN)/ruff format --check dra_driver
+	$(BIN)/ruff check dra_driver devenv tests bench
+	$(BIN)/ruff format --check dra_driver devenv
 	$(BIN)/mypy
 
 unit: install

@@ -108,8 +108,17 @@ _AGENT = (
 
 
 def _demo(settings: Settings, ns: argparse.Namespace) -> int:
-    from dra_driver.demo import run_demo
-
+    # The demo lives in the development environment, which only a checkout installs.
+    try:
+        from devenv.demo import run_demo
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("devenv", "devenv.demo"):
+            raise
+        print(
+            "dra-driver demo needs a checkout of the project set up with `make install`",
+            file=sys.stderr,
+        )
+        return 2
     return run_demo(keep=ns.keep)
 
 

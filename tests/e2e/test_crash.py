@@ -18,11 +18,11 @@ from typing import Any
 import grpc
 import pytest
 
+from devenv.localcluster import LocalCluster, NodeHandle
+from devenv.simnode import GpuNode, start_driver
 from dra_driver import faults
 from dra_driver._proto.dra.v1 import api_pb2 as v1_pb2
 from dra_driver._proto.dra.v1 import api_pb2_grpc as v1_grpc
-from dra_driver.localcluster import LocalCluster, NodeHandle
-from dra_driver.simnode import GpuNode, start_driver
 from tests.e2e.conftest import gone, raw, wait_until
 from tests.e2e.gpu import DRIVER, apply, claim_of, gpu_pod, node_slices, published_devices
 

@@ -27,7 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import DynamicApiError
 
-from dra_driver.localcluster import LocalCluster, repo_root
+from devenv.localcluster import LocalCluster, repo_root
 
 pytestmark = pytest.mark.e2e
 
