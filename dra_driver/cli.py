@@ -15,7 +15,7 @@ from dra_driver import logs
 from dra_driver.cel.commands import EXPLAIN_CLAIM, MATCH
 from dra_driver.command import Command
 from dra_driver.gpu.discovery import DiscoveryError, make_discovery
-from dra_driver.kube import KubeConfigError
+from dra_driver.kubeconfig import KubeConfigError
 from dra_driver.settings import Settings, SettingsError, add_arguments, from_namespace
 
 _DISCOVERY = ("backend", "profile", "node_name")

@@ -18,9 +18,9 @@ import pytest
 import yaml
 from aiohttp import web
 
-from dra_driver.kube import (
+from dra_driver.kube import KubeClient
+from dra_driver.kubeconfig import (
     Connection,
-    KubeClient,
     KubeConfig,
     KubeConfigError,
     TokenSource,
@@ -200,7 +200,7 @@ def test_order_explicit_then_in_cluster(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
     assert load_connection(str(explicit)).server == "http://explicit"
     # In a pod without a readable service account the message names the in-cluster source.
-    monkeypatch.setattr("dra_driver.kube.SERVICE_ACCOUNT_DIR", tmp_path / "nothing")
+    monkeypatch.setattr("dra_driver.kubeconfig.SERVICE_ACCOUNT_DIR", tmp_path / "nothing")
     with pytest.raises(KubeConfigError, match="from the in-cluster service account"):
         load_connection()
 
