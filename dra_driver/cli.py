@@ -70,7 +70,7 @@ def _run(settings: Settings, _: argparse.Namespace) -> int:
 
 def _cleanup(settings: Settings, _: argparse.Namespace) -> int:
     from dra_driver.kube import KubeClient
-    from dra_driver.resourceslice.controller import delete_pool_slices
+    from dra_driver.resourceslice.cleanup import delete_pool_slices
 
     if not settings.node_name:
         raise SettingsError("--node-name (DRA_NODE_NAME) is required")
