@@ -23,18 +23,16 @@ from lark import Token, Tree
 from dra_driver.cel import functions
 from dra_driver.cel.errors import CompileError, EvalError, NoSuchKey, NoSuchOverload
 from dra_driver.cel.lib_core import TYPE_NAMES
+from dra_driver.cel.types import CelType, Uint, type_name
 from dra_driver.cel.values import (
     INT64_MAX,
     INT64_MIN,
-    CelType,
-    Uint,
     cel_compare,
     cel_eq,
     check_int,
     check_uint,
     is_missing,
     map_lookup,
-    type_name,
 )
 
 Scope = dict[str, Any]

@@ -20,7 +20,7 @@ from dra_driver.cel.compiler import Ast, Compiler, Eval, Node
 from dra_driver.cel.errors import CompileError, EvalError
 from dra_driver.cel.quantity import parse_quantity
 from dra_driver.cel.semver import parse_semver
-from dra_driver.cel.values import type_name
+from dra_driver.cel.types import type_name
 
 VARIABLES = {"device": "device"}
 OBJECTS = {

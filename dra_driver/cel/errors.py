@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dra_driver.cel.types import type_name
 from dra_driver.errors import DriverError
 
 
@@ -39,8 +40,6 @@ class NoSuchOverload(EvalError):
     """A function or operator was applied to argument types it does not accept."""
 
     def __init__(self, function: str, *args: object) -> None:
-        from dra_driver.cel.values import type_name
-
         types = ", ".join(type_name(a) for a in args)
         super().__init__(f"no such overload: {function}({types})")
 

@@ -9,7 +9,8 @@ from typing import Any
 
 from dra_driver.cel.errors import EvalError, NoSuchOverload
 from dra_driver.cel.regex import compiled
-from dra_driver.cel.values import INT64_MAX, INT64_MIN, CelType, Uint, check_uint, type_name
+from dra_driver.cel.types import CelType, Uint, type_name
+from dra_driver.cel.values import INT64_MAX, INT64_MIN, check_uint
 
 Function = Callable[..., Any]
 

@@ -7,7 +7,8 @@ from itertools import pairwise
 from typing import Any
 
 from dra_driver.cel.errors import EvalError, NoSuchOverload
-from dra_driver.cel.values import cel_compare, cel_eq, check_int, type_name
+from dra_driver.cel.types import type_name
+from dra_driver.cel.values import cel_compare, cel_eq, check_int
 
 Function = Callable[..., Any]
 

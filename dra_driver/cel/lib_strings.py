@@ -8,7 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 from dra_driver.cel.errors import EvalError, NoSuchOverload
-from dra_driver.cel.values import format_value, type_name
+from dra_driver.cel.types import type_name
+from dra_driver.cel.values import format_value
 
 Function = Callable[..., Any]
 
