@@ -48,7 +48,7 @@ def stop_rank(name: str) -> int:
 
 @dataclass
 class LocalCluster:
-    """A local control plane built from upstream Kubernetes (see module docstring).
+    """A local control plane built from upstream Kubernetes (see the package docstring).
 
     Use as a context manager or call `start()` / `stop()`. Without `base_dir` a temporary
     directory is used and removed by `stop()` unless `keep` is set; a given `base_dir` is
