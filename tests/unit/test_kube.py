@@ -356,15 +356,22 @@ async def test_default_headers_and_token_rotation_on_401(tmp_path: Path) -> None
 
 async def test_request_timeout(tmp_path: Path) -> None:
     async with serve() as server:
+        # Answered only after the client gave up; released then so the server stops at once.
+        answer = asyncio.Event()
 
         async def slow(_: web.Request) -> web.Response:
-            await asyncio.sleep(5)
+            await answer.wait()
             return web.json_response({})
 
         server.routes[("GET", "/slow")] = slow
-        async with plain_client(server) as client:
-            with pytest.raises(TimeoutError):
-                await client.request("GET", "/slow", timeout=0.2)
+        try:
+            async with plain_client(server) as client, asyncio.timeout(5):
+                # A client that ignored its timeout is cancelled here, which pytest.raises
+                # lets through; asyncio.timeout then fails the test.
+                with pytest.raises(TimeoutError):
+                    await client.request("GET", "/slow", timeout=0.2)
+        finally:
+            answer.set()
 
 
 async def test_stream_yields_lines_of_any_length() -> None:
