@@ -7,6 +7,7 @@ replaced claim, an API error, or a driver exception affects that claim alone.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,22 @@ def error_text(exc: BaseException) -> str:
     """A one-line message for an exception, never empty."""
     text = str(exc).strip()
     return text if text else type(exc).__name__
+
+
+#: metadata.uid is set by the API server, always a UUID: at most 36 of these characters. The
+#: driver names files after it, so anything else (a path separator, 300 characters that make
+#: every file operation fail with ENAMETOOLONG) never gets that far.
+_UID = re.compile(r"[0-9a-f-]{1,36}")
+
+
+def valid_uid(uid: str) -> bool:
+    """Whether ``uid`` has the shape of a Kubernetes UID."""
+    return _UID.fullmatch(uid) is not None
+
+
+def _bad_uid_error(uid: str) -> str:
+    shown = uid if len(uid) <= 40 else f"{uid[:40]}... ({len(uid)} characters)"
+    return f"claim UID {shown!r} is not a Kubernetes UID (up to 36 characters of 0-9, a-f, -)"
 
 
 def _unique(claims: Sequence[ClaimRef]) -> list[ClaimRef]:
@@ -131,9 +148,15 @@ class NodeService:
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareOutcome]:
         """Prepare each claim; the result has one entry per distinct claim UID."""
-        refs = _unique(claims)
-        checked = await asyncio.gather(*(self._fetch(ref) for ref in refs))
         outcomes: dict[str, PrepareOutcome] = {}
+        refs = []
+        for ref in _unique(claims):
+            if valid_uid(ref.uid):
+                refs.append(ref)
+            else:
+                outcomes[ref.uid] = PrepareOutcome(error=_bad_uid_error(ref.uid))
+                log.error("prepare refused", claim=str(ref), error=outcomes[ref.uid].error)
+        checked = await asyncio.gather(*(self._fetch(ref) for ref in refs))
         ready: list[ClaimToPrepare] = []
         for ref, item in zip(refs, checked, strict=True):
             if isinstance(item, ClaimToPrepare):
@@ -147,12 +170,21 @@ class NodeService:
         return outcomes
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
-        """Unprepare each claim; maps claim UID to an error message (empty on success)."""
-        refs = _unique(claims)
-        if not refs:
-            return {}
-        results = await self._batches.run("unprepare", refs)
+        """Unprepare each claim; maps claim UID to an error message (empty on success).
+
+        A UID that is not a Kubernetes UID was never prepared: unpreparing it succeeds.
+        """
         errors: dict[str, str] = {}
+        refs = []
+        for ref in _unique(claims):
+            if valid_uid(ref.uid):
+                refs.append(ref)
+            else:
+                errors[ref.uid] = ""
+                log.warning("unprepare of an invalid claim UID: nothing to do", claim=str(ref))
+        if not refs:
+            return errors
+        results = await self._batches.run("unprepare", refs)
         for ref in refs:
             if ref.uid not in results:
                 errors[ref.uid] = "driver returned no result for this claim"
