@@ -29,10 +29,17 @@ class PrepareOutcome:
     error: str = ""
 
 
+#: Longest error message sent back for a claim (the kubelet shows it in the pod's events);
+#: a message that quotes a huge config value is cut here.
+MAX_ERROR = 1024
+
+
 def error_text(exc: BaseException) -> str:
-    """A one-line message for an exception, never empty."""
-    text = str(exc).strip()
-    return text if text else type(exc).__name__
+    """A message for an exception, never empty and at most :data:`MAX_ERROR` characters."""
+    text = str(exc).strip() or type(exc).__name__
+    if len(text) > MAX_ERROR:
+        text = f"{text[:MAX_ERROR]}... ({len(text) - MAX_ERROR} more characters)"
+    return text
 
 
 #: metadata.uid is set by the API server, always a UUID: at most 36 of these characters. The
@@ -210,7 +217,7 @@ class NodeService:
             claim = await self._fetcher.get_claim(ref.namespace, ref.name)
             return claim_to_prepare(ref, claim, self._driver_name, self._pool)
         except ClaimError as exc:
-            message = str(exc)
+            message = error_text(exc)
         except Exception as exc:
             message = f"fetching ResourceClaim {ref}: {error_text(exc)}"
         log.error(
