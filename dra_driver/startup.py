@@ -27,7 +27,8 @@ log = structlog.get_logger(__name__)
 API_WAIT = 60.0
 API_REQUEST_TIMEOUT = 10.0
 
-CDI_SPEC_PREFIX = spec_file_name(CDI_VENDOR, CDI_CLASS, "")
+#: What the names of the driver's CDI specs start with (the claim UID follows).
+CDI_SPEC_PREFIX = spec_file_name(CDI_VENDOR, CDI_CLASS, "").removesuffix(".json")
 
 
 class ApiUnreachableError(KubeConfigError):

@@ -17,7 +17,8 @@ from dra_driver.cli import main
 from dra_driver.gpu.mig import make_mig_backend
 from dra_driver.gpu.simulated import SimulatedDiscovery
 from dra_driver.kube import Connection, KubeClient
-from dra_driver.startup import ApiUnreachableError, reach_api_server
+from dra_driver.settings import Settings
+from dra_driver.startup import ApiUnreachableError, reach_api_server, sweep_temp_files_of
 from tests.unit.kubeserver import plain_client, serve
 
 DRIVER = "gpu.dra.dev"
@@ -151,3 +152,20 @@ async def _start_and_stop(base: Path, kubeconfig: Path) -> tuple[int, float]:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+def test_sweep_at_start_removes_our_temp_files_only(tmp_path: Path) -> None:
+    settings = Settings(node_name="n", cdi_root=tmp_path / "cdi", plugins_dir=tmp_path / "plugins")
+    state = tmp_path / "plugins" / DRIVER
+    state.mkdir(parents=True)
+    (tmp_path / "cdi").mkdir()
+    left = [
+        tmp_path / "cdi" / ".k8s.gpu.dra.dev-claim_d502e626-1aad.json.tyx394v0.tmp",
+        state / ".checkpoint.json.ab12cd34.tmp",
+    ]
+    kept = [tmp_path / "cdi" / ".other.vendor-x_1.json.tmp", tmp_path / "cdi" / "k8s.gpu.dra.dev-claim_u.json"]
+    for path in left + kept:
+        path.write_text("{")
+    sweep_temp_files_of(settings)
+    assert [p.exists() for p in left] == [False, False]
+    assert [p.exists() for p in kept] == [True, True]
