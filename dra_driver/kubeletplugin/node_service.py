@@ -58,6 +58,12 @@ def _bad_uid_error(uid: str) -> str:
     return f"claim UID {shown!r} is not a Kubernetes UID (up to 36 characters of 0-9, a-f, -)"
 
 
+def _by_uid_shape(claims: Sequence[ClaimRef]) -> tuple[list[ClaimRef], list[ClaimRef]]:
+    """The distinct claims, split into those with a valid UID and the others."""
+    unique = _unique(claims)
+    return [r for r in unique if valid_uid(r.uid)], [r for r in unique if not valid_uid(r.uid)]
+
+
 def _unique(claims: Sequence[ClaimRef]) -> list[ClaimRef]:
     # The response is keyed by UID, so a claim listed twice is handled once.
     seen: dict[str, ClaimRef] = {}
@@ -155,14 +161,10 @@ class NodeService:
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareOutcome]:
         """Prepare each claim; the result has one entry per distinct claim UID."""
-        outcomes: dict[str, PrepareOutcome] = {}
-        refs = []
-        for ref in _unique(claims):
-            if valid_uid(ref.uid):
-                refs.append(ref)
-            else:
-                outcomes[ref.uid] = PrepareOutcome(error=_bad_uid_error(ref.uid))
-                log.error("prepare refused", claim=str(ref), error=outcomes[ref.uid].error)
+        refs, invalid = _by_uid_shape(claims)
+        outcomes = {ref.uid: PrepareOutcome(error=_bad_uid_error(ref.uid)) for ref in invalid}
+        for ref in invalid:
+            log.error("prepare refused", claim=str(ref), error=outcomes[ref.uid].error)
         checked = await asyncio.gather(*(self._fetch(ref) for ref in refs))
         ready: list[ClaimToPrepare] = []
         for ref, item in zip(refs, checked, strict=True):
@@ -181,14 +183,10 @@ class NodeService:
 
         A UID that is not a Kubernetes UID was never prepared: unpreparing it succeeds.
         """
-        errors: dict[str, str] = {}
-        refs = []
-        for ref in _unique(claims):
-            if valid_uid(ref.uid):
-                refs.append(ref)
-            else:
-                errors[ref.uid] = ""
-                log.warning("unprepare of an invalid claim UID: nothing to do", claim=str(ref))
+        refs, invalid = _by_uid_shape(claims)
+        errors = {ref.uid: "" for ref in invalid}
+        for ref in invalid:
+            log.warning("unprepare of an invalid claim UID: nothing to do", claim=str(ref))
         if not refs:
             return errors
         results = await self._batches.run("unprepare", refs)
