@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import signal
 import socket
 import subprocess
@@ -120,19 +121,35 @@ async def test_sigterm_during_the_registration_wait_stops_at_once(tmp_path: Path
     """The kubelet never registers the plugin; SIGTERM must not wait out the 10 s grace."""
     kubeconfig = tmp_path / "kubeconfig"
     async with serve() as server:
-        kubeconfig.write_text(
-            "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-            f"clusters: [{{name: k, cluster: {{server: '{server.url}'}}}}]\n"
-            "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
-            "users: [{name: u, user: {}}]\n"
-        )
-        code, took = await _start_and_stop(tmp_path, kubeconfig)
+        _write_kubeconfig(kubeconfig, server.url)
+        code, took = await _start_and_stop(tmp_path, kubeconfig, b"kubelet plugin serving")
     assert code == 0
     assert took < 2.0, f"took {took:.1f}s to stop"
 
 
-async def _start_and_stop(base: Path, kubeconfig: Path) -> tuple[int, float]:
-    """Start the agent, SIGTERM it once it serves; its exit code and how long it took."""
+async def test_sigterm_while_the_api_server_is_unreachable_stops_at_once(tmp_path: Path) -> None:
+    """An agent retrying an unreachable API server stops at once, having changed nothing."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    kubeconfig = tmp_path / "kubeconfig"
+    _write_kubeconfig(kubeconfig, f"http://127.0.0.1:{port}")
+    code, took = await _start_and_stop(tmp_path, kubeconfig, b"API server not reachable yet")
+    assert code == 0 and took < 2.0, (code, took)
+    assert sorted(os.listdir(tmp_path)) == ["kubeconfig"]
+
+
+def _write_kubeconfig(path: Path, server: str) -> None:
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: k, cluster: {{server: '{server}'}}}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
+        "users: [{name: u, user: {}}]\n"
+    )
+
+
+async def _start_and_stop(base: Path, kubeconfig: Path, until: bytes) -> tuple[int, float]:
+    """Start the agent, SIGTERM it once it logs ``until``; its exit code and how long it took."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -142,7 +159,7 @@ async def _start_and_stop(base: Path, kubeconfig: Path) -> tuple[int, float]:
     )
     try:
         assert proc.stderr is not None
-        while b"kubelet plugin serving" not in await asyncio.wait_for(proc.stderr.readline(), 30):
+        while until not in await asyncio.wait_for(proc.stderr.readline(), 30):
             pass
         proc.send_signal(signal.SIGTERM)
         sent = time.monotonic()
