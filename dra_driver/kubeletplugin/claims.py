@@ -81,19 +81,19 @@ def claim_to_prepare(
     """
     if claim is None:
         raise PrepareError(f"ResourceClaim {ref} not found")
-    uid = claim.get("metadata", {}).get("uid")
+    uid = _field(ref, claim, "metadata").get("uid")
     if uid != ref.uid:
         # Same name, different object: the claim the kubelet means was deleted.
         raise PrepareError(
             f"ResourceClaim {ref} has UID {uid}, expected {ref.uid}: it was replaced"
         )
-    allocation = (claim.get("status") or {}).get("allocation")
+    allocation = _field(ref, _field(ref, claim, "status"), "allocation", "status.")
     if not allocation:
         raise PrepareError(f"ResourceClaim {ref} is not allocated")
-    devices = allocation.get("devices") or {}
+    devices = _field(ref, allocation, "devices", "status.allocation.")
     results = tuple(
         r
-        for r in devices.get("results") or ()
+        for r in _items(ref, devices, "results")
         if r.get("driver") == driver_name and (pool_name is None or r.get("pool") == pool_name)
     )
     if not results:
@@ -101,7 +101,32 @@ def claim_to_prepare(
         raise PrepareError(f"ResourceClaim {ref} has no devices allocated by {where}")
     config = tuple(
         c
-        for c in devices.get("config") or ()
-        if (c.get("opaque") or {}).get("driver") == driver_name
+        for c in _items(ref, devices, "config")
+        if isinstance(c.get("opaque"), dict) and c["opaque"].get("driver") == driver_name
     )
     return ClaimToPrepare(ref=ref, claim=claim, results=results, config=config)
+
+
+def _field(ref: ClaimRef, parent: JSON, name: str, path: str = "") -> JSON:
+    """``parent[name]`` as an object (missing or null: empty); anything else is a PrepareError
+    that says where, instead of an AttributeError deep in the driver."""
+    value = parent.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise PrepareError(
+            f"ResourceClaim {ref}: {path}{name} is {type(value).__name__}, expected an object"
+        )
+    return value
+
+
+def _items(ref: ClaimRef, devices: JSON, name: str) -> list[JSON]:
+    """``status.allocation.devices.<name>`` as a list of objects (missing or null: empty)."""
+    value = devices.get(name) or []
+    where = f"ResourceClaim {ref}: status.allocation.devices.{name}"
+    if not isinstance(value, list):
+        raise PrepareError(f"{where} is {type(value).__name__}, expected a list")
+    for index, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise PrepareError(f"{where}[{index}] is {type(item).__name__}, expected an object")
+    return value

@@ -101,7 +101,7 @@ def check_claim_gone(node: NodeHandle, uid: str) -> None:
     """Nothing of an unprepared claim is left on the node."""
     assert uid not in checkpoint_claims(node)
     assert not (node.cdi_dir / f"{SPEC_PREFIX}{uid}.json").exists()
-    assert not (node.cdi_dir / f".{SPEC_PREFIX}{uid}.json.tmp").exists()
+    assert not list(node.cdi_dir.glob(f".{SPEC_PREFIX}{uid}.json*.tmp"))
 
 
 def prepare_again(node: NodeHandle, namespace: str, name: str, uid: str) -> list[str]:

@@ -56,6 +56,41 @@ def test_rejects(claim: dict[str, Any] | None, message: str) -> None:
         claim_to_prepare(REF, claim, DRIVER, NODE)
 
 
+def _allocated(**devices: Any) -> dict[str, Any]:
+    claim = make_claim("u1", "c", "ns")
+    claim["status"]["allocation"]["devices"].update(devices)
+    return claim
+
+
+@pytest.mark.parametrize(
+    ("claim", "message"),
+    [
+        ({"metadata": "u1"}, "metadata is str, expected an object"),
+        ({"metadata": {"uid": "u1"}, "status": ["x"]}, "status is list, expected an object"),
+        (
+            {"metadata": {"uid": "u1"}, "status": {"allocation": 7}},
+            "status.allocation is int, expected an object",
+        ),
+        (
+            {"metadata": {"uid": "u1"}, "status": {"allocation": {"devices": "gpu-0"}}},
+            "status.allocation.devices is str, expected an object",
+        ),
+        (_allocated(results="gpu-0"), r"devices.results is str, expected a list"),
+        (_allocated(results=["gpu-0"]), r"devices.results\[0\] is str, expected an object"),
+        (_allocated(config={"opaque": {}}), r"devices.config is dict, expected a list"),
+        (_allocated(config=[None]), r"devices.config\[0\] is NoneType, expected an object"),
+    ],
+)
+def test_wrong_shape_is_a_clear_claim_error(claim: dict[str, Any], message: str) -> None:
+    with pytest.raises(PrepareError, match=message):
+        claim_to_prepare(REF, claim, DRIVER, NODE)
+
+
+def test_opaque_of_the_wrong_shape_is_not_ours() -> None:
+    claim = _allocated(config=[{"opaque": "x"}])
+    assert claim_to_prepare(REF, claim, DRIVER, NODE).config == ()
+
+
 @pytest.fixture
 async def api() -> AsyncIterator[tuple[FakeApiServer, KubeClient]]:
     """A stand-in API server and a client for it."""
