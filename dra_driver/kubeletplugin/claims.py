@@ -17,6 +17,8 @@ from dra_driver.kubeletplugin.interfaces import JSON, ClaimRef, ClaimToPrepare
 
 #: A claim read takes well under a second; the kubelet's own deadline (45 s) bounds the rest.
 DEFAULT_FETCH_TIMEOUT = 10.0
+#: Claims per page when listing them all.
+LIST_PAGE = 500
 
 
 class ClaimFetcher(Protocol):
@@ -56,6 +58,32 @@ class KubeClaimFetcher:
         if not isinstance(claim, dict):
             raise PrepareError(f"reading ResourceClaim {namespace}/{name}: unexpected response")
         return claim
+
+    async def list_claims(self, page: int = LIST_PAGE) -> list[JSON]:
+        """Every ResourceClaim of the cluster, read in pages (start-up's evidence of what is
+        in use on the node). Raises on any failure: a partial list proves nothing."""
+        claims: list[JSON] = []
+        token = ""
+        while True:
+            query = {"limit": str(page)} | ({"continue": token} if token else {})
+            response = await self._client.request(
+                "GET",
+                resourceapi.path(resourceapi.RESOURCE_CLAIMS),
+                query=query,
+                timeout=self._timeout,
+            )
+            if response.status != 200:
+                raise PrepareError(
+                    f"listing ResourceClaims: HTTP {response.status}: {_api_message(response.body)}"
+                )
+            body = response.json()
+            items = body.get("items") if isinstance(body, dict) else None
+            if not isinstance(items, list):
+                raise PrepareError("listing ResourceClaims: unexpected response")
+            claims += [c for c in items if isinstance(c, dict)]
+            token = str((body.get("metadata") or {}).get("continue") or "")
+            if not token:
+                return claims
 
 
 def _api_message(body: bytes) -> str:

@@ -120,3 +120,28 @@ async def test_fetcher_error_carries_api_message(api: tuple[FakeApiServer, KubeC
     server.json("GET", PATH, 403, {"kind": "Status", "message": "forbidden: no RBAC"})
     with pytest.raises(PrepareError, match=r"HTTP 403: forbidden: no RBAC"):
         await KubeClaimFetcher(client).get_claim("ns", "c")
+
+
+async def test_list_claims_reads_every_page(api: tuple[FakeApiServer, KubeClient]) -> None:
+    from aiohttp import web
+
+    server, client = api
+    pages = {
+        "": {"items": [make_claim("u1", "a", "ns")], "metadata": {"continue": "t1"}},
+        "t1": {"items": [make_claim("u2", "b", "ns"), "junk"], "metadata": {}},
+    }
+
+    async def handler(request: web.Request) -> web.Response:
+        assert request.query["limit"] == "1"
+        return web.json_response(pages[request.query.get("continue", "")])
+
+    server.routes[("GET", "/apis/resource.k8s.io/v1/resourceclaims")] = handler
+    claims = await KubeClaimFetcher(client).list_claims(page=1)
+    assert [c["metadata"]["uid"] for c in claims] == ["u1", "u2"]
+
+
+async def test_list_claims_failure_raises(api: tuple[FakeApiServer, KubeClient]) -> None:
+    server, client = api
+    server.json("GET", "/apis/resource.k8s.io/v1/resourceclaims", 403, {"message": "forbidden"})
+    with pytest.raises(PrepareError, match="listing ResourceClaims: HTTP 403: forbidden"):
+        await KubeClaimFetcher(client).list_claims()
