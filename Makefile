@@ -14,6 +14,7 @@ help:
 	@echo "make demo      local control plane, two simulated GPU nodes, the driver, example pods"
 	@echo "make test      lint + unit + end-to-end tests (builds the control plane on first use)"
 	@echo "make unit      unit tests only;  make e2e  end-to-end tests only"
+	@echo "make tools    helm, kustomize and hadolint for the manifest tests (built once)"
 	@echo "make cluster   start a local control plane;  make cluster-down  stop it"
 	@echo "make bench     benchmarks (about 10 minutes); results in docs/performance.md"
 
@@ -26,11 +27,11 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 lint: install
-	$(BIN)/ruff check dra_driver tests bench
-	$(BIN)/ruff format --check dra_driver
+	$(BIN)/ruff check dra_driver devenv tests bench
+	$(BIN)/ruff format --check dra_driver devenv
 	$(BIN)/mypy
 
-unit: install
+unit: install tools
 	$(BIN)/pytest -m "not e2e"
 
 e2e: install testenv

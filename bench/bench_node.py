@@ -1,6 +1,6 @@
 """Benchmark: the node agent as the kubelet and the API server see it.
 
-Runs a local control plane (``dra_driver.localcluster``: kube-apiserver, scheduler, controller
+Runs a local control plane (``devenv.localcluster``: kube-apiserver, scheduler, controller
 manager and ``kubelet-dra`` nodes) and the real agent process (``dra-driver run --backend
 simulated``), then measures:
 
@@ -35,10 +35,10 @@ from typing import Any
 import grpc
 import yaml
 
+from devenv.localcluster import LocalCluster, ManagedProcess, NodeHandle, pick_free_ports
+from devenv.simnode import start_driver
 from dra_driver._proto.dra.v1 import api_pb2 as pb2
 from dra_driver._proto.dra.v1 import api_pb2_grpc as pb2_grpc
-from dra_driver.localcluster import LocalCluster, ManagedProcess, NodeHandle, pick_free_ports
-from dra_driver.simnode import start_driver
 
 DRIVER = "gpu.dra.dev"
 NAMESPACE = "bench"

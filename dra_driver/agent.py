@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,9 @@ from dra_driver.kubeletplugin.claims import KubeClaimFetcher
 from dra_driver.kubeletplugin.liveness import serve_liveness
 from dra_driver.kubeletplugin.plugin import Plugin, PluginConfig
 from dra_driver.resourceslice.controller import SliceController
-from dra_driver.settings import Settings, SettingsError
+from dra_driver.settings import Settings
+from dra_driver.startup import check_settings, reach_api_server, state_dir, sweep_temp_files_of
+from dra_driver.supervise import Heartbeats, supervise
 
 log = structlog.get_logger(__name__)
 
@@ -62,7 +64,7 @@ def build_mig(settings: Settings, inventory: Inventory) -> MigBackend | None:
         return None
     return make_mig_backend(
         settings.backend,
-        state_dir=settings.plugins_dir / settings.driver_name,
+        state_dir=state_dir(settings),
         inventory=inventory,
         driver_root=settings.driver_root,
     )
@@ -79,7 +81,7 @@ def build_state(
         driver_name=settings.driver_name,
         node_name=settings.node_name,
         cdi_root=settings.cdi_root,
-        state_dir=settings.plugins_dir / settings.driver_name,
+        state_dir=state_dir(settings),
         boot_id=read_boot_id(),
         common_edits=ctk.common_edits(str(settings.driver_root)) if real else NO_EDITS,
         mig_minors=_mig_minors(settings.driver_root),
@@ -88,7 +90,7 @@ def build_state(
         shared_gpus=shared_uuids(inventory, parse_selection(settings.shared_gpus)),
         sharing=make_sharing_backend(
             settings.backend,
-            state_dir=settings.plugins_dir / settings.driver_name,
+            state_dir=state_dir(settings),
             driver_root=settings.driver_root,
         ),
     )
@@ -121,6 +123,7 @@ class NodeAgent:
         self.health = HealthTracker(inventory, self.driver, parse_xids(settings.ignored_xids))
         self.broadcaster = HealthBroadcaster(self.health.device_health(self.node))
         self.reporter = ClaimReporter(client, self.driver, self.node)
+        self.heartbeats = Heartbeats()
         self._tasks: set[asyncio.Task[Any]] = set()
         self.plugin = Plugin(
             PluginConfig(
@@ -196,6 +199,14 @@ class NodeAgent:
         finally:
             watcher.stop()
 
+    def background_loops(self) -> dict[str, Callable[[], Awaitable[None]]]:
+        """The loops the agent runs beside the kubelet plugin, by name (each supervised)."""
+        return {
+            "publisher": self.slices.run,
+            "claim-reporter": self.reporter.run,
+            "health": self._watch_health,
+        }
+
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set; slices and prepared claims stay in place afterwards."""
         if self.state.corrupt is not None:
@@ -210,66 +221,96 @@ class NodeAgent:
         liveness = None
         async with self.plugin:
             if self.settings.health_port:
-                liveness = await serve_liveness(self.plugin.paths, self.settings.health_port)
+                liveness = await serve_liveness(
+                    self.plugin.paths, self.settings.health_port, check=self.heartbeats.problem
+                )
             log.info(
                 "kubelet plugin serving",
                 driver=self.driver,
                 prepared_claims=self.state.prepared_count(),
                 gpus=len(self.inventory.gpus),
             )
-            await _await_registration(self.plugin, REGISTRATION_GRACE)
-            background = [
-                asyncio.create_task(self.slices.run(), name="publisher"),
-                asyncio.create_task(self.reporter.run(), name="claim-reporter"),
-                asyncio.create_task(self._watch_health(), name="health"),
-            ]
-            await stop.wait()
+            background: list[asyncio.Task[None]] = []
+            if await _await_registration(self.plugin, REGISTRATION_GRACE, stop):
+                background = [
+                    asyncio.create_task(supervise(name, loop, self.heartbeats), name=name)
+                    for name, loop in self.background_loops().items()
+                ]
+                await stop.wait()
             log.info("stopping: slices stay published, prepared claims stay prepared")
             for task in background + list(self._tasks):
                 task.cancel()
-            for task in background:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await asyncio.gather(*background, return_exceptions=True)
             if liveness is not None:
                 await liveness.stop(1.0)
 
 
-async def _await_registration(plugin: Plugin, grace: float) -> None:
+async def _await_registration(plugin: Plugin, grace: float, stop: asyncio.Event) -> bool:
     """Publish only once the kubelet can prepare what the scheduler allocates, within reason.
 
     Pods scheduled onto devices before the kubelet knows the plugin fail their first prepare;
     waiting a moment avoids that. A kubelet that never registers the plugin must not keep the
-    devices unpublished forever, so after ``grace`` seconds the agent publishes anyway.
+    devices unpublished forever, so after ``grace`` seconds the agent publishes anyway. A stop
+    (SIGTERM) ends the wait at once: False then, True otherwise.
     """
-    try:
-        async with asyncio.timeout(grace):
-            await plugin.registered.wait()
-    except TimeoutError:
+    if not await until_stopped(plugin.registered.wait(), stop, grace):
+        if stop.is_set():
+            return False
         log.warning("kubelet has not registered the plugin yet; publishing anyway", waited_s=grace)
+    return True
+
+
+async def until_stopped(
+    work: Awaitable[Any], stop: asyncio.Event, within: float | None = None
+) -> bool:
+    """Await ``work`` unless ``stop`` is set or ``within`` seconds pass; True if it finished.
+
+    Unfinished work is cancelled.
+    """
+    task = asyncio.ensure_future(work)
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopper}, timeout=within, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.done() and not task.cancelled():
+        task.result()  # raises what the work raised
+        return True
+    return False
 
 
 async def run_agent(settings: Settings) -> int:
-    """Discover, then serve the kubelet and publish slices until SIGTERM/SIGINT."""
-    if not settings.node_name:
-        raise SettingsError("--node-name (DRA_NODE_NAME) is required")
+    """Check the settings and reach the API server, then discover, recover the node's state
+    and serve the kubelet and publish slices until SIGTERM/SIGINT.
+
+    Nothing on the node changes (no directory, no checkpoint, no MIG device) before the
+    settings are checked and the API server has answered.
+    """
+    check_settings(settings)
     structlog.contextvars.bind_contextvars(node=settings.node_name)
-    discovery = make_discovery(
-        settings.backend,
-        node_name=settings.node_name,
-        profile=settings.profile,
-        driver_root=settings.driver_root,
-    )
-    inventory = await discover_async(discovery)
-    mig = await asyncio.to_thread(build_mig, settings, inventory)
-    state = await asyncio.to_thread(build_state, settings, inventory, mig)
-    if settings.metrics_port:
-        metrics.serve(settings.metrics_port, settings.driver_name)
-    client = await KubeClient.create(settings.kubeconfig, observer=metrics.observe_api_request)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    client = await KubeClient.create(settings.kubeconfig, observer=metrics.observe_api_request)
     try:
+        if not await until_stopped(reach_api_server(client, settings.node_name), stop):
+            return 0
+        discovery = make_discovery(
+            settings.backend,
+            node_name=settings.node_name,
+            profile=settings.profile,
+            driver_root=settings.driver_root,
+        )
+        inventory = await discover_async(discovery)
+        await asyncio.to_thread(sweep_temp_files_of, settings)
+        mig = await asyncio.to_thread(build_mig, settings, inventory)
+        state = await asyncio.to_thread(build_state, settings, inventory, mig)
+        if settings.metrics_port:
+            metrics.serve(settings.metrics_port, settings.driver_name)
         await NodeAgent(settings, inventory, state, client, mig).run(stop)
     finally:
         await client.close()

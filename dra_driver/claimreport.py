@@ -16,10 +16,10 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
 
 import structlog
 
+from dra_driver import resourceapi
 from dra_driver.events import post_event
 from dra_driver.kube import KubeClient
 from dra_driver.kubeletplugin.interfaces import ClaimRef
@@ -44,7 +44,7 @@ def status_body(
 ) -> dict[str, Any]:
     """The apply configuration for a claim's ``status.devices`` (empty list clears ours)."""
     return {
-        "apiVersion": "resource.k8s.io/v1",
+        "apiVersion": resourceapi.API_VERSION,
         "kind": "ResourceClaim",
         "metadata": {"name": ref.name, "namespace": ref.namespace, "uid": ref.uid},
         "status": {
@@ -138,9 +138,8 @@ class ClaimReporter:
                 return  # superseded while we were backing off
             now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             body = status_body(ref, self._driver, self._pool, devices, now)
-            path = (
-                f"/apis/resource.k8s.io/v1/namespaces/{quote(ref.namespace, safe='')}"
-                f"/resourceclaims/{quote(ref.name, safe='')}/status"
+            path = resourceapi.path(
+                resourceapi.RESOURCE_CLAIMS, ref.name, namespace=ref.namespace, subresource="status"
             )
             try:
                 response = await self._client.request(

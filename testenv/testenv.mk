@@ -40,8 +40,8 @@ testenv-check:
 testenv-pin:
 	cd $(TESTENV_DIR) && ./pin.sh
 
-cluster: $(TESTENV_BIN)
-	DRA_TESTENV_BIN=$(TESTENV_BIN) $(TESTENV_PYTHON) -m dra_driver.localcluster up $(CLUSTER_ARGS)
+cluster: install $(TESTENV_BIN)
+	DRA_TESTENV_BIN=$(TESTENV_BIN) $(TESTENV_PYTHON) -m devenv.localcluster up $(CLUSTER_ARGS)
 
-cluster-down:
-	$(TESTENV_PYTHON) -m dra_driver.localcluster down
+cluster-down: install
+	$(TESTENV_PYTHON) -m devenv.localcluster down

@@ -10,13 +10,15 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from dra_driver.errors import DriverError
+
 JSON = dict[str, Any]
 
 _VENDOR_OR_CLASS = re.compile(r"^[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
 _DEVICE_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
 
 
-class CdiNameError(ValueError):
+class CdiNameError(DriverError, ValueError):
     """A vendor, class or device name that CDI's naming rules reject."""
 
 

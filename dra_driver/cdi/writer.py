@@ -1,13 +1,36 @@
-"""Atomic CDI spec files: a runtime never sees a half-written spec."""
+"""Durable, atomic JSON files (CDI specs, the checkpoint): a reader never sees a half-written
+file, and a write that fails leaves the previous file as it was.
+
+The temp file is made by :func:`tempfile.mkstemp` in the target's directory (O_CREAT|O_EXCL
+with a random name), so nothing placed at a guessable path beforehand, a symlink least of all,
+is ever opened for writing. Its name starts with a dot and ends in ``.tmp``, which container
+runtimes do not load and :func:`sweep_temp_files` removes at start-up.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from dra_driver import faults
+from dra_driver.errors import DriverError
+
+log = structlog.get_logger(__name__)
+
+TEMP_SUFFIX = ".tmp"
+
+
+class DurableWriteError(DriverError, OSError):
+    """Writing a file failed; the previous content of the file is unchanged."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 def spec_file_name(vendor: str, cls: str, spec_id: str) -> str:
@@ -15,30 +38,92 @@ def spec_file_name(vendor: str, cls: str, spec_id: str) -> str:
     return f"{vendor}-{cls}_{spec_id}.json"
 
 
+def _write_all(fd: int, payload: bytes) -> None:
+    """Write every byte: ``os.write`` may write fewer bytes than asked (a full disk, a
+    signal), and a zero-byte write would otherwise loop forever."""
+    view = memoryview(payload)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(f"write made no progress with {len(view)} bytes left")
+        view = view[written:]
+
+
 def write_atomic(
     path: Path, data: dict[str, Any], fault: str | None = None, sync_dir: bool = True
 ) -> None:
-    """Write JSON to ``path`` via a temp file, fsync and rename, then fsync the directory.
+    """Write JSON to ``path`` through a fresh temp file: write all, fsync, check the size,
+    rename, then fsync the directory.
 
-    ``fault`` names a crash point between the fsync and the rename (see :mod:`faults`).
-    ``sync_dir=False`` leaves the directory fsync to the caller, who writes several files
-    and makes their renames durable with one :func:`fsync_dir`.
+    Raises :class:`DurableWriteError` (an ``OSError``) naming the file and the cause; the temp
+    file is gone and ``path`` holds its previous content. ``fault`` names a crash point between
+    the fsync and the rename (see :mod:`faults`). ``sync_dir=False`` leaves the directory fsync
+    to the caller, who writes several files and makes their renames durable with one
+    :func:`fsync_dir`.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # A dot-prefixed temp name: runtimes only load files ending in .json/.yaml.
-    tmp = path.with_name(f".{path.name}.tmp")
     payload = json.dumps(data, indent=2, sort_keys=False).encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.write(fd, payload)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    if fault is not None:
-        faults.point(fault)
-    os.replace(tmp, path)
-    if sync_dir:
-        fsync_dir(path.parent)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _replace(path, payload, fault)
+        if sync_dir:
+            _fsync_dir(path.parent)
+    except OSError as exc:
+        raise DurableWriteError(exc.errno, f"cannot write {path}: {_reason(exc)}") from exc
+
+
+def _replace(path: Path, payload: bytes, fault: str | None) -> None:
+    # mkstemp opens with O_CREAT|O_EXCL and mode 0600; specs and the checkpoint are 0644.
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
+    tmp = Path(name)
+    try:
+        try:
+            os.fchmod(fd, 0o644)
+            _write_all(fd, payload)
+            os.fsync(fd)
+            size = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+        if size != len(payload):
+            raise OSError(f"wrote {size} of {len(payload)} bytes")
+        if fault is not None:
+            faults.point(fault)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc) or type(exc).__name__
+
+
+def is_temp_file(name: str, prefix: str = "") -> bool:
+    """Whether ``name`` is a :func:`write_atomic` temp file of a file named ``prefix...``."""
+    return name.startswith(f".{prefix}") and name.endswith(TEMP_SUFFIX)
+
+
+def sweep_temp_files(directory: Path, prefix: str = "") -> list[str]:
+    """Remove temp files a crash or a failed write left in ``directory``; returns their names.
+
+    ``prefix`` limits the sweep to temp files of targets named ``prefix...`` (a CDI directory
+    is shared with other vendors' specs). Symlinks of that naming are unlinked, never
+    followed; a missing directory has nothing to sweep.
+    """
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return removed
+    for entry in entries:
+        if not is_temp_file(entry.name, prefix) or entry.is_dir(follow_symlinks=False):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(entry.path)
+            removed.append(entry.name)
+    if removed:
+        log.info("removed stale temp files", directory=str(directory), files=sorted(removed))
+    return removed
 
 
 def remove(path: Path, sync_dir: bool = True) -> bool:
@@ -54,7 +139,16 @@ def remove(path: Path, sync_dir: bool = True) -> bool:
 
 
 def fsync_dir(directory: Path) -> None:
-    """Make a rename or unlink in ``directory`` durable."""
+    """Make a rename or unlink in ``directory`` durable; raises :class:`DurableWriteError`."""
+    try:
+        _fsync_dir(directory)
+    except OSError as exc:
+        raise DurableWriteError(
+            exc.errno, f"cannot sync directory {directory}: {_reason(exc)}"
+        ) from exc
+
+
+def _fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)

@@ -21,7 +21,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dra_driver import resourceapi
 from dra_driver.command import Command
+from dra_driver.errors import DriverError
 from dra_driver.settings import Settings
 
 EXIT_MATCH = 0
@@ -29,7 +31,7 @@ EXIT_NO_MATCH = 1
 EXIT_INPUT = 2
 
 
-class InputError(Exception):
+class InputError(DriverError):
     """Missing flags, unreadable files or API errors: reported on stderr, exit status 2."""
 
 
@@ -83,9 +85,13 @@ async def _cluster_inputs(settings: Settings, ns: argparse.Namespace) -> dict[st
             out["class"] = await live.get_class(client, ns.device_class)
         if ns.claim and not _is_file(ns.claim):
             out["claim"] = await live.get_claim(client, ns.claim)
-        out["classes"] = await live.list_all(client, f"{live.API}/deviceclasses", "DeviceClass")
+        out["classes"] = await live.list_all(
+            client, resourceapi.path(resourceapi.DEVICE_CLASSES), "DeviceClass"
+        )
         if ns.live and not ns.slices and not settings.profile:
-            slices = await live.list_all(client, f"{live.API}/resourceslices", "ResourceSlice")
+            slices = await live.list_all(
+                client, resourceapi.path(resourceapi.RESOURCE_SLICES), "ResourceSlice"
+            )
             out["devices"] = slice_devices(slices)
         return out
     except live.LiveError as exc:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dra_driver.cel.types import type_name
+from dra_driver.errors import DriverError
 
 
-class CelError(Exception):
+class CelError(DriverError):
     """Base class of every CEL error this package raises."""
 
 

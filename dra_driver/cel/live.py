@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
 
+from dra_driver import resourceapi
+from dra_driver.errors import DriverError
 from dra_driver.kube import KubeClient
 
 JSON = dict[str, Any]
-API = "/apis/resource.k8s.io/v1"
 
 
-class LiveError(Exception):
+class LiveError(DriverError):
     """The API server answered with an error (the message says which request)."""
 
 
@@ -53,20 +53,24 @@ def split_key(key: str) -> tuple[str, str]:
 
 async def get_class(client: KubeClient, name: str) -> JSON:
     """One DeviceClass."""
-    obj = await get_json(client, f"{API}/deviceclasses/{quote(name, safe='')}")
+    obj = await get_json(client, resourceapi.path(resourceapi.DEVICE_CLASSES, name))
     return {"kind": "DeviceClass", **obj}
 
 
 async def get_claim(client: KubeClient, key: str) -> JSON:
     """A ResourceClaim by ``namespace/name``, or else a ResourceClaimTemplate of that name."""
     namespace, name = split_key(key)
-    base = f"{API}/namespaces/{quote(namespace, safe='')}"
     try:
-        obj = await get_json(client, f"{base}/resourceclaims/{quote(name, safe='')}")
+        obj = await get_json(
+            client, resourceapi.path(resourceapi.RESOURCE_CLAIMS, name, namespace=namespace)
+        )
         return {"kind": "ResourceClaim", **obj}
     except LiveError as claim_error:
         try:
-            obj = await get_json(client, f"{base}/resourceclaimtemplates/{quote(name, safe='')}")
+            obj = await get_json(
+                client,
+                resourceapi.path(resourceapi.RESOURCE_CLAIM_TEMPLATES, name, namespace=namespace),
+            )
         except LiveError:
             raise claim_error from None
         return {"kind": "ResourceClaimTemplate", **obj}
@@ -84,7 +88,11 @@ class ClusterState:
 async def cluster_state(client: KubeClient) -> ClusterState:
     """All DeviceClasses, ResourceSlices and ResourceClaims."""
     return ClusterState(
-        classes=await list_all(client, f"{API}/deviceclasses", "DeviceClass"),
-        slices=await list_all(client, f"{API}/resourceslices", "ResourceSlice"),
-        claims=await list_all(client, f"{API}/resourceclaims", "ResourceClaim"),
+        classes=await list_all(client, resourceapi.path(resourceapi.DEVICE_CLASSES), "DeviceClass"),
+        slices=await list_all(
+            client, resourceapi.path(resourceapi.RESOURCE_SLICES), "ResourceSlice"
+        ),
+        claims=await list_all(
+            client, resourceapi.path(resourceapi.RESOURCE_CLAIMS), "ResourceClaim"
+        ),
     )

@@ -10,11 +10,12 @@ from typing import Any
 import yaml
 
 from dra_driver.cel.match import Device, slice_devices
+from dra_driver.errors import DriverError
 
 JSON = dict[str, Any]
 
 
-class SourceError(Exception):
+class SourceError(DriverError):
     """A file could not be read or holds the wrong kind of object."""
 
 

@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from dra_driver.errors import PrepareError
+
 API_GROUP_VERSION = "gpu.dra.dev/v1alpha1"
 
 # A memory quantity as Kubernetes writes it; kept as text and converted to MPS's own units.
@@ -112,7 +114,7 @@ _KINDS: dict[str, type[GpuConfig] | type[MigDeviceConfig]] = {
 KIND_FOR_TYPE = {"gpu": "GpuConfig", "mig": "MigDeviceConfig"}
 
 
-class ConfigError(ValueError):
+class ConfigError(PrepareError, ValueError):
     """A claim's configuration cannot be used; the message says what to fix."""
 
 

@@ -13,12 +13,8 @@ Typical use::
         ...  # run until told to stop; leaving the block removes the sockets
 """
 
-from dra_driver.kubeletplugin.claims import (
-    ClaimError,
-    ClaimFetcher,
-    KubeClaimFetcher,
-    claim_to_prepare,
-)
+from dra_driver.errors import PrepareError
+from dra_driver.kubeletplugin.claims import ClaimFetcher, KubeClaimFetcher, claim_to_prepare
 from dra_driver.kubeletplugin.interfaces import (
     ClaimRef,
     ClaimToPrepare,
@@ -44,7 +40,6 @@ __all__ = [
     "DEFAULT_PLUGINS_DIR",
     "DEFAULT_REGISTRY_DIR",
     "MAX_SOCKET_PATH",
-    "ClaimError",
     "ClaimFetcher",
     "ClaimRef",
     "ClaimToPrepare",
@@ -55,6 +50,7 @@ __all__ = [
     "KubeClaimFetcher",
     "Plugin",
     "PluginConfig",
+    "PrepareError",
     "PrepareResult",
     "PreparedDevice",
     "SocketPaths",

@@ -2,11 +2,13 @@
 
 The probe is only useful if it fails when the kubelet could not reach the plugin, so each
 Check dials the plugin's own unix sockets: GetInfo on the registration socket and an empty
-NodePrepareResources on the DRA socket (it touches no claim and takes no lock).
+NodePrepareResources on the DRA socket (it touches no claim and takes no lock). A driver adds
+its own check (the agent: the heartbeats of its background loops).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -27,6 +29,9 @@ reg_grpc: Any = _reg_grpc
 
 PROBE_TIMEOUT = 2.0
 
+#: A driver's own liveness check: None when healthy, else why not (one line).
+Check = Callable[[], str | None]
+
 
 async def sockets_answer(paths: SocketPaths, deadline: float = PROBE_TIMEOUT) -> str | None:
     """None when both sockets answer, else why not (one line)."""
@@ -45,14 +50,17 @@ async def sockets_answer(paths: SocketPaths, deadline: float = PROBE_TIMEOUT) ->
 
 
 class LivenessServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
-    """Answers SERVING only while the plugin's sockets answer."""
+    """Answers SERVING only while the plugin's sockets answer and ``check`` finds nothing."""
 
-    def __init__(self, paths: SocketPaths) -> None:
+    def __init__(self, paths: SocketPaths, check: Check | None = None) -> None:
         self._paths = paths
+        self._check = check
         self._last_problem: str | None = None
 
     async def Check(self, request: Any, context: Any) -> Any:
         problem = await sockets_answer(self._paths)
+        if problem is None and self._check is not None:
+            problem = self._check()
         if problem != self._last_problem:
             if problem:
                 log.error("liveness check failing", reason=problem)
@@ -67,10 +75,12 @@ class LivenessServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
         return health_pb2.HealthCheckResponse(status=status)
 
 
-async def serve_liveness(paths: SocketPaths, port: int, address: str = "[::]") -> Any:
+async def serve_liveness(
+    paths: SocketPaths, port: int, address: str = "[::]", check: Check | None = None
+) -> Any:
     """Start the health server on ``address:port``; returns the started grpc.aio server."""
     server = grpc.aio.server()
-    health_pb2_grpc.add_HealthServicer_to_server(LivenessServicer(paths), server)
+    health_pb2_grpc.add_HealthServicer_to_server(LivenessServicer(paths, check), server)
     bound = server.add_insecure_port(f"{address}:{port}")
     if bound == 0:
         raise OSError(f"cannot listen on {address}:{port} for the liveness probe")

@@ -7,13 +7,15 @@ replaced claim, an API error, or a driver exception affects that claim alone.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
-from dra_driver.kubeletplugin.claims import ClaimError, ClaimFetcher, claim_to_prepare
+from dra_driver.errors import PrepareError
+from dra_driver.kubeletplugin.claims import ClaimFetcher, claim_to_prepare
 from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare, Driver, PreparedDevice
 from dra_driver.kubeletplugin.lock import NodeLock
 
@@ -28,10 +30,39 @@ class PrepareOutcome:
     error: str = ""
 
 
+#: Longest error message sent back for a claim (the kubelet shows it in the pod's events);
+#: a message that quotes a huge config value is cut here.
+MAX_ERROR = 1024
+
+
 def error_text(exc: BaseException) -> str:
-    """A one-line message for an exception, never empty."""
-    text = str(exc).strip()
-    return text if text else type(exc).__name__
+    """A message for an exception, never empty and at most :data:`MAX_ERROR` characters."""
+    text = str(exc).strip() or type(exc).__name__
+    if len(text) > MAX_ERROR:
+        text = f"{text[:MAX_ERROR]}... ({len(text) - MAX_ERROR} more characters)"
+    return text
+
+
+#: metadata.uid is set by the API server, always a UUID: at most 36 of these characters. The
+#: driver names files after it, so anything else (a path separator, 300 characters that make
+#: every file operation fail with ENAMETOOLONG) never gets that far.
+_UID = re.compile(r"[0-9a-f-]{1,36}")
+
+
+def valid_uid(uid: str) -> bool:
+    """Whether ``uid`` has the shape of a Kubernetes UID."""
+    return _UID.fullmatch(uid) is not None
+
+
+def _bad_uid_error(uid: str) -> str:
+    shown = uid if len(uid) <= 40 else f"{uid[:40]}... ({len(uid)} characters)"
+    return f"claim UID {shown!r} is not a Kubernetes UID (up to 36 characters of 0-9, a-f, -)"
+
+
+def _by_uid_shape(claims: Sequence[ClaimRef]) -> tuple[list[ClaimRef], list[ClaimRef]]:
+    """The distinct claims, split into those with a valid UID and the others."""
+    unique = _unique(claims)
+    return [r for r in unique if valid_uid(r.uid)], [r for r in unique if not valid_uid(r.uid)]
 
 
 def _unique(claims: Sequence[ClaimRef]) -> list[ClaimRef]:
@@ -131,9 +162,11 @@ class NodeService:
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareOutcome]:
         """Prepare each claim; the result has one entry per distinct claim UID."""
-        refs = _unique(claims)
+        refs, invalid = _by_uid_shape(claims)
+        outcomes = {ref.uid: PrepareOutcome(error=_bad_uid_error(ref.uid)) for ref in invalid}
+        for ref in invalid:
+            log.error("prepare refused", claim=str(ref), error=outcomes[ref.uid].error)
         checked = await asyncio.gather(*(self._fetch(ref) for ref in refs))
-        outcomes: dict[str, PrepareOutcome] = {}
         ready: list[ClaimToPrepare] = []
         for ref, item in zip(refs, checked, strict=True):
             if isinstance(item, ClaimToPrepare):
@@ -147,12 +180,17 @@ class NodeService:
         return outcomes
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
-        """Unprepare each claim; maps claim UID to an error message (empty on success)."""
-        refs = _unique(claims)
+        """Unprepare each claim; maps claim UID to an error message (empty on success).
+
+        A UID that is not a Kubernetes UID was never prepared: unpreparing it succeeds.
+        """
+        refs, invalid = _by_uid_shape(claims)
+        errors = {ref.uid: "" for ref in invalid}
+        for ref in invalid:
+            log.warning("unprepare of an invalid claim UID: nothing to do", claim=str(ref))
         if not refs:
-            return {}
+            return errors
         results = await self._batches.run("unprepare", refs)
-        errors: dict[str, str] = {}
         for ref in refs:
             if ref.uid not in results:
                 errors[ref.uid] = "driver returned no result for this claim"
@@ -177,8 +215,8 @@ class NodeService:
         try:
             claim = await self._fetcher.get_claim(ref.namespace, ref.name)
             return claim_to_prepare(ref, claim, self._driver_name, self._pool)
-        except ClaimError as exc:
-            message = str(exc)
+        except PrepareError as exc:
+            message = error_text(exc)
         except Exception as exc:
             message = f"fetching ResourceClaim {ref}: {error_text(exc)}"
         log.error(

@@ -12,6 +12,8 @@ from typing import Any
 import grpc
 import structlog
 
+from dra_driver.kubeletplugin.grpclog import quiet_malformed_requests
+
 log = structlog.get_logger(__name__)
 
 #: Adds servicers to a freshly created server.
@@ -40,6 +42,7 @@ class UnixServer:
             raise RuntimeError(f"{self._name} server already running")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_socket(self.path)
+        quiet_malformed_requests()
         server = grpc.aio.server()
         self._setup(server)
         # "unix:<path>", not "unix://<path>": gRPC counts the slashes of the latter against

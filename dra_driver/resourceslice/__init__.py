@@ -4,7 +4,8 @@ Knows nothing of GPUs: a driver describes its devices as ``resource.k8s.io/v1`` 
 them in a :class:`DesiredPool` and hands that to a :class:`SliceController`.
 """
 
-from dra_driver.resourceslice.controller import SliceController, delete_pool_slices
+from dra_driver.resourceslice.cleanup import delete_pool_slices
+from dra_driver.resourceslice.controller import SliceController
 from dra_driver.resourceslice.planner import Plan, plan
 from dra_driver.resourceslice.pool import DesiredPool, NodeOwner, SliceContent, contents_for
 

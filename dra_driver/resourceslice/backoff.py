@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,3 +53,16 @@ class Backoff:
     def reset(self) -> None:
         """Forget past failures after a success."""
         self.attempt = 0
+
+
+async def pause(delay: float, other_got_through: asyncio.Event) -> None:
+    """Back off for ``delay``, but stop early once the other task reached the server.
+
+    The watcher and the reconciler back off independently during an outage; whichever gets
+    through first must not leave the other asleep for up to half a minute (a watcher still
+    asleep would leave deleted slices unrepaired).
+    """
+    other_got_through.clear()
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(delay):
+            await other_got_through.wait()

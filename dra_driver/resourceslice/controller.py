@@ -16,7 +16,6 @@ delay plus one round trip. Stopping the controller leaves the slices in place.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import random
 from collections.abc import Awaitable, Callable, Mapping
@@ -25,12 +24,15 @@ from typing import Any
 import structlog
 
 from dra_driver import faults
+from dra_driver.errors import DriverError
 from dra_driver.kube import KubeClient
-from dra_driver.resourceslice.backoff import Backoff
-from dra_driver.resourceslice.dropped import describe_dropped, feature_gate_for, find_dropped
+from dra_driver.resourceslice.backoff import Backoff, pause
+from dra_driver.resourceslice.dropped import feature_gate_for, find_dropped
 from dra_driver.resourceslice.planner import Plan, plan
 from dra_driver.resourceslice.pool import DesiredPool, NodeOwner
 from dra_driver.resourceslice.rawapi import CONNECTION_ERRORS, ApiError, RawApi
+from dra_driver.resourceslice.reporting import ApiErrorReporter, describe, log_dropped
+from dra_driver.resourceslice.store import SliceStore, field_selector, meta
 
 JSON = dict[str, Any]
 DroppedCallback = Callable[[frozenset[str]], Awaitable[None] | None]
@@ -47,36 +49,8 @@ _WATCH_ERRORS: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, ValueError
 _RELIST_ERRORS: tuple[type[BaseException], ...] = (ApiError, *CONNECTION_ERRORS)
 
 
-def _describe(err: BaseException) -> str:
-    """A short one-line description of a connection error for logs."""
-    text = str(err).strip()
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__
-
-
-class NodeNotFoundError(Exception):
+class NodeNotFoundError(DriverError):
     """The Node object does not exist (yet); a node-local pool without its node is not published."""
-
-
-def field_selector(node_name: str, driver: str) -> str:
-    """The field selector for one node's slices of one driver."""
-    return f"spec.nodeName={node_name},spec.driver={driver}"
-
-
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
-
-
-def _is_older(candidate: str, current: str) -> bool:
-    """True if resourceVersion ``candidate`` is known to precede ``current``.
-
-    resourceVersions are opaque; in practice they are etcd revisions (integers), and comparing
-    them is the only way to drop a stale watch event that arrives after our own write's result.
-    When either is not an integer nothing is assumed.
-    """
-    if candidate.isdigit() and current.isdigit():
-        return int(candidate) < int(current)
-    return False
 
 
 class SliceController:
@@ -114,17 +88,17 @@ class SliceController:
         self._on_dropped = on_dropped
         self._selector = field_selector(node_name, driver)
         self._log = log.bind(node=node_name, driver=driver)
+        self._reporter = ApiErrorReporter(self._log)
 
         self._desired: DesiredPool | None = None
         self._owner: NodeOwner | None = None
-        self._store: dict[str, JSON] = {}
+        self._store = SliceStore(driver, node_name)
         self._listed = asyncio.Event()
         self._wake = asyncio.Event()
         self._synced = asyncio.Event()
         self._recovered = asyncio.Event()  # the watcher got through to the server
         self._reached = asyncio.Event()  # the reconciler got through to the server
         self._dropped: set[str] = set()
-        self._reported: set[tuple[int, str, str]] = set()
         self._eager_rounds = 0
         self._generation = 0
 
@@ -151,7 +125,7 @@ class SliceController:
     @property
     def slices(self) -> list[JSON]:
         """The controller's current view of this node's slices (a snapshot)."""
-        return list(self._store.values())
+        return list(self._store.objects.values())
 
     async def set_pool(self, desired: DesiredPool) -> None:
         """Replace the desired pool and trigger a reconcile; inventory changes come here too."""
@@ -185,45 +159,9 @@ class SliceController:
 
     # ----------------------------------------------------------------- watching
 
-    def _replace_store(self, items: list[JSON]) -> None:
-        self._store = {
-            str(_meta(o).get("name")): o for o in items if _meta(o).get("name") and self._is_ours(o)
-        }
-
-    def _is_ours(self, obj: Mapping[str, Any]) -> bool:
-        # The server filters by field selector already; this guards against a misbehaving proxy.
-        spec = obj.get("spec") or {}
-        return spec.get("driver") == self.driver and spec.get("nodeName") == self.node_name
-
-    def _remember(self, obj: JSON) -> None:
-        """Store a slice unless the store already holds a newer version of the same object."""
-        meta = _meta(obj)
-        name = str(meta.get("name", ""))
-        if not name:
-            return
-        if not self._is_ours(obj):
-            self._store.pop(name, None)
-            return
-        current = self._store.get(name)
-        if current is not None:
-            cur = _meta(current)
-            if cur.get("uid") == meta.get("uid") and _is_older(
-                str(meta.get("resourceVersion", "")), str(cur.get("resourceVersion", ""))
-            ):
-                return
-        self._store[name] = obj
-
-    def _forget(self, obj: Mapping[str, Any]) -> None:
-        meta = _meta(obj)
-        name = str(meta.get("name", ""))
-        current = self._store.get(name)
-        # A late DELETED event of an older incarnation must not remove a recreated slice.
-        if current is not None and _meta(current).get("uid") in (None, meta.get("uid")):
-            del self._store[name]
-
     async def _relist(self) -> str:
         listing = await self._api.list_slices(self._selector)
-        self._replace_store(list(listing.get("items") or []))
+        self._store.replace(listing.get("items") or [])
         self._listed.set()
         self._recovered.set()
         self._wake.set()
@@ -236,7 +174,7 @@ class SliceController:
             try:
                 if version is None:
                     version = await self._relist()
-                    self._log.debug("listed slices", slices=len(self._store), rv=version)
+                    self._log.debug("listed slices", slices=len(self._store.objects), rv=version)
                 version = await self._watch(version)
                 backoff.reset()
             except ApiError as err:
@@ -244,8 +182,8 @@ class SliceController:
                 if err.status == 410:
                     self._log.info("watch expired, re-listing")
                     continue
-                self._report(err)
-                await self._pause(backoff.next_delay(err.retry_after), self._reached)
+                self._reporter.report(err)
+                await pause(backoff.next_delay(err.retry_after), self._reached)
             except _WATCH_ERRORS as err:
                 version = None
                 # Only the first failure of an outage is worth a warning; retries are noise.
@@ -253,10 +191,10 @@ class SliceController:
                 delay = backoff.next_delay()
                 level(
                     "lost the watch on resourceslices, will re-list",
-                    error=_describe(err),
+                    error=describe(err),
                     retry_in=round(delay, 2),
                 )
-                await self._pause(delay, self._reached)
+                await pause(delay, self._reached)
 
     async def _watch(self, version: str) -> str | None:
         """Follow one watch request; return where to resume, or None to re-list."""
@@ -280,13 +218,13 @@ class SliceController:
                     resource="resourceslices",
                 )
             events += 1
-            version = str(_meta(obj).get("resourceVersion") or version)
+            version = str(meta(obj).get("resourceVersion") or version)
             if kind == "BOOKMARK":
                 continue
             if kind == "DELETED":
-                self._forget(obj)
+                self._store.forget(obj)
             else:
-                self._remember(obj)
+                self._store.remember(obj)
             self._wake.set()
         if events == 0 and asyncio.get_running_loop().time() - started < 1.0:
             # A watch that ends at once without a word is a proxy or server misbehaving; going
@@ -325,10 +263,10 @@ class SliceController:
                         # Conflicts that keep coming mean a fight with another writer.
                         await asyncio.sleep(delay)
                     continue
-                self._report(err)
+                self._reporter.report(err)
                 delay = backoff.next_delay(err.retry_after)
                 if err.status == 429 or err.status >= 500:
-                    await self._pause(delay, self._recovered)
+                    await pause(delay, self._recovered)
                 else:
                     await asyncio.sleep(delay)
             except NodeNotFoundError:
@@ -344,21 +282,8 @@ class SliceController:
                 self._wake.set()
                 level = self._log.warning if backoff.attempt == 0 else self._log.debug
                 delay = backoff.next_delay()
-                level("cannot reach the API server", error=_describe(err), retry_in=round(delay, 2))
-                await self._pause(delay, self._recovered)
-
-    @staticmethod
-    async def _pause(delay: float, other_got_through: asyncio.Event) -> None:
-        """Back off for ``delay``, but stop early once the other task reached the server.
-
-        The watcher and the reconciler back off independently during an outage; whichever gets
-        through first must not leave the other asleep for up to half a minute (a watcher still
-        asleep would leave deleted slices unrepaired).
-        """
-        other_got_through.clear()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(delay):
-                await other_got_through.wait()
+                level("cannot reach the API server", error=describe(err), retry_in=round(delay, 2))
+                await pause(delay, self._recovered)
 
     async def _relist_quietly(self) -> None:
         try:
@@ -369,7 +294,7 @@ class SliceController:
 
     def _plan(self) -> Plan:
         assert self._desired is not None
-        return plan(list(self._store.values()), self._desired, self._owner, self._dropped)
+        return plan(list(self._store.objects.values()), self._desired, self._owner, self._dropped)
 
     async def _reconcile_once(self, backoff: Backoff) -> bool:
         """Make one round of writes; True when nothing needed to be written."""
@@ -379,7 +304,7 @@ class SliceController:
             self._eager_rounds = 0
             if not self._synced.is_set():
                 self._log.info(
-                    "pool published", generation=result.generation, slices=len(self._store)
+                    "pool published", generation=result.generation, slices=len(self._store.objects)
                 )
             self._synced.set()
             return True
@@ -415,10 +340,10 @@ class SliceController:
                 raise NodeNotFoundError(self.node_name) from err
             if err.status in (403, 404):
                 if err.status == 403:
-                    self._report(err)
+                    self._reporter.report(err)
                 return None  # publish without an owner rather than not at all
             raise
-        uid = _meta(node).get("uid")
+        uid = meta(node).get("uid")
         return NodeOwner(name=self.node_name, uid=str(uid)) if uid else None
 
     async def _execute(self, result: Plan) -> None:
@@ -445,16 +370,16 @@ class SliceController:
             await self._report_dropped(dropped)
         for name in result.deletes:
             faults.point("publisher.before-delete")
-            uid = _meta(self._store.get(name) or {}).get("uid")
+            uid = meta(self._store.objects.get(name) or {}).get("uid")
             self.writes += 1
             await self._api.delete_slice(name, str(uid) if uid else None)
-            self._store.pop(name, None)
+            self._store.objects.pop(name, None)
             self._log.debug("deleted slice", slice=name)
 
     def _after_write(self, sent: JSON, stored: JSON, dropped: dict[str, str]) -> None:
-        name = str(_meta(stored).get("name", ""))
-        self._log.debug("wrote slice", slice=name, rv=_meta(stored).get("resourceVersion"))
-        self._remember(stored)
+        name = str(meta(stored).get("name", ""))
+        self._log.debug("wrote slice", slice=name, rv=meta(stored).get("resourceVersion"))
+        self._store.remember(stored)
         for path in find_dropped(sent.get("spec") or {}, stored.get("spec") or {}):
             if path not in self._dropped:
                 dropped.setdefault(path, name)
@@ -464,69 +389,8 @@ class SliceController:
         if not dropped:
             return
         self._dropped |= set(dropped)
-        for gate, paths in describe_dropped(dropped).items():
-            self._log.warning(
-                "the API server dropped fields from the slices; the feature gate is probably "
-                "disabled, publishing without these fields",
-                feature_gate=gate,
-                fields=paths,
-                slice=dropped[paths[0]],
-            )
+        log_dropped(self._log, dropped)
         if self._on_dropped is not None:
             outcome = self._on_dropped(frozenset(feature_gate_for(p) for p in dropped))
             if inspect.isawaitable(outcome):
                 await outcome
-
-    def _report(self, err: ApiError) -> None:
-        """Log an API error clearly; the same kind of failure is logged loudly only once."""
-        key = (err.status, err.verb, err.name or "")
-        first = key not in self._reported
-        self._reported.add(key)
-        if err.status == 403:
-            if first:
-                self._log.error(
-                    f"forbidden: this service account may not {err.verb} {err.resource}; "
-                    "grant the verb in the driver's ClusterRole",
-                    verb=err.verb,
-                    resource=err.resource,
-                    message=err.message,
-                )
-            return
-        if err.status in (400, 422):
-            self._log.error(
-                "the API server rejected a slice",
-                slice=err.name,
-                verb=err.verb,
-                status=err.status,
-                message=err.message,
-            )
-            return
-        level = self._log.warning if first else self._log.debug
-        level(
-            "API request failed, backing off",
-            verb=err.verb,
-            resource=err.resource,
-            slice=err.name,
-            status=err.status,
-            message=err.message,
-        )
-
-
-async def delete_pool_slices(api: KubeClient | RawApi, node_name: str, driver: str) -> int:
-    """Delete every ResourceSlice of ``driver`` on ``node_name``; return how many were deleted.
-
-    For explicit cleanup (``dra-driver cleanup --node-name N``); a stopping controller never
-    deletes its slices, so a restart does not make the node's devices vanish from the scheduler.
-    """
-    raw = RawApi(api)
-    listing = await raw.list_slices(field_selector(node_name, driver))
-    deleted = 0
-    for obj in listing.get("items") or []:
-        spec = obj.get("spec") or {}
-        if spec.get("driver") != driver or spec.get("nodeName") != node_name:
-            continue
-        meta = _meta(obj)
-        if await raw.delete_slice(str(meta.get("name")), meta.get("uid")):
-            deleted += 1
-            log.info("deleted slice", node=node_name, driver=driver, slice=meta.get("name"))
-    return deleted

@@ -11,7 +11,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-API_VERSION = "resource.k8s.io/v1"
+from dra_driver import resourceapi
+
 KIND = "ResourceSlice"
 
 #: Validation limits of resource.k8s.io/v1 (see the ResourceSlice validation code).
@@ -156,7 +157,7 @@ def render_slice(
                 "controller": True,
             }
         ]
-    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec}
+    return {"apiVersion": resourceapi.API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec}
 
 
 def render_pool(

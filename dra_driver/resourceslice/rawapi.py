@@ -15,11 +15,13 @@ from urllib.parse import quote
 
 import aiohttp
 
+from dra_driver import resourceapi
+from dra_driver.errors import DriverError
 from dra_driver.kube import KubeClient, Response
 
 JSON = dict[str, Any]
 
-SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
+SLICES_PATH = resourceapi.path(resourceapi.RESOURCE_SLICES)
 NODES_PATH = "/api/v1/nodes"
 
 #: Errors that mean "could not talk to the API server" rather than "the server said no".
@@ -31,7 +33,7 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
-class ApiError(Exception):
+class ApiError(DriverError):
     """A non-2xx answer from the API server, with the parts worth logging."""
 
     def __init__(

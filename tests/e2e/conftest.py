@@ -24,8 +24,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.kube import KubeClient
-from dra_driver.localcluster import (
+from devenv.localcluster import (
     ClusterError,
     LocalCluster,
     ManagedProcess,
@@ -34,6 +33,7 @@ from dra_driver.localcluster import (
     repo_root,
     save_state,
 )
+from dra_driver.kube import KubeClient
 
 E2E_MARK = "e2e"
 _started: list[LocalCluster] = []

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from dra_driver.localcluster import LocalCluster
-from dra_driver.simnode import GpuNode, start_gpu_node
+from devenv.localcluster import LocalCluster
+from devenv.simnode import GpuNode, start_gpu_node
 from tests.e2e.conftest import raw
 
 DRIVER = "gpu.dra.dev"

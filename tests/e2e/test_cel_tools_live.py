@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from dra_driver.localcluster import LocalCluster
-from dra_driver.simnode import GpuNode
+from devenv.localcluster import LocalCluster
+from devenv.simnode import GpuNode
 from tests.e2e.conftest import raw, wait_until
 from tests.e2e.gpu import apply, node_slices
 

@@ -16,7 +16,7 @@ import pytest
 from kubernetes import client as k
 from kubernetes.client.exceptions import ApiException
 
-from dra_driver.localcluster import LocalCluster
+from devenv.localcluster import LocalCluster
 
 pytestmark = pytest.mark.e2e
 

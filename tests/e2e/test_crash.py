@@ -18,11 +18,11 @@ from typing import Any
 import grpc
 import pytest
 
+from devenv.localcluster import LocalCluster, NodeHandle
+from devenv.simnode import GpuNode, start_driver
 from dra_driver import faults
 from dra_driver._proto.dra.v1 import api_pb2 as v1_pb2
 from dra_driver._proto.dra.v1 import api_pb2_grpc as v1_grpc
-from dra_driver.localcluster import LocalCluster, NodeHandle
-from dra_driver.simnode import GpuNode, start_driver
 from tests.e2e.conftest import gone, raw, wait_until
 from tests.e2e.gpu import DRIVER, apply, claim_of, gpu_pod, node_slices, published_devices
 
@@ -101,7 +101,7 @@ def check_claim_gone(node: NodeHandle, uid: str) -> None:
     """Nothing of an unprepared claim is left on the node."""
     assert uid not in checkpoint_claims(node)
     assert not (node.cdi_dir / f"{SPEC_PREFIX}{uid}.json").exists()
-    assert not (node.cdi_dir / f".{SPEC_PREFIX}{uid}.json.tmp").exists()
+    assert not list(node.cdi_dir.glob(f".{SPEC_PREFIX}{uid}.json*.tmp"))
 
 
 def prepare_again(node: NodeHandle, namespace: str, name: str, uid: str) -> list[str]:

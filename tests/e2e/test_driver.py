@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from dra_driver.localcluster import LocalCluster
-from dra_driver.simnode import GpuNode
+from devenv.localcluster import LocalCluster
+from devenv.simnode import GpuNode
 from tests.e2e.conftest import gone, raw, wait_until
 from tests.e2e.gpu import DRIVER, apply, claim_of, gpu_pod, node_slices, published_devices
 
@@ -118,7 +118,7 @@ def test_agent_survives_a_restart_with_prepared_claims(
 ) -> None:
     from kubernetes import client as k
 
-    from dra_driver.simnode import start_driver
+    from devenv.simnode import start_driver
 
     node = gpu_node("l4x4")
     wait_until(lambda: published_devices(kube_api, node.name), 30, "slices published")

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from devenv.localcluster import LocalCluster
+from devenv.simnode import GpuNode, start_driver
 from dra_driver import faults
 from dra_driver.gpu.mig.simulated import SIMULATED_STATE_FILE
-from dra_driver.localcluster import LocalCluster
-from dra_driver.simnode import GpuNode, start_driver
 from tests.e2e.conftest import gone, raw, wait_until
 from tests.e2e.gpu import apply, claim_of, published_devices
 from tests.e2e.test_crash import check_node_consistent

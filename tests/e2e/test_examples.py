@@ -13,8 +13,8 @@ import pytest
 import yaml
 from kubernetes import client as k
 
-from dra_driver.localcluster import LocalCluster
-from dra_driver.simnode import GpuNode, start_gpu_node
+from devenv.localcluster import LocalCluster
+from devenv.simnode import GpuNode, start_gpu_node
 from tests.e2e.conftest import raw, wait_until
 from tests.e2e.test_manifests_e2e import (
     BASE,

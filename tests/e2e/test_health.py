@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.simnode import GpuNode
+from devenv.simnode import GpuNode
 from tests.e2e.conftest import raw, wait_until
 from tests.e2e.gpu import DRIVER, apply, claim_of, gpu_pod, node_slices
 

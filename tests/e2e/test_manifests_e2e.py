@@ -27,7 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import DynamicApiError
 
-from dra_driver.localcluster import LocalCluster, repo_root
+from devenv.localcluster import LocalCluster, repo_root
 
 pytestmark = pytest.mark.e2e
 
@@ -465,6 +465,30 @@ def test_policy_confines_driver_to_its_node(
         assert message and POLICY_MESSAGE in message
     finally:
         res.delete(name=other["metadata"]["name"])
+
+
+def test_policy_rejects_pool_and_driver_spoofing(
+    dyn: DynamicClient, policy_installed: None, unique_name: Callable[[str], str]
+) -> None:
+    _wait_policy_active(dyn, unique_name("slice"))
+    # The legitimate slice: its node, its pool, the driver's name.
+    assert _denied(lambda: _create_as(dyn, _slice(unique_name("slice"), "node-a"), "node-a")) is None
+
+    # Its node but another node's pool (a higher generation would hide node-b's GPUs).
+    spoofed_pool = _slice(unique_name("slice"), "node-a")
+    spoofed_pool["spec"]["pool"]["name"] = "node-b"
+    spoofed_pool["spec"]["pool"]["generation"] = 99
+    message = _denied(lambda: _create_as(dyn, spoofed_pool, "node-a"))
+    assert message and 'not of pool "node-b"' in message
+
+    # Its node and pool, another driver's name.
+    spoofed_driver = _slice(unique_name("slice"), "node-a")
+    spoofed_driver["spec"]["driver"] = "other.vendor.com"
+    message = _denied(lambda: _create_as(dyn, spoofed_driver, "node-a"))
+    assert message and 'not of driver "other.vendor.com"' in message
+
+    # (Moving an own slice into another pool or driver by update needs no policy: the API
+    # server keeps spec.pool.name and spec.driver immutable.)
 
 
 def test_policy_leaves_other_users_alone(

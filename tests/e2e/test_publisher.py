@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
+from devenv.localcluster import ClusterError, LocalCluster
 from dra_driver.kube import KubeClient
-from dra_driver.localcluster import ClusterError, LocalCluster
 from dra_driver.resourceslice import DesiredPool, SliceController, contents_for, delete_pool_slices
-from dra_driver.resourceslice.controller import field_selector
 from dra_driver.resourceslice.rawapi import SLICES_PATH, RawApi
+from dra_driver.resourceslice.store import field_selector
 
 pytestmark = pytest.mark.e2e
 

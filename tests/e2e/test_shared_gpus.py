@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
+from devenv.simnode import GpuNode
 from dra_driver.gpu.sharing.shared_gpus import consumed
 from dra_driver.gpu.sharing.simulated import SIMULATED_STATE_FILE
-from dra_driver.simnode import GpuNode
 from tests.e2e.conftest import gone, raw, wait_until
 from tests.e2e.gpu import DRIVER, claim_of, published_devices
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from devenv.simnode import GpuNode
 from dra_driver.gpu.sharing.simulated import SIMULATED_STATE_FILE
-from dra_driver.simnode import GpuNode
 from tests.e2e.conftest import gone, raw, wait_until
 from tests.e2e.gpu import DRIVER, apply, claim_of, gpu_pod, published_devices
 

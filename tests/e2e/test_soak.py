@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from dra_driver.localcluster import LocalCluster
-from dra_driver.simnode import GpuNode
+from devenv.localcluster import LocalCluster
+from devenv.simnode import GpuNode
 from tests.e2e.conftest import gone, raw, wait_until
 from tests.e2e.gpu import DRIVER, apply
 from tests.e2e.test_crash import check_node_consistent, wait_published

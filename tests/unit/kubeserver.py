@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from dra_driver.kube import Connection, KubeClient, RequestObserver, TokenSource
+from dra_driver.kube import KubeClient, RequestObserver
+from dra_driver.kubeconfig import Connection, TokenSource
 
 Handler = Callable[[web.Request], Any]
 

@@ -147,3 +147,13 @@ def test_unusable_directory_is_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     assert main([*args, f"--plugins-dir={blocker / 'plugins'}", f"--cdi-root={tmp_path / 'cdi'}"]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(blocker) in err
+
+
+def test_demo_without_the_development_environment_says_so_in_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An installed wheel has no devenv package; None in sys.modules makes its import fail.
+    monkeypatch.setitem(sys.modules, "devenv.demo", None)
+    assert main(["demo"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "checkout" in err and "make install" in err

@@ -285,7 +285,7 @@ def batches(draw: st.DrawFn) -> Case:
     objects: dict[str, dict[str, Any] | None] = {}
     valid: set[str] = set()
     for i in range(draw(st.integers(1, 5))):
-        uid = f"uid-{i}"
+        uid = f"0000-{i}"
         ref = ClaimRef("ns", f"claim-{uid}", uid)
         refs.append(ref)
         if free and draw(st.booleans()):
@@ -410,12 +410,12 @@ def test_malformed_claim_fails_alone(served: Served, results: list[Any], config:
     """Found by the fuzzer: a malformed claim used to fail its whole batch (and leave the
     good claims half recorded)."""
     objects: dict[str, dict[str, Any] | None] = {
-        "bad": _claim_object("bad", results, config),
-        "good": _claim_object("good", [GOOD_RESULT]),
+        "bad0": _claim_object("bad0", results, config),
+        "600d": _claim_object("600d", [GOOD_RESULT]),
     }
-    refs = [ClaimRef("ns", "claim-bad", "bad"), ClaimRef("ns", "claim-good", "good")]
+    refs = [ClaimRef("ns", "claim-bad", "bad0"), ClaimRef("ns", "claim-good", "600d")]
     with served.dra_channel() as ch:
-        _check_batch(served, Case(refs, objects, {"good"}), v1_pb2, v1_grpc.DRAPluginStub(ch))
+        _check_batch(served, Case(refs, objects, {"600d"}), v1_pb2, v1_grpc.DRAPluginStub(ch))
 
 
 @settings(max_examples=60, deadline=None)
@@ -469,10 +469,10 @@ def _still_answers(served: Served) -> None:
         info = reg_grpc.RegistrationStub(ch).GetInfo(reg_pb2.InfoRequest(), timeout=10)
     assert info.name == DRIVER
     with served.dra_channel() as ch:
-        ref = ClaimRef("ns", "probe", "probe-uid")
+        ref = ClaimRef("ns", "probe", "9a0be")
         request = v1_pb2.NodePrepareResourcesRequest(claims=_claims(v1_pb2, [ref]))
         response = v1_grpc.DRAPluginStub(ch).NodePrepareResources(request, timeout=10)
-    assert "not found" in response.claims["probe-uid"].error
+    assert "not found" in response.claims["9a0be"].error
 
 
 HEADERS, SETTINGS, DATA, WINDOW_UPDATE, CONTINUATION = 1, 4, 0, 8, 9

@@ -18,9 +18,9 @@ import pytest
 import yaml
 from aiohttp import web
 
-from dra_driver.kube import (
+from dra_driver.kube import KubeClient
+from dra_driver.kubeconfig import (
     Connection,
-    KubeClient,
     KubeConfig,
     KubeConfigError,
     TokenSource,
@@ -200,7 +200,7 @@ def test_order_explicit_then_in_cluster(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
     assert load_connection(str(explicit)).server == "http://explicit"
     # In a pod without a readable service account the message names the in-cluster source.
-    monkeypatch.setattr("dra_driver.kube.SERVICE_ACCOUNT_DIR", tmp_path / "nothing")
+    monkeypatch.setattr("dra_driver.kubeconfig.SERVICE_ACCOUNT_DIR", tmp_path / "nothing")
     with pytest.raises(KubeConfigError, match="from the in-cluster service account"):
         load_connection()
 
@@ -356,15 +356,22 @@ async def test_default_headers_and_token_rotation_on_401(tmp_path: Path) -> None
 
 async def test_request_timeout(tmp_path: Path) -> None:
     async with serve() as server:
+        # Answered only after the client gave up; released then so the server stops at once.
+        answer = asyncio.Event()
 
         async def slow(_: web.Request) -> web.Response:
-            await asyncio.sleep(5)
+            await answer.wait()
             return web.json_response({})
 
         server.routes[("GET", "/slow")] = slow
-        async with plain_client(server) as client:
-            with pytest.raises(TimeoutError):
-                await client.request("GET", "/slow", timeout=0.2)
+        try:
+            async with plain_client(server) as client, asyncio.timeout(5):
+                # A client that ignored its timeout is cancelled here, which pytest.raises
+                # lets through; asyncio.timeout then fails the test.
+                with pytest.raises(TimeoutError):
+                    await client.request("GET", "/slow", timeout=0.2)
+        finally:
+            answer.set()
 
 
 async def test_stream_yields_lines_of_any_length() -> None:

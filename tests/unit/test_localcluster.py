@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dra_driver import localcluster as lc
+from devenv import localcluster as lc
+from devenv.localcluster.cluster import stop_rank
+from devenv.localcluster.processes import pid_alive
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -224,7 +226,7 @@ def test_tail(tmp_path: Path) -> None:
 
 def test_stop_rank_orders_etcd_last() -> None:
     names = ["etcd", "kube-apiserver", "kubelet-n1", "kube-scheduler", "driver-x"]
-    ordered = sorted(names, key=lc._stop_rank)
+    ordered = sorted(names, key=stop_rank)
     assert ordered[:2] == ["kubelet-n1", "driver-x"]
     assert ordered[-1] == "etcd"
     assert ordered.index("kube-apiserver") > ordered.index("kube-scheduler")
@@ -241,7 +243,7 @@ def test_managed_process_stops_whole_group(tmp_path: Path) -> None:
     proc.stop(timeout=1)
     assert time.monotonic() - t0 < 8
     assert not proc.alive()
-    lc.wait_for(lambda: not lc._pid_alive(child), 5, "child gone")
+    lc.wait_for(lambda: not pid_alive(child), 5, "child gone")
 
 
 def test_wait_for_reports_log_of_dead_process(tmp_path: Path) -> None:

@@ -12,10 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from dra_driver.errors import DriverError
 from dra_driver.gpu.inventory import Gpu, Inventory, MigDevice, MigProfile, MigState, Placement
 
 
-class MigError(Exception):
+class MigError(DriverError):
     """A MIG operation failed; the message is one line for a human."""
 
 

@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from dra_driver.errors import DriverError
 
-class SharingError(Exception):
+
+class SharingError(DriverError):
     """A sharing step failed; the message is one line for a human."""
 
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dra_driver.errors import DriverError, PrepareError
 from dra_driver.gpu.allocation import AllocatedDevice, Share
 from dra_driver.gpu.inventory import Gpu, Inventory
 from dra_driver.gpu.sharing.mps import daemon_for, gpu_daemon_id, to_record
@@ -57,7 +58,7 @@ MEMORY_STEP = GIB
 COMPUTE_TOTAL = 100
 
 
-class SelectionError(ValueError):
+class SelectionError(DriverError, ValueError):
     """A ``--shared-gpus`` value that does not parse; the message shows the syntax."""
 
 
@@ -152,7 +153,7 @@ MEMORY = "memory"
 COMPUTE = "compute"
 
 
-class ShareError(ValueError):
+class ShareError(PrepareError, ValueError):
     """A share cannot be prepared; the message says why."""
 
 

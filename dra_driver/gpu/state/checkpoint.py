@@ -30,6 +30,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dra_driver.cdi.writer import write_atomic
+from dra_driver.errors import DriverError
 
 SCHEMA_VERSION = 2
 BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
@@ -125,7 +126,7 @@ def _from_v1(data: dict[str, Any]) -> dict[str, Any]:
 MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _from_v1}
 
 
-class CheckpointTooNew(Exception):
+class CheckpointTooNew(DriverError):
     """The file was written by a newer agent; reading it could lose what that one recorded."""
 
     def __init__(self, path: Path, version: int) -> None:
@@ -136,7 +137,7 @@ class CheckpointTooNew(Exception):
         self.version = version
 
 
-class CorruptCheckpoint(Exception):
+class CorruptCheckpoint(DriverError):
     """The file exists but cannot be trusted; it has been moved aside to ``moved_to``."""
 
     def __init__(self, reason: str, moved_to: Path) -> None:

@@ -21,7 +21,7 @@ import structlog
 from dra_driver import faults
 from dra_driver.cdi.spec import NO_EDITS, ContainerEdits
 from dra_driver.cdi.writer import fsync_dir, remove, spec_file_name, write_atomic
-from dra_driver.gpu.config import ConfigError
+from dra_driver.errors import PrepareError
 from dra_driver.gpu.container import devnodes
 from dra_driver.gpu.container.claim_spec import (
     CDI_CLASS,
@@ -34,7 +34,6 @@ from dra_driver.gpu.mig.backend import MigBackend, MigError
 from dra_driver.gpu.publish.catalog import build_catalog
 from dra_driver.gpu.sharing.backend import SharingBackend, SharingError
 from dra_driver.gpu.sharing.manager import SharingManager
-from dra_driver.gpu.sharing.shared_gpus import ShareError
 from dra_driver.gpu.state import checkpoint, recovery
 from dra_driver.gpu.state.carving import Carver
 from dra_driver.gpu.state.checkpoint import (
@@ -195,7 +194,7 @@ class DeviceState:
                         plan.devices,
                         [r for u, r in self._data.claims.items() if u != uid],
                     )
-                except (ClaimError, ConfigError, ShareError) as exc:
+                except PrepareError as exc:
                     log.warning(
                         "prepare refused",
                         claim=str(claim.ref),

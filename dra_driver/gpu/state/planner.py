@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dra_driver.errors import PrepareError
 from dra_driver.gpu.allocation import AllocatedDevice, with_share
 from dra_driver.gpu.config import parse_allocation_config, resolve_config
 from dra_driver.gpu.container.claim_spec import cdi_device_id
@@ -22,7 +23,7 @@ from dra_driver.gpu.state.checkpoint import ClaimRecord, DeviceRecord, MigRecord
 from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare, PreparedDevice
 
 
-class ClaimError(Exception):
+class ClaimError(PrepareError):
     """A claim cannot be prepared; the message tells the user what to fix."""
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from dra_driver.kube import KubeClient
-from dra_driver.kubeletplugin import ClaimError, ClaimRef, KubeClaimFetcher, claim_to_prepare
+from dra_driver.kubeletplugin import ClaimRef, KubeClaimFetcher, PrepareError, claim_to_prepare
 from tests.unit.kubeserver import FakeApiServer, plain_client, serve
 
 from .helpers import DRIVER, NODE, make_claim
@@ -52,8 +52,43 @@ def test_selects_results_of_this_driver_and_pool() -> None:
     ],
 )
 def test_rejects(claim: dict[str, Any] | None, message: str) -> None:
-    with pytest.raises(ClaimError, match=message):
+    with pytest.raises(PrepareError, match=message):
         claim_to_prepare(REF, claim, DRIVER, NODE)
+
+
+def _allocated(**devices: Any) -> dict[str, Any]:
+    claim = make_claim("u1", "c", "ns")
+    claim["status"]["allocation"]["devices"].update(devices)
+    return claim
+
+
+@pytest.mark.parametrize(
+    ("claim", "message"),
+    [
+        ({"metadata": "u1"}, "metadata is str, expected an object"),
+        ({"metadata": {"uid": "u1"}, "status": ["x"]}, "status is list, expected an object"),
+        (
+            {"metadata": {"uid": "u1"}, "status": {"allocation": 7}},
+            "status.allocation is int, expected an object",
+        ),
+        (
+            {"metadata": {"uid": "u1"}, "status": {"allocation": {"devices": "gpu-0"}}},
+            "status.allocation.devices is str, expected an object",
+        ),
+        (_allocated(results="gpu-0"), r"devices.results is str, expected a list"),
+        (_allocated(results=["gpu-0"]), r"devices.results\[0\] is str, expected an object"),
+        (_allocated(config={"opaque": {}}), r"devices.config is dict, expected a list"),
+        (_allocated(config=[None]), r"devices.config\[0\] is NoneType, expected an object"),
+    ],
+)
+def test_wrong_shape_is_a_clear_claim_error(claim: dict[str, Any], message: str) -> None:
+    with pytest.raises(PrepareError, match=message):
+        claim_to_prepare(REF, claim, DRIVER, NODE)
+
+
+def test_opaque_of_the_wrong_shape_is_not_ours() -> None:
+    claim = _allocated(config=[{"opaque": "x"}])
+    assert claim_to_prepare(REF, claim, DRIVER, NODE).config == ()
 
 
 @pytest.fixture
@@ -83,5 +118,30 @@ async def test_fetcher_not_found(api: tuple[FakeApiServer, KubeClient]) -> None:
 async def test_fetcher_error_carries_api_message(api: tuple[FakeApiServer, KubeClient]) -> None:
     server, client = api
     server.json("GET", PATH, 403, {"kind": "Status", "message": "forbidden: no RBAC"})
-    with pytest.raises(ClaimError, match=r"HTTP 403: forbidden: no RBAC"):
+    with pytest.raises(PrepareError, match=r"HTTP 403: forbidden: no RBAC"):
         await KubeClaimFetcher(client).get_claim("ns", "c")
+
+
+async def test_list_claims_reads_every_page(api: tuple[FakeApiServer, KubeClient]) -> None:
+    from aiohttp import web
+
+    server, client = api
+    pages = {
+        "": {"items": [make_claim("u1", "a", "ns")], "metadata": {"continue": "t1"}},
+        "t1": {"items": [make_claim("u2", "b", "ns"), "junk"], "metadata": {}},
+    }
+
+    async def handler(request: web.Request) -> web.Response:
+        assert request.query["limit"] == "1"
+        return web.json_response(pages[request.query.get("continue", "")])
+
+    server.routes[("GET", "/apis/resource.k8s.io/v1/resourceclaims")] = handler
+    claims = await KubeClaimFetcher(client).list_claims(page=1)
+    assert [c["metadata"]["uid"] for c in claims] == ["u1", "u2"]
+
+
+async def test_list_claims_failure_raises(api: tuple[FakeApiServer, KubeClient]) -> None:
+    server, client = api
+    server.json("GET", "/apis/resource.k8s.io/v1/resourceclaims", 403, {"message": "forbidden"})
+    with pytest.raises(PrepareError, match="listing ResourceClaims: HTTP 403: forbidden"):
+        await KubeClaimFetcher(client).list_claims()

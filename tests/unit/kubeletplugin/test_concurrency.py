@@ -30,7 +30,7 @@ async def test_concurrent_prepare_and_unprepare_are_serialised(
     v1_stub: v1_grpc.DRAPluginStub, driver: FakeDriver, fetcher: FakeFetcher
 ) -> None:
     driver.delay = 0.05
-    refs = [fetcher.add(make_claim(f"u{i}")) for i in range(3)]
+    refs = [fetcher.add(make_claim(f"a{i}")) for i in range(3)]
     calls = []
     for _ in range(3):
         for ref in refs:
@@ -49,7 +49,7 @@ async def test_waiting_calls_are_merged_into_one_driver_call(
 ) -> None:
     """While one driver call runs, the prepares queued behind it go in one batch."""
     driver.delay = 0.2
-    refs = [fetcher.add(make_claim(f"u{i}")) for i in range(16)]
+    refs = [fetcher.add(make_claim(f"a{i}")) for i in range(16)]
     first = asyncio.ensure_future(
         v1_stub.NodePrepareResources(prepare_request(v1_pb2, refs[0]), timeout=10)
     )
@@ -68,7 +68,7 @@ async def test_waiting_calls_are_merged_into_one_driver_call(
 async def test_two_instances_share_the_node_lock(short_dir: Path, fetcher: FakeFetcher) -> None:
     """An old and a new pod during a rolling update never run driver calls at the same time."""
     shared = FakeDriver(delay=0.05)
-    ref = fetcher.add(make_claim("u1"))
+    ref = fetcher.add(make_claim("a1"))
     old = Plugin(config_for(short_dir, pod_uid="old-pod"), shared, fetcher)
     new = Plugin(config_for(short_dir, pod_uid="new-pod"), shared, fetcher)
     assert old.paths.lock == new.paths.lock
@@ -97,7 +97,7 @@ async def test_deadline_cancels_slow_driver_and_releases_lock(
     plugin: Plugin, v1_stub: v1_grpc.DRAPluginStub, driver: FakeDriver, fetcher: FakeFetcher
 ) -> None:
     driver.delay = 5.0
-    ref = fetcher.add(make_claim("u1"))
+    ref = fetcher.add(make_claim("a1"))
     start = time.monotonic()
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await v1_stub.NodePrepareResources(prepare_request(v1_pb2, ref), timeout=0.3)
@@ -107,14 +107,14 @@ async def test_deadline_cancels_slow_driver_and_releases_lock(
     assert time.monotonic() - start < 2.0
     driver.delay = 0.0
     resp = await v1_stub.NodePrepareResources(prepare_request(v1_pb2, ref), timeout=5)
-    assert resp.claims["u1"].error == ""
+    assert resp.claims["a1"].error == ""
 
 
 async def test_client_cancel_releases_lock(
     plugin: Plugin, v1_stub: v1_grpc.DRAPluginStub, driver: FakeDriver, fetcher: FakeFetcher
 ) -> None:
     driver.delay = 5.0
-    ref = fetcher.add(make_claim("u1"))
+    ref = fetcher.add(make_claim("a1"))
     call = v1_stub.NodeUnprepareResources(unprepare_request(v1_pb2, ref))
     await asyncio.wait_for(driver.started.wait(), 5)
     call.cancel()
@@ -123,7 +123,7 @@ async def test_client_cancel_releases_lock(
     await _eventually(lambda: driver.active == 0 and not plugin.lock.locked())
     driver.delay = 0.0
     resp = await v1_stub.NodeUnprepareResources(unprepare_request(v1_pb2, ref), timeout=5)
-    assert resp.claims["u1"].error == ""
+    assert resp.claims["a1"].error == ""
 
 
 async def test_deadline_while_waiting_for_file_lock(
@@ -131,7 +131,7 @@ async def test_deadline_while_waiting_for_file_lock(
 ) -> None:
     """Another instance holds the node lock past our deadline; nothing stays locked after."""
     other = NodeLock(plugin.paths.lock)
-    ref = fetcher.add(make_claim("u1"))
+    ref = fetcher.add(make_claim("a1"))
     async with other.hold():
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await v1_stub.NodePrepareResources(prepare_request(v1_pb2, ref), timeout=0.3)
@@ -139,8 +139,8 @@ async def test_deadline_while_waiting_for_file_lock(
         assert driver.calls == []
     await _eventually(lambda: not plugin.lock.locked())
     resp = await v1_stub.NodePrepareResources(prepare_request(v1_pb2, ref), timeout=5)
-    assert resp.claims["u1"].error == ""
-    assert driver.calls == [("prepare", ("u1",))]
+    assert resp.claims["a1"].error == ""
+    assert driver.calls == [("prepare", ("a1",))]
 
 
 async def test_lock_serialises_tasks_and_survives_cancellation(short_dir: Path) -> None:

@@ -35,3 +35,19 @@ async def test_serving_while_sockets_answer_and_not_after(plugin: Plugin) -> Non
         assert await _check(port) == health_pb2.HealthCheckResponse.NOT_SERVING
     finally:
         await server.stop(0)
+
+
+async def test_not_serving_while_the_drivers_own_check_fails(plugin: Plugin) -> None:
+    problem: list[str] = []
+    port = _free_port()
+    server = await serve_liveness(
+        plugin.paths, port, address="127.0.0.1", check=lambda: problem[0] if problem else None
+    )
+    try:
+        assert await _check(port) == health_pb2.HealthCheckResponse.SERVING
+        problem.append("background loops not alive: publisher")
+        assert await _check(port) == health_pb2.HealthCheckResponse.NOT_SERVING
+        problem.clear()
+        assert await _check(port) == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        await server.stop(0)

@@ -26,10 +26,10 @@ from .helpers import (
 async def test_multi_claim_prepare_with_bad_claims(
     v1_stub: v1_grpc.DRAPluginStub, driver: FakeDriver, fetcher: FakeFetcher
 ) -> None:
-    good = fetcher.add(make_claim("u-good"))
+    good = fetcher.add(make_claim("a-600d"))
     good2 = fetcher.add(
         make_claim(
-            "u-good2",
+            "a-600d2",
             results=[
                 {"request": "a", "driver": DRIVER, "pool": NODE, "device": "gpu-0"},
                 {"request": "b", "driver": "other.dev", "pool": NODE, "device": "x"},
@@ -37,34 +37,34 @@ async def test_multi_claim_prepare_with_bad_claims(
             ],
         )
     )
-    replaced = fetcher.add(make_claim("u-new", name="replaced"))
-    replaced = ClaimRef(replaced.namespace, replaced.name, "u-old")
-    unallocated = fetcher.add(make_claim("u-unalloc", allocated=False))
-    failing = fetcher.add(make_claim("u-fail"))
-    driver.fail.add("u-fail")
-    missing = ClaimRef("default", "missing", "u-missing")
-    api_error = fetcher.add(make_claim("u-api"))
+    replaced = fetcher.add(make_claim("a-e0", name="replaced"))
+    replaced = ClaimRef(replaced.namespace, replaced.name, "a-01d")
+    unallocated = fetcher.add(make_claim("a-0a110c", allocated=False))
+    failing = fetcher.add(make_claim("a-fa11"))
+    driver.fail.add("a-fa11")
+    missing = ClaimRef("default", "missing", "a-3155")
+    api_error = fetcher.add(make_claim("a-ab1"))
     fetcher.errors[(api_error.namespace, api_error.name)] = ConnectionError("apiserver down")
 
     refs = [good, replaced, unallocated, failing, missing, api_error, good2]
     resp = await v1_stub.NodePrepareResources(prepare_request(v1_pb2, *refs), timeout=10)
 
     assert set(resp.claims) == {r.uid for r in refs}
-    ok = resp.claims["u-good"]
+    ok = resp.claims["a-600d"]
     assert ok.error == ""
     assert [(list(d.request_names), d.pool_name, d.device_name) for d in ok.devices] == [
-        (["gpu"], NODE, "gpu-u-good")
+        (["gpu"], NODE, "gpu-a-600d")
     ]
-    assert list(ok.devices[0].cdi_device_ids) == ["k8s.gpu.dra.dev/claim=u-good-gpu-u-good"]
+    assert list(ok.devices[0].cdi_device_ids) == ["k8s.gpu.dra.dev/claim=a-600d-gpu-a-600d"]
     # Only this driver's results in this node's pool reach the driver.
-    assert [d.device_name for d in resp.claims["u-good2"].devices] == ["gpu-0"]
-    assert "u-old" in resp.claims["u-old"].error and "replaced" in resp.claims["u-old"].error
-    assert "not allocated" in resp.claims["u-unalloc"].error
-    assert resp.claims["u-fail"].error == "boom for claim-u-fail"
-    assert "not found" in resp.claims["u-missing"].error
-    assert "apiserver down" in resp.claims["u-api"].error
+    assert [d.device_name for d in resp.claims["a-600d2"].devices] == ["gpu-0"]
+    assert "a-01d" in resp.claims["a-01d"].error and "replaced" in resp.claims["a-01d"].error
+    assert "not allocated" in resp.claims["a-0a110c"].error
+    assert resp.claims["a-fa11"].error == "boom for claim-a-fa11"
+    assert "not found" in resp.claims["a-3155"].error
+    assert "apiserver down" in resp.claims["a-ab1"].error
     # Bad claims never reach the driver; the good ones go in one batch.
-    assert driver.calls == [("prepare", ("u-good", "u-fail", "u-good2"))]
+    assert driver.calls == [("prepare", ("a-600d", "a-fa11", "a-600d2"))]
 
 
 async def test_config_passed_for_this_driver_only(
@@ -84,7 +84,7 @@ async def test_config_passed_for_this_driver_only(
         "opaque": {"driver": DRIVER, "parameters": {}},
     }
     theirs = {"source": "FromClass", "opaque": {"driver": "other.dev", "parameters": {}}}
-    ref = fetcher.add(make_claim("u1", config=[theirs, ours]))
+    ref = fetcher.add(make_claim("a1", config=[theirs, ours]))
     async with channel(plugin.paths.dra) as ch:
         await v1_grpc.DRAPluginStub(ch).NodePrepareResources(
             prepare_request(v1_pb2, ref), timeout=5
@@ -92,34 +92,34 @@ async def test_config_passed_for_this_driver_only(
     assert len(seen) == 1
     assert seen[0].ref == ref
     assert seen[0].config == (ours,)
-    assert seen[0].claim["metadata"]["uid"] == "u1"
+    assert seen[0].claim["metadata"]["uid"] == "a1"
 
 
 async def test_prepare_is_idempotent(
     v1_stub: v1_grpc.DRAPluginStub, driver: FakeDriver, fetcher: FakeFetcher
 ) -> None:
-    ref = fetcher.add(make_claim("u1"))
+    ref = fetcher.add(make_claim("a1"))
     first = await v1_stub.NodePrepareResources(prepare_request(v1_pb2, ref), timeout=5)
     second = await v1_stub.NodePrepareResources(prepare_request(v1_pb2, ref), timeout=5)
     assert first == second
-    assert first.claims["u1"].error == ""
+    assert first.claims["a1"].error == ""
 
 
 async def test_duplicate_claim_in_one_request_is_prepared_once(
     v1_stub: v1_grpc.DRAPluginStub, driver: FakeDriver, fetcher: FakeFetcher
 ) -> None:
-    ref = fetcher.add(make_claim("u1"))
+    ref = fetcher.add(make_claim("a1"))
     resp = await v1_stub.NodePrepareResources(prepare_request(v1_pb2, ref, ref), timeout=5)
-    assert list(resp.claims) == ["u1"]
-    assert driver.calls == [("prepare", ("u1",))]
+    assert list(resp.claims) == ["a1"]
+    assert driver.calls == [("prepare", ("a1",))]
 
 
 async def test_unprepare_without_prior_prepare(
     v1_stub: v1_grpc.DRAPluginStub, driver: FakeDriver, fetcher: FakeFetcher
 ) -> None:
-    refs = [ClaimRef("ns", "a", "u-a"), ClaimRef("ns", "b", "u-b")]
+    refs = [ClaimRef("ns", "a", "a-a"), ClaimRef("ns", "b", "a-b")]
     resp = await v1_stub.NodeUnprepareResources(unprepare_request(v1_pb2, *refs), timeout=5)
-    assert {uid: c.error for uid, c in resp.claims.items()} == {"u-a": "", "u-b": ""}
+    assert {uid: c.error for uid, c in resp.claims.items()} == {"a-a": "", "a-b": ""}
     # No API call: unprepare must work while the claim is gone or the API server is down.
     assert fetcher.calls == 0
 
@@ -127,12 +127,12 @@ async def test_unprepare_without_prior_prepare(
 async def test_prepare_then_unprepare_twice(
     v1_stub: v1_grpc.DRAPluginStub, driver: FakeDriver, fetcher: FakeFetcher
 ) -> None:
-    ref = fetcher.add(make_claim("u1"))
+    ref = fetcher.add(make_claim("a1"))
     await v1_stub.NodePrepareResources(prepare_request(v1_pb2, ref), timeout=5)
-    assert "u1" in driver.prepared
+    assert "a1" in driver.prepared
     for _ in range(2):
         resp = await v1_stub.NodeUnprepareResources(unprepare_request(v1_pb2, ref), timeout=5)
-        assert resp.claims["u1"].error == ""
+        assert resp.claims["a1"].error == ""
     assert driver.prepared == {}
 
 
@@ -144,16 +144,16 @@ async def test_driver_exception_fails_whole_batch_but_not_rpc(
 
     driver.prepare = explode  # type: ignore[method-assign]
     driver.unprepare = explode  # type: ignore[method-assign]
-    refs = [fetcher.add(make_claim("u1")), fetcher.add(make_claim("u2"))]
+    refs = [fetcher.add(make_claim("a1")), fetcher.add(make_claim("a2"))]
     resp = await v1_stub.NodePrepareResources(prepare_request(v1_pb2, *refs), timeout=5)
     assert {uid: c.error for uid, c in resp.claims.items()} == {
-        "u1": "driver crashed",
-        "u2": "driver crashed",
+        "a1": "driver crashed",
+        "a2": "driver crashed",
     }
     resp2 = await v1_stub.NodeUnprepareResources(unprepare_request(v1_pb2, *refs), timeout=5)
     assert {uid: c.error for uid, c in resp2.claims.items()} == {
-        "u1": "driver crashed",
-        "u2": "driver crashed",
+        "a1": "driver crashed",
+        "a2": "driver crashed",
     }
 
 
@@ -164,15 +164,15 @@ async def test_claim_missing_from_driver_result_is_an_error(
         return {}
 
     driver.prepare = forgetful  # type: ignore[method-assign]
-    ref = fetcher.add(make_claim("u1"))
+    ref = fetcher.add(make_claim("a1"))
     resp = await v1_stub.NodePrepareResources(prepare_request(v1_pb2, ref), timeout=5)
-    assert "no result" in resp.claims["u1"].error
+    assert "no result" in resp.claims["a1"].error
 
 
 async def test_share_id_in_v1_only(plugin: Plugin, fetcher: FakeFetcher) -> None:
     ref = fetcher.add(
         make_claim(
-            "u1",
+            "a1",
             results=[
                 {
                     "request": "gpu",
@@ -191,28 +191,28 @@ async def test_share_id_in_v1_only(plugin: Plugin, fetcher: FakeFetcher) -> None
         beta = await v1beta1_grpc.DRAPluginStub(ch).NodePrepareResources(
             prepare_request(v1beta1_pb2, ref), timeout=5
         )
-    assert v1.claims["u1"].devices[0].HasField("share_id")
-    assert v1.claims["u1"].devices[0].share_id == "s-1"
-    beta_device = beta.claims["u1"].devices[0]
+    assert v1.claims["a1"].devices[0].HasField("share_id")
+    assert v1.claims["a1"].devices[0].share_id == "s-1"
+    beta_device = beta.claims["a1"].devices[0]
     assert "share_id" not in beta_device.DESCRIPTOR.fields_by_name
     assert beta_device.device_name == "gpu-0"
-    assert list(beta_device.cdi_device_ids) == list(v1.claims["u1"].devices[0].cdi_device_ids)
+    assert list(beta_device.cdi_device_ids) == list(v1.claims["a1"].devices[0].cdi_device_ids)
 
 
 async def test_no_share_id_when_driver_gives_none(
     v1_stub: v1_grpc.DRAPluginStub, fetcher: FakeFetcher
 ) -> None:
-    ref = fetcher.add(make_claim("u1"))
+    ref = fetcher.add(make_claim("a1"))
     resp = await v1_stub.NodePrepareResources(prepare_request(v1_pb2, ref), timeout=5)
-    assert not resp.claims["u1"].devices[0].HasField("share_id")
+    assert not resp.claims["a1"].devices[0].HasField("share_id")
 
 
 async def test_v1beta1_unprepare(plugin: Plugin) -> None:
     async with channel(plugin.paths.dra) as ch:
         resp = await v1beta1_grpc.DRAPluginStub(ch).NodeUnprepareResources(
-            unprepare_request(v1beta1_pb2, ClaimRef("ns", "a", "u-a")), timeout=5
+            unprepare_request(v1beta1_pb2, ClaimRef("ns", "a", "a-a")), timeout=5
         )
-    assert resp.claims["u-a"].error == ""
+    assert resp.claims["a-a"].error == ""
 
 
 async def test_empty_requests(v1_stub: v1_grpc.DRAPluginStub, driver: FakeDriver) -> None:
@@ -243,3 +243,20 @@ async def test_full_method_paths(plugin: Plugin, method: str) -> None:
                 b"", timeout=5
             )
         assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+@pytest.mark.parametrize("uid", ["a" * 300, "../../etc", "A-UPPER", "a" * 37, ""])
+async def test_invalid_claim_uid_is_refused_per_claim_and_unprepares_idempotently(
+    v1_stub: v1_grpc.DRAPluginStub, driver: FakeDriver, fetcher: FakeFetcher, uid: str
+) -> None:
+    good = fetcher.add(make_claim("a-600d"))
+    bad = ClaimRef("default", "bad", uid)
+    resp = await v1_stub.NodePrepareResources(prepare_request(v1_pb2, bad, good), timeout=10)
+    assert "is not a Kubernetes UID" in resp.claims[uid].error
+    assert len(resp.claims[uid].error) < 200
+    assert resp.claims["a-600d"].error == ""
+    # The driver never sees the bad UID (it would name files after it).
+    assert all(uid not in uids for _, uids in driver.calls)
+    for _ in range(2):
+        resp = await v1_stub.NodeUnprepareResources(unprepare_request(v1_pb2, bad), timeout=10)
+        assert resp.claims[uid].error == ""

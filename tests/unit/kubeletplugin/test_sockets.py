@@ -102,12 +102,12 @@ async def test_serves_on_hashed_sockets_at_the_limit(
         async with channel(p.paths.registration) as ch:
             info = await reg_grpc.RegistrationStub(ch).GetInfo(reg_pb2.InfoRequest(), timeout=5)
         assert info.endpoint == str(p.paths.dra)
-        ref = fetcher.add(make_claim("u1"))
+        ref = fetcher.add(make_claim("a1"))
         async with channel(Path(info.endpoint)) as ch:
             resp = await v1_grpc.DRAPluginStub(ch).NodePrepareResources(
                 prepare_request(v1_pb2, ref), timeout=5
             )
-        assert resp.claims["u1"].error == ""
+        assert resp.claims["a1"].error == ""
 
 
 def _is_socket(path: Path) -> bool:
@@ -153,12 +153,12 @@ async def test_dra_socket_recreated(
         reg_ctime = p.paths.registration.stat().st_ctime_ns
         p.paths.dra.unlink()
         await _wait_for_socket(p.paths.dra, 2.0)
-        ref = fetcher.add(make_claim("u1"))
+        ref = fetcher.add(make_claim("a1"))
         async with channel(p.paths.dra) as ch:
             resp = await v1_grpc.DRAPluginStub(ch).NodePrepareResources(
                 prepare_request(v1_pb2, ref), timeout=5
             )
-        assert resp.claims["u1"].error == ""
+        assert resp.claims["a1"].error == ""
         # The registration socket is renewed too, so the kubelet re-registers.
         await _wait_for_socket(p.paths.registration, 2.0)
         assert p.paths.registration.stat().st_ctime_ns != reg_ctime

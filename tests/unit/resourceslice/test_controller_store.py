@@ -6,8 +6,10 @@ from typing import Any
 
 import pytest
 
-from dra_driver.resourceslice.controller import SliceController, _is_older, field_selector
+from dra_driver.resourceslice.controller import SliceController
 from dra_driver.resourceslice.pool import DesiredPool
+from dra_driver.resourceslice.reporting import ApiErrorReporter
+from dra_driver.resourceslice.store import SliceStore, field_selector, is_older
 
 JSON = dict[str, Any]
 
@@ -24,6 +26,15 @@ def controller() -> SliceController:
     return SliceController(None, driver="d", node_name="n")
 
 
+@pytest.fixture
+def store() -> SliceStore:
+    return SliceStore("d", "n")
+
+
+def names(store: SliceStore) -> list[str]:
+    return list(store.objects)
+
+
 def test_field_selector() -> None:
     assert field_selector("node-1", "gpu.dra.dev") == "spec.nodeName=node-1,spec.driver=gpu.dra.dev"
 
@@ -33,30 +44,31 @@ def test_field_selector() -> None:
     [("5", "7", True), ("7", "7", False), ("9", "7", False), ("abc", "7", False), ("", "7", False)],
 )
 def test_is_older(candidate: str, current: str, older: bool) -> None:
-    assert _is_older(candidate, current) is older
+    assert is_older(candidate, current) is older
 
 
-def test_stale_event_does_not_replace_a_newer_write(controller: SliceController) -> None:
-    controller._remember(obj("s", "10"))
-    controller._remember(obj("s", "8"))
-    assert controller.slices[0]["metadata"]["resourceVersion"] == "10"
-    controller._remember(obj("s", "12"))
-    assert controller.slices[0]["metadata"]["resourceVersion"] == "12"
+def test_stale_event_does_not_replace_a_newer_write(store: SliceStore) -> None:
+    store.remember(obj("s", "10"))
+    store.remember(obj("s", "8"))
+    assert store.objects["s"]["metadata"]["resourceVersion"] == "10"
+    store.remember(obj("s", "12"))
+    assert store.objects["s"]["metadata"]["resourceVersion"] == "12"
 
 
-def test_late_delete_of_an_older_incarnation_is_ignored(controller: SliceController) -> None:
-    controller._remember(obj("s", "20", uid="new"))
-    controller._forget(obj("s", "15", uid="old"))
-    assert [o["metadata"]["uid"] for o in controller.slices] == ["new"]
-    controller._forget(obj("s", "21", uid="new"))
-    assert controller.slices == []
+def test_late_delete_of_an_older_incarnation_is_ignored(store: SliceStore) -> None:
+    store.remember(obj("s", "20", uid="new"))
+    store.forget(obj("s", "15", uid="old"))
+    assert [o["metadata"]["uid"] for o in store.objects.values()] == ["new"]
+    store.forget(obj("s", "21", uid="new"))
+    assert store.objects == {}
 
 
-def test_foreign_slices_are_not_stored(controller: SliceController) -> None:
-    controller._remember(obj("a", "1", node="other"))
-    controller._remember(obj("b", "1", driver="other"))
-    controller._replace_store([obj("c", "1"), obj("d", "1", node="other")])
-    assert [o["metadata"]["name"] for o in controller.slices] == ["c"]
+def test_foreign_slices_are_not_stored(store: SliceStore) -> None:
+    store.remember(obj("a", "1", node="other"))
+    store.remember(obj("b", "1", driver="other"))
+    assert names(store) == []
+    store.replace([obj("c", "1"), obj("d", "1", node="other")])
+    assert names(store) == ["c"]
 
 
 async def test_set_pool_rejects_a_pool_of_another_node(controller: SliceController) -> None:
@@ -66,21 +78,24 @@ async def test_set_pool_rejects_a_pool_of_another_node(controller: SliceControll
     assert not controller.synced
 
 
-def test_forbidden_is_logged_once_naming_verb_and_resource(controller: SliceController) -> None:
+def test_forbidden_is_logged_once_naming_verb_and_resource() -> None:
+    import structlog
     from structlog.testing import capture_logs
 
     from dra_driver.resourceslice.rawapi import ApiError
 
+    reporter = ApiErrorReporter(structlog.get_logger("test"))
     err = ApiError(403, "Forbidden", "nope", verb="list", resource="resourceslices")
     with capture_logs() as logs:
-        controller._report(err)
-        controller._report(err)
+        reporter.report(err)
+        reporter.report(err)
     errors = [entry for entry in logs if entry["log_level"] == "error"]
     assert len(errors) == 1
     assert "may not list resourceslices" in errors[0]["event"]
 
 
-def test_invalid_slice_is_logged_with_its_name(controller: SliceController) -> None:
+def test_invalid_slice_is_logged_with_its_name() -> None:
+    import structlog
     from structlog.testing import capture_logs
 
     from dra_driver.resourceslice.rawapi import ApiError
@@ -94,6 +109,6 @@ def test_invalid_slice_is_logged_with_its_name(controller: SliceController) -> N
         name="n-d-0",
     )
     with capture_logs() as logs:
-        controller._report(err)
+        ApiErrorReporter(structlog.get_logger("test")).report(err)
     assert logs[0]["slice"] == "n-d-0"
     assert "Invalid value" in logs[0]["message"]

@@ -9,7 +9,7 @@ import pytest
 from aiohttp import web
 
 from dra_driver.kube import KubeClient
-from dra_driver.resourceslice.controller import delete_pool_slices
+from dra_driver.resourceslice.cleanup import delete_pool_slices
 from dra_driver.resourceslice.rawapi import SLICES_PATH, ApiError, RawApi
 from tests.unit.kubeserver import FakeApiServer, plain_client, serve
 

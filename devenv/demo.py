@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
-from dra_driver.localcluster import LocalCluster, repo_root
-from dra_driver.simnode import GpuNode, start_gpu_node
+from devenv.localcluster import LocalCluster, repo_root
+from devenv.simnode import GpuNode, start_gpu_node
 
 NAMESPACE = "demo"
 # gpu-node-a runs with dynamic MIG: MIG devices are carved out of its H100s on demand.

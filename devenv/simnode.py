@@ -10,7 +10,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from dra_driver.localcluster import LocalCluster, ManagedProcess, NodeHandle
+from devenv.localcluster import LocalCluster, ManagedProcess, NodeHandle
 
 GPU_NODE_LABEL = "nvidia.com/gpu.present"
 

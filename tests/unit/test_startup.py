@@ -1,0 +1,189 @@
+"""The agent checks its settings and reaches the API server before it changes the node."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dra_driver.cli import main
+from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
+from dra_driver.gpu.mig.factory import make_mig_backend
+from dra_driver.kube import KubeClient
+from dra_driver.kubeconfig import Connection
+from dra_driver.settings import Settings
+from dra_driver.startup import ApiUnreachableError, reach_api_server, sweep_temp_files_of
+from tests.unit.kubeserver import plain_client, serve
+
+DRIVER = "gpu.dra.dev"
+
+
+def _args(base: Path, *extra: str) -> list[str]:
+    return [
+        "run",
+        "--backend=simulated",
+        "--profile=dgx-a100",
+        "--node-name=n",
+        "--dynamic-mig=true",
+        f"--plugins-dir={base / 'plugins'}",
+        f"--cdi-root={base / 'cdi'}",
+        f"--registry-dir={base / 'registry'}",
+        "--metrics-port=0",
+        "--health-port=0",
+        *extra,
+    ]
+
+
+def _snapshot(base: Path) -> dict[str, str]:
+    """Every path under ``base`` with a digest of its content (directories by name only)."""
+    out: dict[str, str] = {}
+    for path in sorted(base.rglob("*")):
+        rel = str(path.relative_to(base))
+        out[rel] = "dir" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+def _one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+def test_missing_kubeconfig_changes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A node with MIG devices no claim uses (dynamic MIG would destroy them) and a stale temp
+    # file (the agent would sweep it): both must survive an agent that cannot start.
+    inventory = SimulatedDiscovery("dgx-a100", "n").discover()
+    state_dir = tmp_path / "plugins" / DRIVER
+    make_mig_backend("simulated", state_dir=state_dir, inventory=inventory, driver_root=Path("/"))
+    (tmp_path / "cdi").mkdir()
+    (tmp_path / "cdi" / ".k8s.gpu.dra.dev-claim_x.json.tmp").write_text("{")
+    before = _snapshot(tmp_path)
+    assert any(name.endswith(".json") for name in before), before
+
+    assert main(_args(tmp_path, "--kubeconfig=/nonexistent")) == 1
+    assert "/nonexistent" in _one_line_error(capsys)
+    assert _snapshot(tmp_path) == before
+
+
+def test_missing_kubeconfig_creates_no_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(_args(tmp_path, "--kubeconfig=/nonexistent")) == 1
+    _one_line_error(capsys)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_checkpoint_that_is_a_directory_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "plugins" / DRIVER / "checkpoint.json").mkdir(parents=True)
+    assert main(_args(tmp_path, "--kubeconfig=/nonexistent")) == 1
+    err = _one_line_error(capsys)
+    assert "checkpoint.json is a directory" in err
+
+
+def test_relative_directory_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*_args(tmp_path), "--cdi-root=cdi"]) == 1
+    assert "--cdi-root: cdi is not an absolute path" in _one_line_error(capsys)
+
+
+async def test_refused_credentials_end_the_start() -> None:
+    async with serve() as server:
+        server.json("GET", "/api/v1/nodes/n", 401, {"kind": "Status", "code": 401})
+        client = plain_client(server)
+        try:
+            with pytest.raises(ApiUnreachableError, match="refused the credentials"):
+                await reach_api_server(client, "n")
+        finally:
+            await client.close()
+
+
+async def test_an_unreachable_server_is_retried_then_given_up() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    client = KubeClient(Connection(server=f"http://127.0.0.1:{port}"))
+    try:
+        started = time.monotonic()
+        with pytest.raises(ApiUnreachableError, match="cannot reach the API server"):
+            await reach_api_server(client, "n", wait=1.0)
+        assert 0.9 < time.monotonic() - started < 5
+    finally:
+        await client.close()
+
+
+async def test_sigterm_during_the_registration_wait_stops_at_once(tmp_path: Path) -> None:
+    """The kubelet never registers the plugin; SIGTERM must not wait out the 10 s grace."""
+    kubeconfig = tmp_path / "kubeconfig"
+    async with serve() as server:
+        _write_kubeconfig(kubeconfig, server.url)
+        code, took = await _start_and_stop(tmp_path, kubeconfig, b"kubelet plugin serving")
+    assert code == 0
+    assert took < 2.0, f"took {took:.1f}s to stop"
+
+
+async def test_sigterm_while_the_api_server_is_unreachable_stops_at_once(tmp_path: Path) -> None:
+    """An agent retrying an unreachable API server stops at once, having changed nothing."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    kubeconfig = tmp_path / "kubeconfig"
+    _write_kubeconfig(kubeconfig, f"http://127.0.0.1:{port}")
+    code, took = await _start_and_stop(tmp_path, kubeconfig, b"API server not reachable yet")
+    assert code == 0 and took < 2.0, (code, took)
+    assert sorted(os.listdir(tmp_path)) == ["kubeconfig"]
+
+
+def _write_kubeconfig(path: Path, server: str) -> None:
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: k, cluster: {{server: '{server}'}}}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
+        "users: [{name: u, user: {}}]\n"
+    )
+
+
+async def _start_and_stop(base: Path, kubeconfig: Path, until: bytes) -> tuple[int, float]:
+    """Start the agent, SIGTERM it once it logs ``until``; its exit code and how long it took."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "dra_driver.cli",
+        *_args(base, f"--kubeconfig={kubeconfig}", "--dynamic-mig=false"),
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stderr is not None
+        while until not in await asyncio.wait_for(proc.stderr.readline(), 30):
+            pass
+        proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        code = await asyncio.wait_for(proc.wait(), 15)
+        return code, time.monotonic() - sent
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+def test_sweep_at_start_removes_our_temp_files_only(tmp_path: Path) -> None:
+    settings = Settings(node_name="n", cdi_root=tmp_path / "cdi", plugins_dir=tmp_path / "plugins")
+    state = tmp_path / "plugins" / DRIVER
+    state.mkdir(parents=True)
+    (tmp_path / "cdi").mkdir()
+    left = [
+        tmp_path / "cdi" / ".k8s.gpu.dra.dev-claim_d502e626-1aad.json.tyx394v0.tmp",
+        state / ".checkpoint.json.ab12cd34.tmp",
+    ]
+    kept = [tmp_path / "cdi" / ".other.vendor-x_1.json.tmp", tmp_path / "cdi" / "k8s.gpu.dra.dev-claim_u.json"]
+    for path in left + kept:
+        path.write_text("{")
+    sweep_temp_files_of(settings)
+    assert [p.exists() for p in left] == [False, False]
+    assert [p.exists() for p in kept] == [True, True]
