@@ -14,8 +14,7 @@ import datetime
 import json
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import structlog
 
@@ -31,8 +30,7 @@ MAX_ATTEMPTS = 6
 WRITE_DELAY = 0.5
 
 
-@dataclass(frozen=True)
-class DeviceStatus:
+class DeviceStatus(NamedTuple):
     """One device of a claim: its name and the data to publish (e.g. the GPU UUID)."""
 
     device: str
@@ -89,14 +87,15 @@ class ClaimReporter:
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
 
-    def set_devices(self, ref: ClaimRef, devices: Sequence[DeviceStatus]) -> None:
-        """Publish the claim's prepared devices (an empty list clears them)."""
+    def set_devices(self, ref: ClaimRef, devices: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
+        """Publish the claim's prepared devices, (device name, data) each (an empty list
+        clears them); a driver passes plain pairs and needs nothing from this module."""
         queued = self._pending.get(ref.uid)
         if not devices and queued is not None and queued[1]:
             # Cleared before its devices were written: the API server never saw them.
             del self._pending[ref.uid]
             return
-        self._pending[ref.uid] = (ref, list(devices))
+        self._pending[ref.uid] = (ref, [DeviceStatus(*d) for d in devices])
         self._wake.set()
 
     @property

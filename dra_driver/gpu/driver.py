@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from dra_driver import metrics
-from dra_driver.claimreport import ClaimReporter, DeviceStatus
 from dra_driver.gpu.state.device_state import DeviceState
 from dra_driver.kubeletplugin import run_blocking
 from dra_driver.kubeletplugin.interfaces import (
@@ -17,6 +17,18 @@ from dra_driver.kubeletplugin.interfaces import (
 )
 
 
+class ClaimStatus(Protocol):
+    """Where prepare outcomes go (the claim status writer, :mod:`dra_driver.claimreport`)."""
+
+    def set_devices(self, ref: ClaimRef, devices: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
+        """The claim's prepared devices, (device name, data) each; empty clears them."""
+        ...
+
+    def prepare_failed(self, ref: ClaimRef, message: str) -> None:
+        """A claim could not be prepared; ``message`` says why."""
+        ...
+
+
 class GpuDriver:
     """Implements the kubelet plugin's ``Driver`` protocol over a :class:`DeviceState`.
 
@@ -25,7 +37,7 @@ class GpuDriver:
     With a ``reporter``, prepared devices appear in the claims' status and failures as events.
     """
 
-    def __init__(self, state: DeviceState, reporter: ClaimReporter | None = None) -> None:
+    def __init__(self, state: DeviceState, reporter: ClaimStatus | None = None) -> None:
         self.state = state
         self.reporter = reporter
 
@@ -44,7 +56,7 @@ class GpuDriver:
                     record = self.state.record(claim.ref.uid)
                     devices = record.devices if record else []
                     self.reporter.set_devices(
-                        claim.ref, [DeviceStatus(d.device_name, {"uuid": d.uuid}) for d in devices]
+                        claim.ref, [(d.device_name, {"uuid": d.uuid}) for d in devices]
                     )
         return results
 

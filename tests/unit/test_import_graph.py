@@ -160,3 +160,16 @@ def test_the_agent_does_not_load_the_cel_stack() -> None:
     loaded = _closure(import_graph(), "dra_driver.agent")
     assert "dra_driver.gpu.state.device_state" in loaded
     assert sorted(m for m in loaded if m.startswith("dra_driver.cel")) == []
+
+
+def test_the_gpu_driver_reaches_outside_only_for_the_framework_and_small_helpers() -> None:
+    # Not the API client, the claim status writer, the settings or CEL: the agent wires those.
+    allowed = ("dra_driver.cdi", "dra_driver.kubeletplugin", "dra_driver.resourceslice.pool")
+    allowed += ("dra_driver.errors", "dra_driver.faults", "dra_driver.metrics")
+    allowed += ("dra_driver.quantity",)
+    graph = import_graph()
+    outside = sorted(
+        {t for m, ts in graph.items() if _in_gpu(m) for t in ts if not _in_gpu(t)}
+        - {t for t in graph if any(t == a or t.startswith(a + ".") for a in allowed)}
+    )
+    assert outside == []
