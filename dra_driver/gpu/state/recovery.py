@@ -30,6 +30,7 @@ from dra_driver.gpu.state.checkpoint import (
 )
 from dra_driver.gpu.state.evidence import Evidence, SpecOnDisk, device_of
 from dra_driver.gpu.state.planner import mig_record
+from dra_driver.kubeletplugin.interfaces import ClaimRef
 
 log = structlog.get_logger(__name__)
 
@@ -75,6 +76,10 @@ def start(
         file.write(data)
     kept: list[str] = []
     if carver.enabled:
+        remaining = [d for rec in data.claims.values() for d in rec.devices]
+        for uid, rec in dropped.items():
+            if rec.state is ClaimState.UNPREPARE_STARTED:
+                carver.undo(ClaimRef(rec.namespace, rec.name, uid), rec.devices, remaining)
         kept = carver.destroy_orphans(data.claims.values(), catalog.placements(), evidence)
     return Start(data=data, corrupt=corrupt, kept=kept)
 
@@ -192,11 +197,12 @@ def recover(
     sharing: SharingManager,
     remove_artifacts: Callable[[str], None],
     keep_daemons: Collection[str] = (),
-) -> list[str]:
+) -> dict[str, ClaimRecord]:
     """Drop what a reboot made stale and undo prepares a crash interrupted (in ``data``);
-    return the UIDs of the dropped claims. ``keep_daemons`` are never stopped.
+    return the dropped claims' records. ``keep_daemons`` are never stopped.
 
-    Undone claims' MIG devices are left to :meth:`.Carver.destroy_orphans`.
+    MIG devices are left to the caller: an interrupted unprepare's go (the kubelet asked for
+    it), an interrupted prepare's stay while the API server says the claim holds them.
     """
     stale: list[str] = []
     if data.boot_id != boot_id:
@@ -225,4 +231,4 @@ def recover(
             claim_uid=uid,
         )
     data.boot_id = boot_id
-    return stale
+    return dict(zip(stale, dropped, strict=True))

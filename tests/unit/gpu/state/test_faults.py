@@ -318,3 +318,26 @@ def test_per_device_limit_naming_no_device_is_refused(tmp_path: Path) -> None:
     ]
     out = _static(tmp_path).prepare([_claim("a", "gpu-2", config=config)])
     assert isinstance(out["a"], ConfigError) and "names no device of the claim: '3'" in str(out["a"])
+
+
+def test_interrupted_unprepare_is_finished_while_the_api_still_lists_the_claim(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Crash(BaseException):
+        pass
+
+    def crash(name: str) -> None:
+        if name == "unprepare.started-recorded":
+            raise Crash
+
+    state = _state(tmp_path)
+    state.prepare([_claim("a", MIG_3G)])
+    monkeypatch.setattr(faults, "point", crash)
+    with pytest.raises(Crash):
+        state.unprepare([_ref("a")])
+    monkeypatch.undo()
+    # The pod is gone but its claim is still allocated until the kubelet's unprepare ends:
+    # the kubelet asked for the unprepare, so its MIG device goes all the same.
+    restarted = _state(tmp_path, _in_use(("a", MIG_3G)))
+    assert restarted.prepared_claims() == {} and _instances(tmp_path) == []
+    assert restarted.unprepare([_ref("a")]) == {"a": None}
