@@ -530,3 +530,62 @@ def test_policy_leaves_other_users_alone(
                 time.sleep(0.25)
     finally:
         delete(dyn, binding)
+
+
+# ------------------------------------------------------------------------------------
+# What the Helm chart renders, with every option on, passes strict validation
+# ------------------------------------------------------------------------------------
+
+CHART_VALUES = {
+    "createNamespace": "false",
+    "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+    ".nodeSelectorTerms[0].matchExpressions[0].key": "nvidia.com/gpu.present",
+    "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+    ".nodeSelectorTerms[0].matchExpressions[0].operator": "Exists",
+    "podAnnotations.team": "ml",
+    "podLabels.tier": "system",
+    "podSecurityContext.seccompProfile.type": "RuntimeDefault",
+    "securityContext.readOnlyRootFilesystem": "true",
+    "serviceAccount.annotations.note": "e2e",
+    "extraEnv[0].name": "DRA_EXTRA",
+    "extraEnv[0].value": "on",
+    "metrics.serviceMonitor.enabled": "true",
+    "extendedResource.enabled": "true",
+    "extendedResource.acknowledgeNoDevicePlugin": "true",
+    "driverName": "e2e.gpu.example.com",
+}
+
+
+def _strict_dry_run(dyn: DynamicClient, obj: Obj, namespace: str | None) -> Obj:
+    """POST with dryRun=All and fieldValidation=Strict: an unknown or duplicate field fails."""
+    path = _resource(dyn, obj).path(namespace=_namespace_for(dyn, obj, namespace))
+    data = dyn.request("post", f"{path}?dryRun=All&fieldValidation=Strict", body=obj)
+    return dict(data.to_dict())
+
+
+def test_chart_objects_pass_strict_validation(dyn: DynamicClient, namespace: str) -> None:
+    from tests.unit.test_manifests import CHART, run, tool
+
+    argv: list[Any] = [tool("helm"), "template", "e2e", CHART, "--namespace", namespace]
+    for k, v in CHART_VALUES.items():
+        argv += ["--set", f"{k}={v}"]
+    objects = [o for o in yaml.safe_load_all(run(*argv)) if o]
+    kinds = {o["kind"] for o in objects}
+    assert {"DaemonSet", "ServiceAccount", "ClusterRole", "DeviceClass", "Service"} <= kinds
+    checked = 0
+    for obj in objects:
+        if obj["kind"] == "ServiceMonitor":
+            continue  # the Prometheus Operator's CRD is not installed here
+        try:
+            stored = _strict_dry_run(dyn, obj, namespace)
+        except DynamicApiError as e:
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {error_text(e)}")
+        assert stored["metadata"]["name"] == obj["metadata"]["name"]
+        checked += 1
+    assert checked == len(objects) - 1
+    # Strict validation is really on: an unknown field in the pod spec is an error.
+    (ds,) = by_kind(objects, "DaemonSet")
+    ds["spec"]["template"]["spec"]["nodeSelektor"] = {}
+    with pytest.raises(DynamicApiError) as info:
+        _strict_dry_run(dyn, ds, namespace)
+    assert 'unknown field "spec.template.spec.nodeSelektor"' in error_text(info.value)
