@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -32,6 +32,9 @@ EXPIRY_MARGIN_SECONDS = 10.0
 
 #: How long a plugin may take (an interactive login is not supported: there is no terminal).
 PLUGIN_TIMEOUT_SECONDS = 60.0
+
+
+_M = TypeVar("_M", bound=BaseModel)
 
 
 class ExecPluginError(DriverError):
@@ -85,14 +88,19 @@ class Credential:
     expires_at: float | None = None
 
 
-def parse_exec_config(raw: Mapping[str, Any], user: str) -> ExecConfig:
-    """Validate a kubeconfig ``exec`` section; the message names the user and the field."""
+def _validate(model: type[_M], raw: Any, what: str) -> _M:
+    """``raw`` as ``model``; the error names ``what`` and the first bad field."""
     try:
-        config = ExecConfig.model_validate(raw)
+        return model.model_validate(raw)
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
-        raise ExecPluginError(f"user {user!r}: exec.{where}: {err['msg']}") from None
+        raise ExecPluginError(f"{what}{where}: {err['msg']}") from None
+
+
+def parse_exec_config(raw: Mapping[str, Any], user: str) -> ExecConfig:
+    """Validate a kubeconfig ``exec`` section; the message names the user and the field."""
+    config = _validate(ExecConfig, raw, f"user {user!r}: exec.")
     if config.api_version not in API_VERSIONS:
         raise ExecPluginError(
             f"user {user!r}: exec.apiVersion {config.api_version!r} is not one of "
@@ -107,12 +115,7 @@ def parse_exec_credential(stdout: str, api_version: str) -> Credential:
         doc = json.loads(stdout)
     except ValueError as exc:
         raise ExecPluginError(f"the plugin's output is not JSON: {exc}") from None
-    try:
-        cred = _ExecCredential.model_validate(doc)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        raise ExecPluginError(f"the plugin's ExecCredential: {where}: {err['msg']}") from None
+    cred = _validate(_ExecCredential, doc, "the plugin's ExecCredential: ")
     if cred.kind != "ExecCredential":
         raise ExecPluginError(f"the plugin printed a {cred.kind}, not an ExecCredential")
     if cred.api_version != api_version:

@@ -472,7 +472,9 @@ def test_policy_rejects_pool_and_driver_spoofing(
 ) -> None:
     _wait_policy_active(dyn, unique_name("slice"))
     # The legitimate slice: its node, its pool, the driver's name.
-    assert _denied(lambda: _create_as(dyn, _slice(unique_name("slice"), "node-a"), "node-a")) is None
+    assert (
+        _denied(lambda: _create_as(dyn, _slice(unique_name("slice"), "node-a"), "node-a")) is None
+    )
 
     # Its node but another node's pool (a higher generation would hide node-b's GPUs).
     spoofed_pool = _slice(unique_name("slice"), "node-a")
@@ -536,24 +538,20 @@ def test_policy_leaves_other_users_alone(
 # What the Helm chart renders, with every option on, passes strict validation
 # ------------------------------------------------------------------------------------
 
-CHART_VALUES = {
-    "createNamespace": "false",
-    "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
-    ".nodeSelectorTerms[0].matchExpressions[0].key": "nvidia.com/gpu.present",
-    "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
-    ".nodeSelectorTerms[0].matchExpressions[0].operator": "Exists",
-    "podAnnotations.team": "ml",
-    "podLabels.tier": "system",
-    "podSecurityContext.seccompProfile.type": "RuntimeDefault",
-    "securityContext.readOnlyRootFilesystem": "true",
-    "serviceAccount.annotations.note": "e2e",
-    "extraEnv[0].name": "DRA_EXTRA",
-    "extraEnv[0].value": "on",
-    "metrics.serviceMonitor.enabled": "true",
-    "extendedResource.enabled": "true",
-    "extendedResource.acknowledgeNoDevicePlugin": "true",
-    "driverName": "e2e.gpu.example.com",
-}
+
+def chart_values() -> dict[str, str]:
+    """The administrators' values and every optional object turned on."""
+    from tests.unit.test_helm_chart import ADMIN_VALUES
+
+    return {
+        **ADMIN_VALUES,
+        "createNamespace": "false",
+        "priorityClassName": "system-node-critical",
+        "metrics.serviceMonitor.enabled": "true",
+        "extendedResource.enabled": "true",
+        "extendedResource.acknowledgeNoDevicePlugin": "true",
+        "driverName": "e2e.gpu.example.com",
+    }
 
 
 def _strict_dry_run(dyn: DynamicClient, obj: Obj, namespace: str | None) -> Obj:
@@ -564,12 +562,10 @@ def _strict_dry_run(dyn: DynamicClient, obj: Obj, namespace: str | None) -> Obj:
 
 
 def test_chart_objects_pass_strict_validation(dyn: DynamicClient, namespace: str) -> None:
-    from tests.unit.test_manifests import CHART, run, tool
+    from tests.unit.test_helm_chart import template
 
-    argv: list[Any] = [tool("helm"), "template", "e2e", CHART, "--namespace", namespace]
-    for k, v in CHART_VALUES.items():
-        argv += ["--set", f"{k}={v}"]
-    objects = [o for o in yaml.safe_load_all(run(*argv)) if o]
+    rendered = template("e2e", "--namespace", namespace, **chart_values())
+    objects = [o for o in yaml.safe_load_all(rendered) if o]
     kinds = {o["kind"] for o in objects}
     assert {"DaemonSet", "ServiceAccount", "ClusterRole", "DeviceClass", "Service"} <= kinds
     checked = 0

@@ -27,11 +27,33 @@ CLUSTER_SCOPED = {
 }
 
 
-def render(release: str = "dra-driver", *args: str, **values: Any) -> dict[Any, Obj]:
+#: The values an administrator commonly sets, each to something visible in the output.
+ADMIN_VALUES = {
+    "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+    ".nodeSelectorTerms[0].matchExpressions[0].key": "gpu",
+    "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+    ".nodeSelectorTerms[0].matchExpressions[0].operator": "Exists",
+    "podAnnotations.team": "ml",
+    "podLabels.tier": "system",
+    "podSecurityContext.seccompProfile.type": "RuntimeDefault",
+    "securityContext.readOnlyRootFilesystem": "true",
+    "serviceAccount.annotations.role": "arn",
+    "extraEnv[0].name": "DRA_LOG_LEVEL_EXTRA",
+    "extraEnv[0].value": "x",
+    "priorityClassName": "gpu-critical",
+}
+
+
+def template(release: str, *args: str, **values: Any) -> str:
+    """``helm template`` of the chart with ``--set`` for each value."""
     argv: list[str | Path] = [tool("helm"), "template", release, CHART, *args]
     for k, v in values.items():
         argv += ["--set", f"{k}={v}"]
-    return by_key(run(*argv))
+    return run(*argv)
+
+
+def render(release: str = "dra-driver", *args: str, **values: Any) -> dict[Any, Obj]:
+    return by_key(template(release, *args, **values))
 
 
 def render_error(*values: str) -> str:
@@ -151,22 +173,8 @@ def test_second_release_does_not_collide() -> None:
 def test_admin_values() -> None:
     objects = render(
         "dra-driver",
-        **{
-            "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
-            ".nodeSelectorTerms[0].matchExpressions[0].key": "gpu",
-            "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
-            ".nodeSelectorTerms[0].matchExpressions[0].operator": "Exists",
-            "podAnnotations.team": "ml",
-            "podLabels.tier": "system",
-            "podSecurityContext.seccompProfile.type": "RuntimeDefault",
-            "securityContext.readOnlyRootFilesystem": "true",
-            "serviceAccount.annotations.role": "arn",
-            "extraEnv[0].name": "DRA_LOG_LEVEL_EXTRA",
-            "extraEnv[0].value": "x",
-            "updateStrategy.type": "OnDelete",
-            "updateStrategy.rollingUpdate": "null",
-            "priorityClassName": "gpu-critical",
-        },
+        **ADMIN_VALUES,
+        **{"updateStrategy.type": "OnDelete", "updateStrategy.rollingUpdate": "null"},
     )
     pod = daemonset(objects)["spec"]["template"]
     assert pod["metadata"]["annotations"] == {"team": "ml"}
