@@ -32,7 +32,7 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY dra_driver ./dra_driver
 # All dependencies ship binary wheels for linux/amd64 and linux/arm64, so no compiler is
 # needed; --only-binary makes a missing wheel fail here instead of pulling in a toolchain.

@@ -559,3 +559,26 @@ def test_dockerignore_keeps_context_small() -> None:
     for copied in re.findall(r"^COPY (?!--from)(.+) \S+$", dockerfile, re.M):
         for src in copied.split():
             assert f"!{src.rstrip('/')}" in {line.rstrip("/") for line in lines}, src
+
+
+def test_license_file_matches_the_declared_license() -> None:
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0"  # an SPDX expression, not the old table
+    assert project["license-files"] == ["LICENSE"]
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+
+
+def test_image_build_script_defaults_match_the_chart() -> None:
+    """hack/build-image.sh builds what the chart runs by default, for amd64 and arm64."""
+    script = (ROOT / "hack" / "build-image.sh").read_text()
+    chart = load_docs(CHART / "Chart.yaml")[0]
+    values = load_docs(CHART / "values.yaml")[0]
+    assert f"IMAGE=${{IMAGE:-{values['image']['repository']}}}" in script
+    assert "TAG=${TAG:-v${version}}" in script and chart["appVersion"] == "v0.1.0"
+    assert "PLATFORMS=${PLATFORMS:-linux/amd64,linux/arm64}" in script
+    assert os.access(ROOT / "hack" / "build-image.sh", os.X_OK)
+    proc = subprocess.run(["bash", "-n", str(ROOT / "hack" / "build-image.sh")], check=False)
+    assert proc.returncode == 0
