@@ -98,6 +98,7 @@ _AGENT = (
     "registry_dir",
     "pod_uid",
     "driver_root",
+    "host_driver_root",
     "metrics_port",
     "health_port",
     "ignored_xids",

@@ -80,6 +80,11 @@ class Settings(BaseModel):
         Path("/"),
         description="where the host's NVIDIA driver root is mounted (libnvidia-ml, /dev)",
     )
+    host_driver_root: Path = Field(
+        Path("/"),
+        description="the driver root's path on the host, which CDI specs mount files from "
+        "(--driver-root is where the agent sees it)",
+    )
     metrics_port: int = Field(
         8080, ge=0, le=65535, description="Prometheus /metrics port (0 turns it off)"
     )

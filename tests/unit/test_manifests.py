@@ -311,6 +311,8 @@ def test_daemonset_host_paths() -> None:
     ):
         assert env[var] == mounts[volume]["mountPath"] == volumes[volume]
     assert env["DRA_DRIVER_ROOT"] == mounts["driver-root"]["mountPath"]
+    # CDI specs mount driver files from the host's path of the same volume.
+    assert env["DRA_HOST_DRIVER_ROOT"] == volumes["driver-root"]
 
 
 def test_privileges_are_explained() -> None:
