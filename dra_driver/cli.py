@@ -109,12 +109,18 @@ _AGENT = (
 
 
 def _demo(settings: Settings, ns: argparse.Namespace) -> int:
-    # The demo lives in the development environment, which only a checkout installs.
+    # The demo lives in the development environment and needs the checkout around it (the
+    # control plane's Go module, the examples); a wheel may carry devenv/ without them.
     try:
         from devenv.demo import run_demo
+        from devenv.localcluster import repo_root
     except ModuleNotFoundError as exc:
-        if exc.name not in ("devenv", "devenv.demo"):
+        if exc.name not in ("devenv", "devenv.demo", "devenv.localcluster"):
             raise
+        checkout = False
+    else:
+        checkout = (repo_root() / "testenv" / "go.mod").is_file()
+    if not checkout:
         print(
             "dra-driver demo needs a checkout of the project set up with `make install`",
             file=sys.stderr,

@@ -182,3 +182,29 @@ def test_demo_without_the_development_environment_says_so_in_one_line(
     assert main(["demo"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "checkout" in err and "make install" in err
+
+
+def test_demo_from_an_installed_wheel_says_so_in_one_line(tmp_path: Path) -> None:
+    """A wheel carries devenv/ but not the checkout around it (testenv/, examples/)."""
+    import shutil
+
+    site = tmp_path / "site-packages"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "devenv", site / "devenv")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from dra_driver.cli import main; sys.exit(main())",
+            "demo",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site)},
+        cwd=tmp_path,  # not the checkout, whose devenv/ would come first on sys.path
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert (
+        proc.stderr
+        == "dra-driver demo needs a checkout of the project set up with `make install`\n"
+    )
