@@ -212,11 +212,13 @@ def test_probes_and_ports_off_with_zero() -> None:
     """0 means off, as for the agent's flags: no port, no probe, DRA_*_PORT=0."""
     default = container(render())
     assert default["startupProbe"]["grpc"]["port"] == default["livenessProbe"]["grpc"]["port"]
-    objects = render(healthPort=0, **{"metrics.enabled": "false"})
-    c = container(objects)
-    assert "startupProbe" not in c and "livenessProbe" not in c and "ports" not in c
-    assert env(objects)["DRA_HEALTH_PORT"] == "0"
-    assert env(objects)["DRA_METRICS_PORT"] == "0"
+    for metrics_off in ({"metrics.enabled": "false"}, {"metrics.port": "0"}):
+        objects = render(healthPort=0, **metrics_off, **{"metrics.serviceMonitor.enabled": "true"})
+        c = container(objects)
+        assert "startupProbe" not in c and "livenessProbe" not in c and "ports" not in c
+        assert env(objects)["DRA_HEALTH_PORT"] == "0"
+        assert env(objects)["DRA_METRICS_PORT"] == "0"
+        assert kind(objects, "ServiceMonitor") == [] and kind(objects, "Service") == []
 
 
 def test_service_monitor() -> None:
@@ -269,7 +271,7 @@ def test_extended_resource_class_needs_acknowledgement() -> None:
         ("securityContext.privilegd=true", "/securityContext"),
         ("resources.request.cpu=1", "/resources"),
         ("tolerations[0].efect=NoSchedule", "/tolerations/0"),
-        ("metrics.port=0", "/metrics/port"),
+        ("metrics.port=65536", "/metrics/port"),
         ("healthPort=-1", "/healthPort"),
         ("features.dynamicMig=yes", "/features/dynamicMig"),
     ],
