@@ -103,6 +103,8 @@ class Connection:
     tls_server_name: str = ""
     #: Where the settings came from, for messages.
     source: str = ""
+    #: The default namespace: the context's, or the service account's (empty: none given).
+    namespace: str = ""
     headers: dict[str, str] = field(default_factory=dict)
 
 
@@ -152,6 +154,13 @@ def _b64(value: str, what: str) -> bytes:
         raise KubeConfigError(f"{what} is not valid base64: {exc}") from None
 
 
+def _read_namespace(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
 def in_cluster_connection(
     sa_dir: Path = SERVICE_ACCOUNT_DIR, environ: Mapping[str, str] | None = None
 ) -> Connection:
@@ -175,6 +184,7 @@ def in_cluster_connection(
         ssl_context=context,
         token=token,
         source="in-cluster service account",
+        namespace=_read_namespace(sa_dir / "namespace"),
     )
 
 
@@ -322,6 +332,7 @@ class KubeConfig:
             basic_auth=basic,
             tls_server_name=str(cluster.get("tls-server-name") or ""),
             source=f"context {name!r}",
+            namespace=str(ctx.get("namespace") or ""),
         )
 
 

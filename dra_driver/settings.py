@@ -52,9 +52,10 @@ class Settings(BaseModel):
     )
     context: str = Field("", description="kubeconfig context to use (default: the current context)")
     namespace: str = Field(
-        "default",
+        "",
         max_length=63,
-        description="namespace of a claim given by name alone",
+        description="namespace of a claim given by name alone (default: the kubeconfig "
+        "context's, else default)",
     )
     log_format: Literal["json", "console"] = Field(
         "console", description="log format: json (one event per line) or console"

@@ -77,9 +77,13 @@ def _is_file(value: str | None) -> bool:
     return False
 
 
-def _claim_key(settings: Settings, value: str) -> str:
-    """``NAME`` in ``--namespace`` (-n), or ``NAMESPACE/NAME`` as given."""
-    return value if "/" in value else f"{settings.namespace}/{value}"
+def _claim_key(settings: Settings, value: str, context_namespace: str) -> str:
+    """``NAMESPACE/NAME`` as given, else ``NAME`` in ``--namespace`` (-n), else in the
+    kubeconfig context's namespace (in a pod: the service account's), else in default."""
+    if "/" in value:
+        return value
+    namespace = settings.namespace or context_namespace or "default"
+    return f"{namespace}/{value}"
 
 
 def _live_error(exc: Exception) -> InputError:
@@ -99,7 +103,9 @@ async def _cluster_inputs(settings: Settings, ns: argparse.Namespace) -> dict[st
         if ns.device_class and not _is_file(ns.device_class):
             out["class"] = await live.get_class(client, ns.device_class)
         if ns.claim and not _is_file(ns.claim):
-            out["claim"] = await live.get_claim(client, _claim_key(settings, ns.claim))
+            out["claim"] = await live.get_claim(
+                client, _claim_key(settings, ns.claim, client.connection.namespace)
+            )
         out["classes"] = await live.list_all(
             client, resourceapi.path(resourceapi.DEVICE_CLASSES), "DeviceClass"
         )
@@ -201,7 +207,7 @@ async def _explain_inputs(settings: Settings, key: str) -> tuple[Any, Any]:
 
     client = await KubeClient.create(settings.kubeconfig, context=settings.context)
     try:
-        claim = await live.get_claim(client, key)
+        claim = await live.get_claim(client, _claim_key(settings, key, client.connection.namespace))
         return claim, await live.cluster_state(client)
     except live.LiveError as exc:
         raise _live_error(exc) from None
@@ -214,7 +220,7 @@ def _run_explain(settings: Settings, ns: argparse.Namespace) -> int:
     from dra_driver.cel.render import claim_text
 
     try:
-        claim, state = asyncio.run(_explain_inputs(settings, _claim_key(settings, ns.claim)))
+        claim, state = asyncio.run(_explain_inputs(settings, ns.claim))
     except InputError as exc:
         return _fail("explain-claim", str(exc), exc.status)
     report = explain_claim(claim, state.classes, state.slices, state.claims)

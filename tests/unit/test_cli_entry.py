@@ -191,6 +191,25 @@ async def test_explain_claim_namespace_context_and_not_found(tmp_path: Path) -> 
         assert server.seen[-1]["path"].endswith("/namespaces/t2/resourceclaimtemplates/gpu-claim")
 
 
+async def test_claim_name_alone_is_in_the_context_namespace(tmp_path: Path) -> None:
+    async with serve() as server:
+        config = kubeconfig(tmp_path / "config", cluster={"server": server.url}, user={})
+        doc = yaml.safe_load(config.read_text())
+        doc["contexts"][0]["context"]["namespace"] = "team-a"
+        config.write_text(yaml.safe_dump(doc))
+        code, _, err = await acli("explain-claim", "c", "--kubeconfig", str(config))
+        assert code == 3, err
+        assert server.seen[0]["path"].endswith("/namespaces/team-a/resourceclaims/c")
+        (tmp_path / "other").write_text(
+            yaml.safe_dump(
+                {**doc, "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u"}}]}
+            )
+        )
+        code, _, _ = await acli("explain-claim", "c", "--kubeconfig", str(tmp_path / "other"))
+        assert code == 3
+        assert server.seen[-1]["path"].endswith("/namespaces/default/resourceclaimtemplates/c")
+
+
 async def test_exec_plugin_kubeconfig_through_the_command(tmp_path: Path) -> None:
     plugin(tmp_path, {"token": "from-plugin"})
     async with serve() as server:

@@ -205,6 +205,9 @@ def test_in_cluster(tmp_path: Path, certs: Certs) -> None:
     conn = in_cluster_connection(tmp_path, env)
     assert conn.server == "https://[fd00::1]:6443"
     assert conn.token is not None and conn.token.token() == "sa-token"
+    assert conn.namespace == ""  # no namespace file
+    (tmp_path / "namespace").write_text("gpu-ops\n")
+    assert in_cluster_connection(tmp_path, env).namespace == "gpu-ops"
     with pytest.raises(KubeConfigError, match="not running inside a pod"):
         in_cluster_connection(tmp_path, {})
 
