@@ -64,7 +64,11 @@ def apply_environment(
     of a subcommand, such as ``match --class`` (``DRA_CLASS``).
     """
     env = os.environ if environ is None else environ
+    # A variable must not add a second choice to flags that exclude each other.
+    exclusive = {id(a) for group in parser._mutually_exclusive_groups for a in group._group_actions}
     for action in parser._actions:
+        if id(action) in exclusive:
+            continue
         longs = [s for s in action.option_strings if s.startswith("--")]
         if not longs or action.dest in ("help", "version") or action.dest.startswith("_"):
             continue

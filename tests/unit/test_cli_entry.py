@@ -126,6 +126,14 @@ def test_every_flag_has_its_variable(tmp_path: Path) -> None:
     assert off.returncode == 1 and "DRA_LIVE: expected true or false" in off.stderr
 
 
+def test_variables_do_not_override_exclusive_flags(tmp_path: Path) -> None:
+    plugins = tmp_path / "plugins"
+    (plugins / "gpu.dra.dev").mkdir(parents=True)
+    proc = cli("inject-health", "gpu-0", "--xid", "79", f"--plugins-dir={plugins}", DRA_LOST="true")
+    assert proc.returncode == 0, proc.stderr
+    assert "gpu-0: {'xid': 79}" in proc.stdout
+
+
 def test_exit_status_no_match_and_errors(tmp_path: Path) -> None:
     klass = device_class(tmp_path, "device.driver == 'other'")
     assert cli("match", "--class", str(klass), "--profile", "l4x4").returncode == 4
