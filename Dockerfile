@@ -14,10 +14,11 @@
 #   claims ask for time-slicing (`nvidia-smi compute-policy --set-timeslice`).
 # - nvidia-cuda-mps-control, from the same driver root: runs the MPS control daemons of
 #   claims configured for MPS and of GPUs shared by memory (--shared-gpus).
-# - nvidia-ctk (NVIDIA Container Toolkit), optional: `nvidia-ctk cdi generate` supplies the
-#   driver libraries, binaries and hooks that every claim's CDI spec adds to containers.
-#   Without it the specs carry device nodes and environment only. Put it on PATH in a
-#   derived image, or let the GPU Operator's toolkit provide it.
+# - the driver's user-space libraries (libcuda, libnvidia-ml, ...), tools, firmware and the
+#   daemons' sockets, found under the same driver root by the agent, which mounts them into
+#   claims' containers through their CDI specs (docs/cdi.md); nothing else is needed.
+# - nvidia-ctk (NVIDIA Container Toolkit), optional: when on PATH (a derived image),
+#   `nvidia-ctk cdi generate` supplies those edits instead, with its loader-cache hooks.
 #
 # The agent runs as root in a privileged container (see the DaemonSet): it creates sockets in
 # the kubelet's root-owned directories, writes CDI specs for the container runtime and opens
@@ -32,7 +33,7 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY dra_driver ./dra_driver
 # All dependencies ship binary wheels for linux/amd64 and linux/arm64, so no compiler is
 # needed; --only-binary makes a missing wheel fail here instead of pulling in a toolchain.

@@ -103,7 +103,13 @@ def build_state(
         cdi_root=settings.cdi_root,
         state_dir=state_dir(settings),
         boot_id=read_boot_id(),
-        common_edits=ctk.common_edits(str(settings.driver_root)) if real else NO_EDITS,
+        common_edits=ctk.common_edits(
+            str(settings.driver_root),
+            host_root=settings.host_driver_root,
+            driver_version=inventory.driver_version,
+        )
+        if real
+        else NO_EDITS,
         mig_minors=_mig_minors(settings.driver_root),
         device_nodes=devnodes.host(settings.driver_root) if real else devnodes.simulated,
         mig=mig,

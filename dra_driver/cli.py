@@ -4,31 +4,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from importlib.metadata import PackageNotFoundError, version
 
-import yaml
-
-from dra_driver import logs
+from dra_driver import exitcodes, logs
 from dra_driver.cel.commands import EXPLAIN_CLAIM, MATCH
+from dra_driver.cliparser import Parser, apply_environment
 from dra_driver.command import Command
 from dra_driver.gpu.discovery.base import DiscoveryError
 from dra_driver.gpu.discovery.factory import make_discovery
 from dra_driver.gpu.state.checkpoint import CheckpointTooNew
 from dra_driver.kubeconfig import KubeConfigError
+from dra_driver.output import camel_keys, print_objects
 from dra_driver.settings import Settings, SettingsError, add_arguments, from_namespace
 
 _DISCOVERY = ("backend", "profile", "node_name")
 _LOGGING = ("log_format", "log_level")
-
-
-def _print(obj: Any, output: str) -> None:
-    if output == "json":
-        print(json.dumps(obj, indent=2))
-    else:
-        print(yaml.safe_dump_all(obj if isinstance(obj, list) else [obj], sort_keys=False), end="")
 
 
 def _discover(settings: Settings, _: argparse.Namespace) -> int:
@@ -40,7 +33,7 @@ def _discover(settings: Settings, _: argparse.Namespace) -> int:
     if settings.output == "table":
         print(inventory_table(inventory))
     else:
-        _print(inventory.model_dump(mode="json"), settings.output)
+        print_objects(camel_keys(inventory.model_dump(mode="json")), settings.output)
     return 0
 
 
@@ -60,7 +53,12 @@ def _slices(settings: Settings, _: argparse.Namespace) -> int:
         shared=shared_uuids(inventory, parse_selection(settings.shared_gpus)),
     )
     slices = render_pool(catalog.pool(settings.node_name, settings.driver_name))
-    _print(slices, settings.output)
+    if settings.output == "table":
+        from dra_driver.resourceslice.table import slices_table
+
+        print(slices_table(slices, settings.driver_name))
+    else:
+        print_objects(slices, settings.output)
     return 0
 
 
@@ -78,7 +76,7 @@ def _cleanup(settings: Settings, _: argparse.Namespace) -> int:
         raise SettingsError("--node-name (DRA_NODE_NAME) is required")
 
     async def cleanup() -> int:
-        client = await KubeClient.create(settings.kubeconfig)
+        client = await KubeClient.create(settings.kubeconfig, context=settings.context)
         try:
             return await delete_pool_slices(client, settings.node_name, settings.driver_name)
         finally:
@@ -100,6 +98,7 @@ _AGENT = (
     "registry_dir",
     "pod_uid",
     "driver_root",
+    "host_driver_root",
     "metrics_port",
     "health_port",
     "ignored_xids",
@@ -110,17 +109,23 @@ _AGENT = (
 
 
 def _demo(settings: Settings, ns: argparse.Namespace) -> int:
-    # The demo lives in the development environment, which only a checkout installs.
+    # The demo lives in the development environment and needs the checkout around it (the
+    # control plane's Go module, the examples); a wheel may carry devenv/ without them.
     try:
         from devenv.demo import run_demo
+        from devenv.localcluster import repo_root
     except ModuleNotFoundError as exc:
-        if exc.name not in ("devenv", "devenv.demo"):
+        if exc.name not in ("devenv", "devenv.demo", "devenv.localcluster"):
             raise
+        checkout = False
+    else:
+        checkout = (repo_root() / "testenv" / "go.mod").is_file()
+    if not checkout:
         print(
             "dra-driver demo needs a checkout of the project set up with `make install`",
             file=sys.stderr,
         )
-        return 2
+        return exitcodes.ERROR
     return run_demo(keep=ns.keep)
 
 
@@ -167,7 +172,7 @@ COMMANDS: dict[str, Command] = {
     ),
     "cleanup": Command(
         "delete one node's ResourceSlices of this driver (after an uninstall)",
-        ("node_name", "driver_name", "kubeconfig", *_LOGGING),
+        ("node_name", "driver_name", "kubeconfig", "context", *_LOGGING),
         _cleanup,
     ),
     "match": MATCH,
@@ -188,39 +193,63 @@ COMMANDS: dict[str, Command] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with one sub-parser per command."""
-    parser = argparse.ArgumentParser(
+def _version() -> str:
+    try:
+        return version("dra-driver")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
+def build_parser() -> tuple[Parser, dict[str, Parser]]:
+    """The argument parser, and the sub-parser of each command."""
+    parser = Parser(
         prog="dra-driver",
         description="Kubernetes DRA driver for NVIDIA GPUs. "
         "Every flag can also be set as an environment variable DRA_<FLAG_NAME>.",
+        epilog=exitcodes.DESCRIPTION,
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"dra-driver {_version()}")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=Parser
+    )
+    commands: dict[str, Parser] = {}
     for name, command in COMMANDS.items():
-        command_parser = sub.add_parser(name, help=command.help, description=command.help)
+        command_parser = sub.add_parser(
+            name, help=command.help, description=command.help, epilog=exitcodes.DESCRIPTION
+        )
         add_arguments(command_parser, command.fields, **command.defaults)
         if command.arguments is not None:
             command.arguments(command_parser)
-    return parser
+        commands[name] = command_parser
+    return parser, commands
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dra-driver`` console script."""
-    parser = build_parser()
-    ns = parser.parse_args(argv)
+    parser, commands = build_parser()
+    ns, extra = parser.parse_known_args(argv)
+    if extra:
+        # Reported by the subcommand's parser: its usage, and a suggestion from its flags.
+        commands[ns.command].error(f"unrecognized arguments: {' '.join(extra)}")
     command = COMMANDS[ns.command]
     try:
+        apply_environment(commands[ns.command], ns)
         settings = from_namespace(ns, command.fields)
         logs.configure(settings.log_format, settings.log_level)
         return command.run(settings, ns)
     except (SettingsError, DiscoveryError, KubeConfigError, CheckpointTooNew) as exc:
         print(f"dra-driver {ns.command}: error: {exc}", file=sys.stderr)
-        return 1
+        return exitcodes.ERROR
+    except BrokenPipeError:
+        # The reader went away (`| head`): nothing more to say, and nobody to say it to.
+        # Point stdout at /dev/null so that the flush at exit does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return exitcodes.ERROR
     except OSError as exc:
         # A directory it cannot create, a port in use: the agent cannot do its job at all.
         where = f" ({exc.filename})" if exc.filename else ""
         print(f"dra-driver {ns.command}: error: {exc.strerror or exc}{where}", file=sys.stderr)
-        return 1
+        return exitcodes.ERROR
     except KeyboardInterrupt:
         return 130
 

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from dra_driver.errors import DriverError
+from dra_driver.execcredential import ExecPluginError, ExecRunner, parse_exec_config
 
 #: Where a pod's service account credentials are mounted.
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -71,6 +72,25 @@ class TokenSource:
         self._read_at = None
 
 
+class ExecTokenSource(TokenSource):
+    """A bearer token from a kubeconfig ``exec`` plugin, renewed when it expires."""
+
+    def __init__(self, runner: ExecRunner) -> None:
+        super().__init__()
+        self._runner = runner
+
+    def token(self) -> str:
+        """The plugin's token, running the plugin again when the cached one expired."""
+        try:
+            return self._runner.credential().token
+        except ExecPluginError as exc:
+            raise KubeConfigError(str(exc)) from None
+
+    def invalidate(self) -> None:
+        """The server rejected the token: ask the plugin for a new one."""
+        self._runner.invalidate()
+
+
 @dataclass
 class Connection:
     """Everything needed to reach and authenticate to one API server."""
@@ -83,6 +103,8 @@ class Connection:
     tls_server_name: str = ""
     #: Where the settings came from, for messages.
     source: str = ""
+    #: The default namespace: the context's, or the service account's (empty: none given).
+    namespace: str = ""
     headers: dict[str, str] = field(default_factory=dict)
 
 
@@ -132,6 +154,13 @@ def _b64(value: str, what: str) -> bytes:
         raise KubeConfigError(f"{what} is not valid base64: {exc}") from None
 
 
+def _read_namespace(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
 def in_cluster_connection(
     sa_dir: Path = SERVICE_ACCOUNT_DIR, environ: Mapping[str, str] | None = None
 ) -> Connection:
@@ -155,6 +184,7 @@ def in_cluster_connection(
         ssl_context=context,
         token=token,
         source="in-cluster service account",
+        namespace=_read_namespace(sa_dir / "namespace"),
     )
 
 
@@ -229,15 +259,33 @@ class KubeConfig:
             raise KubeConfigError(f"cluster {cluster_name!r} has no server")
         if cluster.get("proxy-url"):
             raise KubeConfigError(f"cluster {cluster_name!r}: proxy-url is not supported")
-        for unsupported in ("exec", "auth-provider"):
-            if user.get(unsupported):
-                raise KubeConfigError(
-                    f"user {user_name!r}: {unsupported} credential plugins are not supported; "
-                    "use token, tokenFile or a client certificate"
-                )
+        if user.get("auth-provider"):
+            # Removed from kubectl too (1.26): the providers moved to exec plugins.
+            raise KubeConfigError(
+                f"user {user_name!r}: auth-provider is not supported; use the provider's exec "
+                "credential plugin (e.g. gke-gcloud-auth-plugin, kubelogin)"
+            )
 
         cluster_dir = self.origin.get(("clusters", cluster_name), Path.cwd())
         user_dir = self.origin.get(("users", user_name), Path.cwd())
+        runner: ExecRunner | None = None
+        exec_cert, exec_key = b"", b""
+        if user.get("exec"):
+            try:
+                runner = ExecRunner(
+                    parse_exec_config(user["exec"], user_name),
+                    user=user_name,
+                    base_dir=user_dir,
+                    cluster=cluster,
+                )
+                # Run once now: a missing plugin fails at start, and a certificate it gives
+                # goes into the TLS context.
+                credential = runner.credential()
+            except ExecPluginError as exc:
+                raise KubeConfigError(str(exc)) from None
+            exec_cert, exec_key = credential.client_certificate, credential.client_key
+            if not credential.token:
+                runner = None
 
         def rel(base: Path, value: Any) -> str:
             return str(base / Path(str(value)).expanduser()) if value else ""
@@ -254,17 +302,21 @@ class KubeConfig:
                     insecure=bool(cluster.get("insecure-skip-tls-verify")),
                     cert_file=rel(user_dir, user.get("client-certificate")),
                     key_file=rel(user_dir, user.get("client-key")),
-                    cert_data=_b64(
+                    cert_data=exec_cert
+                    or _b64(
                         str(user.get("client-certificate-data") or ""),
                         f"user {user_name!r}: client-certificate-data",
                     ),
-                    key_data=_b64(
+                    key_data=exec_key
+                    or _b64(
                         str(user.get("client-key-data") or ""),
                         f"user {user_name!r}: client-key-data",
                     ),
                 )
             token: TokenSource | None = None
-            if user.get("token"):
+            if runner is not None:
+                token = ExecTokenSource(runner)
+            elif user.get("token"):
                 token = TokenSource(token=str(user["token"]))
             elif user.get("tokenFile"):
                 token = TokenSource(path=rel(user_dir, user["tokenFile"]))
@@ -280,6 +332,7 @@ class KubeConfig:
             basic_auth=basic,
             tls_server_name=str(cluster.get("tls-server-name") or ""),
             source=f"context {name!r}",
+            namespace=str(ctx.get("namespace") or ""),
         )
 
 

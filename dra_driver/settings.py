@@ -50,6 +50,13 @@ class Settings(BaseModel):
     kubeconfig: str = Field(
         "", description="kubeconfig file (default: in-cluster config, then $KUBECONFIG)"
     )
+    context: str = Field("", description="kubeconfig context to use (default: the current context)")
+    namespace: str = Field(
+        "",
+        max_length=63,
+        description="namespace of a claim given by name alone (default: the kubeconfig "
+        "context's, else default)",
+    )
     log_format: Literal["json", "console"] = Field(
         "console", description="log format: json (one event per line) or console"
     )
@@ -74,6 +81,11 @@ class Settings(BaseModel):
         Path("/"),
         description="where the host's NVIDIA driver root is mounted (libnvidia-ml, /dev)",
     )
+    host_driver_root: Path = Field(
+        Path("/"),
+        description="the driver root's path on the host, which CDI specs mount files from "
+        "(--driver-root is where the agent sees it)",
+    )
     metrics_port: int = Field(
         8080, ge=0, le=65535, description="Prometheus /metrics port (0 turns it off)"
     )
@@ -86,7 +98,7 @@ class Settings(BaseModel):
     dynamic_mig: bool = Field(
         False,
         description="create MIG devices on demand: publish every MIG placement with shared "
-        "counters (needs the DRAPartitionableDevices feature; true/false)",
+        "counters (needs the DRAPartitionableDevices feature)",
     )
     shared_gpus: str = Field(
         "",
@@ -118,21 +130,44 @@ def flag_name(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
+#: Short forms, as kubectl spells them.
+_SHORT = {"output": "-o", "namespace": "-n"}
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+def parse_bool(value: str, source: str) -> bool:
+    """A boolean flag value or variable: true/false, yes/no, on/off, 1/0."""
+    lowered = value.strip().lower()
+    if lowered in _TRUE or lowered in _FALSE:
+        return lowered in _TRUE
+    raise SettingsError(f"{source}: expected true or false (got {value!r})")
+
+
+def _help(description: str, field: str, default: Any) -> str:
+    """The description, then the default when it says something, then the variable."""
+    shown = "" if default in ("", None) or isinstance(default, bool) else f"default {default}; "
+    return f"{description} ({shown}env {env_name(field)})"
+
+
 def add_arguments(parser: argparse.ArgumentParser, fields: Iterable[str], **overrides: Any) -> None:
     """Add the named settings fields to ``parser``; ``overrides`` replace defaults per command."""
     for field in fields:
         info = Settings.model_fields[field]
         default = overrides.get(field, info.default)
-        flags = [flag_name(field)] + (["-o"] if field == "output" else [])
+        flags = [flag_name(field)] + ([_SHORT[field]] if field in _SHORT else [])
         choices = _choices(info.annotation)
-        help_text = f"{info.description} [env {env_name(field)}; default {default!s:.60}]"
+        kwargs: dict[str, Any] = {"choices": choices, "metavar": None if choices else field.upper()}
+        if info.annotation is bool:
+            # A switch; "--flag=false" (or "--flag true") is still accepted.
+            kwargs = {"nargs": "?", "const": "true", "metavar": "BOOL"}
         parser.add_argument(
             *flags,
             dest=field,
             default=None,
-            choices=choices,
-            help=help_text,
-            metavar=None if choices else field.upper(),
+            help=_help(info.description or "", field, default),
+            **kwargs,
         )
         parser.set_defaults(**{f"_default_{field}": default})
 

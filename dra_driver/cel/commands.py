@@ -3,45 +3,42 @@
 ``dra-driver match`` evaluates the selectors of a DeviceClass and/or a claim (file, or name in a
 cluster) against devices of a simulated profile, a ResourceSlice file or the cluster, and prints
 per device: match, no match (with the false part and the values it read) or error.
-Exit status: 0 when at least one device matched, 1 when none did, 2 when the input could not be
-read (bad file, API error, missing flags).
+Exit status (:mod:`dra_driver.exitcodes`): 0 when at least one device matched, 4 when none did,
+3 when the named claim or class does not exist, 1 when the input could not be read (bad file,
+API error), 2 for missing flags.
 
-``dra-driver explain-claim NAMESPACE/NAME`` explains, per request of a claim in the cluster, how
-many devices each selector leaves per pool, which are allocated to other claims, and which
-count or constraint blocks. Exit status: 0 when nothing blocks (or the claim is allocated),
-1 when something blocks, 2 when the input could not be read.
+``dra-driver explain-claim [-n NAMESPACE] NAME`` (or ``NAMESPACE/NAME``) explains, per request
+of a claim in the cluster, how many devices each selector leaves per pool, which are allocated
+to other claims, and which count or constraint blocks. Exit status: 0 when nothing blocks (or
+the claim is allocated), 4 when something blocks, 3 when the claim does not exist, 1 when the
+input could not be read.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from dra_driver import resourceapi
+from dra_driver import exitcodes, resourceapi
 from dra_driver.command import Command
 from dra_driver.errors import DriverError
+from dra_driver.output import print_objects
 from dra_driver.settings import Settings
 
-EXIT_MATCH = 0
-EXIT_NO_MATCH = 1
-EXIT_INPUT = 2
+#: File names that are meant as files, never as a name in the cluster.
+_FILE_SUFFIXES = (".yaml", ".yml", ".json")
 
 
 class InputError(DriverError):
-    """Missing flags, unreadable files or API errors: reported on stderr, exit status 2."""
+    """Unreadable files or API errors: reported on stderr with the exit status it carries."""
 
-
-def _print(obj: Any, output: str) -> None:
-    if output == "json":
-        print(json.dumps(obj, indent=2))
-    else:
-        import yaml
-
-        print(yaml.safe_dump(obj, sort_keys=False), end="")
+    def __init__(self, message: str, status: int = exitcodes.ERROR) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def _match_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,7 +67,29 @@ def _match_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _is_file(value: str | None) -> bool:
-    return bool(value) and Path(str(value)).is_file()
+    """Whether ``value`` names a file; one that looks like a path must exist."""
+    if not value:
+        return False
+    if Path(value).is_file():
+        return True
+    if value.endswith(_FILE_SUFFIXES) or value.startswith((".", os.sep, "~")):
+        raise InputError(f"{value}: no such file")
+    return False
+
+
+def _claim_key(settings: Settings, value: str, context_namespace: str) -> str:
+    """``NAMESPACE/NAME`` as given, else ``NAME`` in ``--namespace`` (-n), else in the
+    kubeconfig context's namespace (in a pod: the service account's), else in default."""
+    if "/" in value:
+        return value
+    namespace = settings.namespace or context_namespace or "default"
+    return f"{namespace}/{value}"
+
+
+def _live_error(exc: Exception) -> InputError:
+    """An API error as an input error; 404 gets its own exit status."""
+    status = exitcodes.NOT_FOUND if getattr(exc, "status", 0) == 404 else exitcodes.ERROR
+    return InputError(str(exc), status)
 
 
 async def _cluster_inputs(settings: Settings, ns: argparse.Namespace) -> dict[str, Any]:
@@ -78,13 +97,15 @@ async def _cluster_inputs(settings: Settings, ns: argparse.Namespace) -> dict[st
     from dra_driver.cel.match import slice_devices
     from dra_driver.kube import KubeClient
 
-    client = await KubeClient.create(settings.kubeconfig)
+    client = await KubeClient.create(settings.kubeconfig, context=settings.context)
     try:
         out: dict[str, Any] = {}
         if ns.device_class and not _is_file(ns.device_class):
             out["class"] = await live.get_class(client, ns.device_class)
         if ns.claim and not _is_file(ns.claim):
-            out["claim"] = await live.get_claim(client, ns.claim)
+            out["claim"] = await live.get_claim(
+                client, _claim_key(settings, ns.claim, client.connection.namespace)
+            )
         out["classes"] = await live.list_all(
             client, resourceapi.path(resourceapi.DEVICE_CLASSES), "DeviceClass"
         )
@@ -95,7 +116,7 @@ async def _cluster_inputs(settings: Settings, ns: argparse.Namespace) -> dict[st
             out["devices"] = slice_devices(slices)
         return out
     except live.LiveError as exc:
-        raise InputError(str(exc)) from None
+        raise _live_error(exc) from None
     finally:
         await client.close()
 
@@ -120,8 +141,6 @@ def _match_inputs(settings: Settings, ns: argparse.Namespace) -> dict[str, Any]:
             )
     except sources.SourceError as exc:
         raise InputError(str(exc)) from None
-    if "devices" not in inputs:
-        raise InputError("no devices: give --slices FILE, --profile NAME or --live")
     return inputs
 
 
@@ -130,15 +149,19 @@ def _run_match(settings: Settings, ns: argparse.Namespace) -> int:
     from dra_driver.cel.render import match_text
 
     if not ns.device_class and not ns.claim:
-        return _fail("match", "give --class and/or --claim")
+        return _fail("match", "give --class and/or --claim", exitcodes.USAGE)
+    if not (ns.slices or settings.profile or ns.live):
+        return _fail(
+            "match", "no devices: give --slices FILE, --profile NAME or --live", exitcodes.USAGE
+        )
     try:
         inputs = _match_inputs(settings, ns)
     except InputError as exc:
-        return _fail("match", str(exc))
+        return _fail("match", str(exc), exc.status)
     classes = {(c.get("metadata") or {}).get("name", ""): c for c in inputs.get("classes", [])}
     sets = selector_sets(inputs.get("class"), inputs.get("claim"), classes)
     if not sets:
-        return _fail("match", "the claim has no requests")
+        return _fail("match", "the claim has no requests", exitcodes.ERROR)
     devices = inputs["devices"]
     prepared = prepare(devices)  # convert each device once for all selector sets
     results = [(s, match_devices(devices, s.selectors, prepared=prepared)) for s in sets]
@@ -146,7 +169,7 @@ def _run_match(settings: Settings, ns: argparse.Namespace) -> int:
     if settings.output == "table":
         print(match_text(results))
     else:
-        _print(
+        print_objects(
             {
                 "matched": matched,
                 "sets": [
@@ -162,28 +185,32 @@ def _run_match(settings: Settings, ns: argparse.Namespace) -> int:
             },
             settings.output,
         )
-    return EXIT_MATCH if matched else EXIT_NO_MATCH
+    return exitcodes.OK if matched else exitcodes.NO_MATCH
 
 
-def _fail(command: str, message: str) -> int:
+def _fail(command: str, message: str, status: int) -> int:
     print(f"dra-driver {command}: error: {message}", file=sys.stderr)
-    return EXIT_INPUT
+    return status
 
 
 def _explain_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("claim", metavar="NAMESPACE/NAME", help="the ResourceClaim to explain")
+    parser.add_argument(
+        "claim",
+        metavar="NAME",
+        help="the ResourceClaim: NAME in --namespace, or NAMESPACE/NAME",
+    )
 
 
 async def _explain_inputs(settings: Settings, key: str) -> tuple[Any, Any]:
     from dra_driver.cel import live
     from dra_driver.kube import KubeClient
 
-    client = await KubeClient.create(settings.kubeconfig)
+    client = await KubeClient.create(settings.kubeconfig, context=settings.context)
     try:
-        claim = await live.get_claim(client, key)
+        claim = await live.get_claim(client, _claim_key(settings, key, client.connection.namespace))
         return claim, await live.cluster_state(client)
     except live.LiveError as exc:
-        raise InputError(str(exc)) from None
+        raise _live_error(exc) from None
     finally:
         await client.close()
 
@@ -195,27 +222,36 @@ def _run_explain(settings: Settings, ns: argparse.Namespace) -> int:
     try:
         claim, state = asyncio.run(_explain_inputs(settings, ns.claim))
     except InputError as exc:
-        return _fail("explain-claim", str(exc))
+        return _fail("explain-claim", str(exc), exc.status)
     report = explain_claim(claim, state.classes, state.slices, state.claims)
     if settings.output == "table":
         print(claim_text(report))
     else:
-        _print(report.to_json(), settings.output)
-    return 0 if report.allocated or not report.blocking else 1
+        print_objects(report.to_json(), settings.output)
+    return exitcodes.OK if report.allocated or not report.blocking else exitcodes.NO_MATCH
 
 
 _LOGGING = ("log_format", "log_level")
 
 MATCH = Command(
     help="show which devices the selectors of a DeviceClass and/or claim match, and why not",
-    fields=("driver_name", "profile", "node_name", "kubeconfig", "output", *_LOGGING),
+    fields=(
+        "driver_name",
+        "profile",
+        "node_name",
+        "kubeconfig",
+        "context",
+        "namespace",
+        "output",
+        *_LOGGING,
+    ),
     run=_run_match,
     arguments=_match_arguments,
 )
 
 EXPLAIN_CLAIM = Command(
     help="explain per request why a ResourceClaim does (not) allocate",
-    fields=("kubeconfig", "output", *_LOGGING),
+    fields=("kubeconfig", "context", "namespace", "output", *_LOGGING),
     run=_run_explain,
     arguments=_explain_arguments,
 )

@@ -16,6 +16,11 @@ JSON = dict[str, Any]
 class LiveError(DriverError):
     """The API server answered with an error (the message says which request)."""
 
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        #: The HTTP status of the answer (404: not found); 0 when there was none.
+        self.status = status
+
 
 async def get_json(
     client: KubeClient, path: str, query: list[tuple[str, str]] | None = None
@@ -27,7 +32,7 @@ async def get_json(
             message = json.loads(response.body).get("message", "")
         except (ValueError, AttributeError):
             message = response.body.decode("utf-8", "replace")[:300]
-        raise LiveError(f"GET {path}: {response.status} {message}")
+        raise LiveError(f"GET {path}: {response.status} {message}", response.status)
     data = response.json()
     return data if isinstance(data, dict) else {}
 
@@ -53,7 +58,12 @@ def split_key(key: str) -> tuple[str, str]:
 
 async def get_class(client: KubeClient, name: str) -> JSON:
     """One DeviceClass."""
-    obj = await get_json(client, resourceapi.path(resourceapi.DEVICE_CLASSES, name))
+    try:
+        obj = await get_json(client, resourceapi.path(resourceapi.DEVICE_CLASSES, name))
+    except LiveError as exc:
+        if exc.status == 404:
+            raise LiveError(f'DeviceClass "{name}" not found', 404) from None
+        raise
     return {"kind": "DeviceClass", **obj}
 
 
@@ -72,6 +82,12 @@ async def get_claim(client: KubeClient, key: str) -> JSON:
                 resourceapi.path(resourceapi.RESOURCE_CLAIM_TEMPLATES, name, namespace=namespace),
             )
         except LiveError:
+            if claim_error.status == 404:
+                raise LiveError(
+                    f'ResourceClaim "{name}" not found in namespace "{namespace}" '
+                    "(nor a ResourceClaimTemplate of that name)",
+                    404,
+                ) from None
             raise claim_error from None
         return {"kind": "ResourceClaimTemplate", **obj}
 

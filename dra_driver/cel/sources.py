@@ -19,6 +19,15 @@ class SourceError(DriverError):
     """A file could not be read or holds the wrong kind of object."""
 
 
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """Where and what, as an editor shows it: ``line 3, column 5: <problem>``."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    if mark is None:
+        return str(problem)
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+
+
 def load_objects(path: str | Path) -> list[JSON]:
     """Every object in a YAML (multi-document) or JSON file; ``List`` kinds are flattened."""
     file = Path(path)
@@ -28,8 +37,10 @@ def load_objects(path: str | Path) -> list[JSON]:
         raise SourceError(f"cannot read {file}: {exc.strerror or exc}") from None
     try:
         docs = [json.loads(text)] if file.suffix == ".json" else list(yaml.safe_load_all(text))
-    except (ValueError, yaml.YAMLError) as exc:
-        raise SourceError(f"{file} is not valid YAML/JSON: {exc}".replace("\n", " ")) from None
+    except ValueError as exc:
+        raise SourceError(f"{file} is not valid JSON: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise SourceError(f"{file} is not valid YAML: {_yaml_problem(exc)}") from None
     return list(_flatten(d for d in docs if d))
 
 

@@ -54,7 +54,7 @@ spec:
 """,
     )
     proc = _cli(cluster, "match", "--live", f"--class={gpu_class}", f"--claim={namespace}/big", "-o", "json")
-    assert proc.returncode == 1, proc.stderr  # nothing matches
+    assert proc.returncode == 4, proc.stderr  # nothing matches
     report = json.loads(proc.stdout)
     text = json.dumps(report)
     assert node.name in text and "memory" in text and "22.5Gi" in text
@@ -65,11 +65,11 @@ spec:
     assert json.dumps(json.loads(proc.stdout)).count(node.name) >= 4
 
     # explain-claim says which selector leaves nothing.
-    proc = _cli(cluster, "explain-claim", f"{namespace}/big")
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+    proc = _cli(cluster, "explain-claim", "-n", namespace, "big")
+    assert proc.returncode == 4, proc.stdout + proc.stderr  # blocked
     assert "memory" in proc.stdout and "0" in proc.stdout
     proc = _cli(cluster, "explain-claim", f"{namespace}/big", "-o", "json")
-    assert proc.returncode == 1
+    assert proc.returncode == 4
     assert json.loads(proc.stdout)
     claim = raw(k.ResourceV1Api(kube_api).read_namespaced_resource_claim, "big", namespace)
     assert "allocation" not in claim.get("status", {})

@@ -472,7 +472,9 @@ def test_policy_rejects_pool_and_driver_spoofing(
 ) -> None:
     _wait_policy_active(dyn, unique_name("slice"))
     # The legitimate slice: its node, its pool, the driver's name.
-    assert _denied(lambda: _create_as(dyn, _slice(unique_name("slice"), "node-a"), "node-a")) is None
+    assert (
+        _denied(lambda: _create_as(dyn, _slice(unique_name("slice"), "node-a"), "node-a")) is None
+    )
 
     # Its node but another node's pool (a higher generation would hide node-b's GPUs).
     spoofed_pool = _slice(unique_name("slice"), "node-a")
@@ -530,3 +532,56 @@ def test_policy_leaves_other_users_alone(
                 time.sleep(0.25)
     finally:
         delete(dyn, binding)
+
+
+# ------------------------------------------------------------------------------------
+# What the Helm chart renders, with every option on, passes strict validation
+# ------------------------------------------------------------------------------------
+
+
+def chart_values() -> dict[str, str]:
+    """The administrators' values and every optional object turned on."""
+    from tests.unit.test_helm_chart import ADMIN_VALUES
+
+    return {
+        **ADMIN_VALUES,
+        "createNamespace": "false",
+        "priorityClassName": "system-node-critical",
+        "metrics.serviceMonitor.enabled": "true",
+        "extendedResource.enabled": "true",
+        "extendedResource.acknowledgeNoDevicePlugin": "true",
+        "driverName": "e2e.gpu.example.com",
+    }
+
+
+def _strict_dry_run(dyn: DynamicClient, obj: Obj, namespace: str | None) -> Obj:
+    """POST with dryRun=All and fieldValidation=Strict: an unknown or duplicate field fails."""
+    path = _resource(dyn, obj).path(namespace=_namespace_for(dyn, obj, namespace))
+    data = dyn.request("post", f"{path}?dryRun=All&fieldValidation=Strict", body=obj)
+    return dict(data.to_dict())
+
+
+def test_chart_objects_pass_strict_validation(dyn: DynamicClient, namespace: str) -> None:
+    from tests.unit.test_helm_chart import template
+
+    rendered = template("e2e", "--namespace", namespace, **chart_values())
+    objects = [o for o in yaml.safe_load_all(rendered) if o]
+    kinds = {o["kind"] for o in objects}
+    assert {"DaemonSet", "ServiceAccount", "ClusterRole", "DeviceClass", "Service"} <= kinds
+    checked = 0
+    for obj in objects:
+        if obj["kind"] == "ServiceMonitor":
+            continue  # the Prometheus Operator's CRD is not installed here
+        try:
+            stored = _strict_dry_run(dyn, obj, namespace)
+        except DynamicApiError as e:
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {error_text(e)}")
+        assert stored["metadata"]["name"] == obj["metadata"]["name"]
+        checked += 1
+    assert checked == len(objects) - 1
+    # Strict validation is really on: an unknown field in the pod spec is an error.
+    (ds,) = by_kind(objects, "DaemonSet")
+    ds["spec"]["template"]["spec"]["nodeSelektor"] = {}
+    with pytest.raises(DynamicApiError) as info:
+        _strict_dry_run(dyn, ds, namespace)
+    assert 'unknown field "spec.template.spec.nodeSelektor"' in error_text(info.value)

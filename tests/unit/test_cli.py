@@ -23,7 +23,16 @@ def test_discover_table(capsys: pytest.CaptureFixture[str]) -> None:
 def test_discover_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["discover", "--backend", "simulated", "--profile", "l4x4", "-o", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert [g["product_name"] for g in data["gpus"]] == ["NVIDIA L4"] * 4
+    assert [g["productName"] for g in data["gpus"]] == ["NVIDIA L4"] * 4
+    assert "_" not in json.dumps(list(_keys(data)))  # camelCase everywhere
+
+
+def _keys(obj: object) -> list[str]:
+    if isinstance(obj, dict):
+        return [*obj, *(k for v in obj.values() for k in _keys(v))]
+    if isinstance(obj, list):
+        return [k for v in obj for k in _keys(v)]
+    return []
 
 
 def test_slices_yaml_from_environment(
@@ -58,7 +67,9 @@ def test_flag_wins_over_environment(
         )
         == 0
     )
-    assert len(json.loads(capsys.readouterr().out)[0]["spec"]["devices"]) == 4
+    out = json.loads(capsys.readouterr().out)
+    assert (out["apiVersion"], out["kind"]) == ("v1", "List")  # what kubectl apply -f - reads
+    assert len(out["items"][0]["spec"]["devices"]) == 4
 
 
 def test_driver_name_flag(capsys: pytest.CaptureFixture[str]) -> None:
@@ -143,8 +154,22 @@ def test_bad_yaml_profile_file(tmp_path: Path, capsys: pytest.CaptureFixture[str
 def test_unusable_directory_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    args = ["run", "--backend", "simulated", "--profile", "l4x4", "--node-name", "n", "--metrics-port", "0", "--health-port", "0"]
-    assert main([*args, f"--plugins-dir={blocker / 'plugins'}", f"--cdi-root={tmp_path / 'cdi'}"]) == 1
+    args = [
+        "run",
+        "--backend",
+        "simulated",
+        "--profile",
+        "l4x4",
+        "--node-name",
+        "n",
+        "--metrics-port",
+        "0",
+        "--health-port",
+        "0",
+    ]
+    assert (
+        main([*args, f"--plugins-dir={blocker / 'plugins'}", f"--cdi-root={tmp_path / 'cdi'}"]) == 1
+    )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(blocker) in err
 
@@ -154,6 +179,32 @@ def test_demo_without_the_development_environment_says_so_in_one_line(
 ) -> None:
     # An installed wheel has no devenv package; None in sys.modules makes its import fail.
     monkeypatch.setitem(sys.modules, "devenv.demo", None)
-    assert main(["demo"]) == 2
+    assert main(["demo"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "checkout" in err and "make install" in err
+
+
+def test_demo_from_an_installed_wheel_says_so_in_one_line(tmp_path: Path) -> None:
+    """A wheel carries devenv/ but not the checkout around it (testenv/, examples/)."""
+    import shutil
+
+    site = tmp_path / "site-packages"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "devenv", site / "devenv")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from dra_driver.cli import main; sys.exit(main())",
+            "demo",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site)},
+        cwd=tmp_path,  # not the checkout, whose devenv/ would come first on sys.path
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert (
+        proc.stderr
+        == "dra-driver demo needs a checkout of the project set up with `make install`\n"
+    )

@@ -153,21 +153,14 @@ def test_given_context_and_missing_context(tmp_path: Path) -> None:
     assert conn.ssl_context is None
 
 
-@pytest.mark.parametrize(
-    ("user", "unsupported"),
-    [
-        ({"exec": {"command": "aws", "apiVersion": "client.authentication.k8s.io/v1"}}, "exec"),
-        ({"auth-provider": {"name": "oidc"}}, "auth-provider"),
-    ],
-)
-def test_credential_plugins_are_rejected_by_name(
-    tmp_path: Path, user: dict[str, Any], unsupported: str
-) -> None:
+def test_auth_provider_is_rejected_by_name(tmp_path: Path) -> None:
+    """(exec plugins are supported: tests/unit/test_execcredential.py.)"""
+    user = {"auth-provider": {"name": "oidc"}}
     path = kubeconfig(tmp_path / "config", cluster={"server": "https://h"}, user=user)
     with pytest.raises(KubeConfigError) as err:
         load_connection(str(path))
     message = str(err.value)
-    assert f"user 'u': {unsupported} credential plugins are not supported" in message
+    assert "user 'u': auth-provider is not supported; use the provider's exec" in message
     assert "\n" not in message
     assert message.startswith(f"cannot load API server credentials from {path}")
 
@@ -212,6 +205,9 @@ def test_in_cluster(tmp_path: Path, certs: Certs) -> None:
     conn = in_cluster_connection(tmp_path, env)
     assert conn.server == "https://[fd00::1]:6443"
     assert conn.token is not None and conn.token.token() == "sa-token"
+    assert conn.namespace == ""  # no namespace file
+    (tmp_path / "namespace").write_text("gpu-ops\n")
+    assert in_cluster_connection(tmp_path, env).namespace == "gpu-ops"
     with pytest.raises(KubeConfigError, match="not running inside a pod"):
         in_cluster_connection(tmp_path, {})
 

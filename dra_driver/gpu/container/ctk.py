@@ -1,8 +1,9 @@
-"""Driver libraries and hooks for containers, from the NVIDIA Container Toolkit when present.
+"""Driver libraries and hooks for containers: the NVIDIA Container Toolkit's, else our own.
 
-``nvidia-ctk cdi generate`` knows which driver libraries, binaries and hooks a host has; the
-claim specs reuse its common edits instead of a hand-written library list. Without it, claims
-get device nodes and environment only (enough for the demo; a production node should have it).
+When ``nvidia-ctk`` is installed, ``nvidia-ctk cdi generate`` supplies the common edits (its
+library list, and hooks that create symlinks and update the loader cache in the container).
+Without it (or when it fails), :mod:`dra_driver.gpu.container.driverfiles` finds the driver's
+files under the driver root and mounts them where the loader of any image finds them.
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import structlog
 
-from dra_driver.cdi.spec import NO_EDITS, ContainerEdits, DeviceNode, Mount
+from dra_driver.cdi.spec import ContainerEdits, DeviceNode, Mount
+from dra_driver.gpu.container.driverfiles import discover_edits
 
 log = structlog.get_logger(__name__)
 
@@ -45,15 +48,23 @@ def edits_from_json(raw: dict[str, Any]) -> ContainerEdits:
     )
 
 
-def common_edits(driver_root: str = "/", executable: str = "nvidia-ctk") -> ContainerEdits:
-    """The common edits ``nvidia-ctk`` generates for this host, or none (logged once)."""
+def common_edits(
+    driver_root: str = "/",
+    executable: str = "nvidia-ctk",
+    *,
+    host_root: Path = Path("/"),
+    driver_version: str = "",
+) -> ContainerEdits:
+    """The common edits ``nvidia-ctk`` generates for this host, else the driver files found
+    under ``driver_root`` (host paths under ``host_root``) of ``driver_version``."""
+
+    def own() -> ContainerEdits:
+        return discover_edits(Path(driver_root), host_root, driver_version)
+
     path = shutil.which(executable)
     if path is None:
-        log.warning(
-            "nvidia-ctk not found: CDI specs carry device nodes and environment only; "
-            "install the NVIDIA Container Toolkit for driver libraries and hooks"
-        )
-        return NO_EDITS
+        log.info("nvidia-ctk not found: CDI specs mount the driver files found by the agent")
+        return own()
     cmd = [path, "cdi", "generate", "--format=json", f"--driver-root={driver_root}"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True)
@@ -62,10 +73,10 @@ def common_edits(driver_root: str = "/", executable: str = "nvidia-ctk") -> Cont
     except (subprocess.SubprocessError, OSError, ValueError, KeyError, TypeError) as exc:
         stderr = getattr(exc, "stderr", "") or ""
         log.error(
-            "nvidia-ctk cdi generate failed; using device nodes only",
+            "nvidia-ctk cdi generate failed; mounting the driver files found by the agent",
             error=str(exc),
             stderr=stderr[-500:],
         )
-        return NO_EDITS
+        return own()
     log.info("using nvidia-ctk common edits", mounts=len(edits.mounts), hooks=len(edits.hooks))
     return edits

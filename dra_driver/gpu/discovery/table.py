@@ -3,18 +3,11 @@
 from __future__ import annotations
 
 from dra_driver.gpu.inventory import Inventory
+from dra_driver.output import table as _rows
 
 
 def _gib(value: int) -> str:
     return f"{value / 2**30:.1f}Gi"
-
-
-def _rows(header: list[str], rows: list[list[str]]) -> list[str]:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    return [
-        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-        for r in [header, *rows]
-    ]
 
 
 def inventory_table(inventory: Inventory) -> str:

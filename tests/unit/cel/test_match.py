@@ -164,7 +164,7 @@ def test_match_command_json_and_exit_status(
 ) -> None:
     klass = tmp_path / "class.json"
     klass.write_text(json.dumps(device_class("none", f'{A}.architecture == "Volta"')))
-    assert run(MATCH, "--class", str(klass), "--profile", "l4x4", "-o", "json") == 1
+    assert run(MATCH, "--class", str(klass), "--profile", "l4x4", "-o", "json") == 4
     data = json.loads(capsys.readouterr().out)
     assert data["matched"] is False
     first = data["sets"][0]["devices"][0]
@@ -201,7 +201,7 @@ def test_match_command_claim_file(tmp_path: Path, capsys: pytest.CaptureFixture[
     klass = tmp_path / "class.yaml"
     klass.write_text(yaml.safe_dump(device_class("gpu.dra.dev", "true")))
     code = run(MATCH, "--class", str(klass), "--claim", str(claim), "--profile", "l4x4")
-    assert code == 1
+    assert code == 4  # no device matches
     out = capsys.readouterr().out
     assert "error" in out and "no such key: nosuch" in out
 
@@ -210,7 +210,7 @@ def test_match_command_input_errors(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert run(MATCH, "--profile", "l4x4") == 2
     bad = tmp_path / "bad.yaml"
     bad.write_text("kind: ConfigMap\n")
-    assert run(MATCH, "--class", str(bad), "--profile", "l4x4") == 2
+    assert run(MATCH, "--class", str(bad), "--profile", "l4x4") == 1
     assert "no DeviceClass" in capsys.readouterr().err
     klass = tmp_path / "class.yaml"
     klass.write_text(yaml.safe_dump(device_class("x", "true")))

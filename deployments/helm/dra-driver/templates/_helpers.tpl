@@ -1,17 +1,56 @@
-{{/* Labels shared by every object. Deliberately no release or chart labels: the rendered
-objects are the same as those of the kustomize base. */}}
-{{- define "dra-driver.labels" -}}
-app.kubernetes.io/name: dra-driver
+{{/* The chart's name, shortened to the 63 characters of a label value. */}}
+{{- define "dra-driver.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{/* The release's name for its objects: the release name alone when it already contains
+the chart's name (release "dra-driver" gives "dra-driver"), otherwise "<release>-<chart>".
+Cluster-scoped objects carry it, so two releases do not collide. */}}
+{{- define "dra-driver.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The namespace of the namespaced objects: the release's unless overridden. */}}
+{{- define "dra-driver.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride }}
+{{- end }}
+
+{{- define "dra-driver.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels shared by every object. */}}
+{{- define "dra-driver.labels" -}}
+helm.sh/chart: {{ include "dra-driver.chart" . }}
+app.kubernetes.io/name: {{ include "dra-driver.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* The DaemonSet's selector: immutable, so nothing in it may change between releases. */}}
 {{- define "dra-driver.selectorLabels" -}}
-app.kubernetes.io/name: dra-driver
+app.kubernetes.io/name: {{ include "dra-driver.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: kubelet-plugin
 {{- end }}
 
 {{/* The ServiceAccount name; also the user name the admission policy matches. */}}
 {{- define "dra-driver.serviceAccountName" -}}
-dra-driver
+{{- if .Values.serviceAccount.create }}
+{{- default (include "dra-driver.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
 {{- end }}
 
 {{- define "dra-driver.image" -}}
@@ -21,4 +60,12 @@ dra-driver
 {{/* The CEL selector of a device class for devices of one type. */}}
 {{- define "dra-driver.typeSelector" -}}
 device.driver == "{{ .driver }}" && device.attributes["{{ .driver }}"].type == "{{ .type }}"
+{{- end }}
+
+{{/* Refuse the extended-resource class unless the administrator acknowledged that the
+NVIDIA device plugin does not run on the same nodes: both would hand out the same GPUs. */}}
+{{- define "dra-driver.checkExtendedResource" -}}
+{{- if and .Values.extendedResource.enabled (not .Values.extendedResource.acknowledgeNoDevicePlugin) }}
+{{- fail "extendedResource.enabled=true serves the extended resource through DRA: the NVIDIA device plugin must not run on the same nodes (both would hand out the same GPUs). Set extendedResource.acknowledgeNoDevicePlugin=true to confirm." }}
+{{- end }}
 {{- end }}

@@ -28,7 +28,13 @@ GENERATED = {
                 "options": ["ro", "nosuid", "nodev", "bind"],
             }
         ],
-        "hooks": [{"hookName": "createContainer", "path": "/usr/bin/nvidia-cdi-hook", "args": ["nvidia-cdi-hook", "update-ldcache"]}],
+        "hooks": [
+            {
+                "hookName": "createContainer",
+                "path": "/usr/bin/nvidia-cdi-hook",
+                "args": ["nvidia-cdi-hook", "update-ldcache"],
+            }
+        ],
     },
 }
 
@@ -45,7 +51,9 @@ def test_common_edits_come_from_nvidia_ctk(tmp_path: Path) -> None:
     out.write_text(json.dumps(GENERATED))
     tool = _fake_ctk(tmp_path, f'[ "$1 $2" = "cdi generate" ] || exit 3\ncat {out}')
     edits = ctk.common_edits("/", executable=tool)
-    assert [m.container_path for m in edits.mounts] == ["/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05"]
+    assert [m.container_path for m in edits.mounts] == [
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05"
+    ]
     assert edits.hooks[0]["hookName"] == "createContainer"
     assert [n.path for n in edits.device_nodes] == ["/dev/nvidia-modeset"]
 
@@ -72,19 +80,28 @@ def test_common_edits_come_from_nvidia_ctk(tmp_path: Path) -> None:
     assert spec["containerEdits"]["mounts"][0]["options"] == ["ro", "nosuid", "nodev", "bind"]
 
 
-def test_without_nvidia_ctk_there_are_no_common_edits(tmp_path: Path) -> None:
-    assert ctk.common_edits("/", executable=str(tmp_path / "missing")) is NO_EDITS
+def test_without_nvidia_ctk_or_driver_files_there_are_no_common_edits(tmp_path: Path) -> None:
+    # (With driver files the agent mounts them itself: test_driverfiles.py.)
+    empty_root = str(tmp_path / "root")
+    assert ctk.common_edits(empty_root, executable=str(tmp_path / "missing")) == NO_EDITS
 
 
 def test_a_failing_nvidia_ctk_is_survived(tmp_path: Path) -> None:
-    assert ctk.common_edits("/", executable=_fake_ctk(tmp_path, "echo broken >&2; exit 1")) is NO_EDITS
-    assert ctk.common_edits("/", executable=_fake_ctk(tmp_path, "echo not-json")) is NO_EDITS
+    empty_root = str(tmp_path / "root")
+    failing = _fake_ctk(tmp_path, "echo broken >&2; exit 1")
+    assert ctk.common_edits(empty_root, executable=failing) == NO_EDITS
+    garbage = _fake_ctk(tmp_path, "echo not-json")
+    assert ctk.common_edits(empty_root, executable=garbage) == NO_EDITS
 
 
 def test_host_device_nodes_carry_their_numbers() -> None:
     info = os.stat("/dev/null")
     node = devnodes.host()("/dev/null")
-    assert (node.type, node.major, node.minor) == ("c", os.major(info.st_rdev), os.minor(info.st_rdev))
+    assert (node.type, node.major, node.minor) == (
+        "c",
+        os.major(info.st_rdev),
+        os.minor(info.st_rdev),
+    )
     assert node.host_path is None
     # Missing nodes are left to the runtime.
     assert devnodes.host()("/dev/nvidia99") == devnodes.plain("/dev/nvidia99")
@@ -99,7 +116,12 @@ def test_driver_root_device_nodes_point_at_the_host_path(tmp_path: Path) -> None
 
 
 def test_simulated_numbers() -> None:
-    assert devnodes.simulated("/dev/nvidia3").to_json() == {"path": "/dev/nvidia3", "type": "c", "major": 195, "minor": 3}
+    assert devnodes.simulated("/dev/nvidia3").to_json() == {
+        "path": "/dev/nvidia3",
+        "type": "c",
+        "major": 195,
+        "minor": 3,
+    }
     assert devnodes.simulated("/dev/nvidiactl").minor == 255
     assert devnodes.simulated("/dev/nvidia-caps/nvidia-cap30").minor == 30
     assert devnodes.simulated("/dev/other") == devnodes.plain("/dev/other")

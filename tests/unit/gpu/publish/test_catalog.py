@@ -38,7 +38,7 @@ def test_slices_command_prints_what_the_agent_publishes(
     flags += ["--shared-gpus", shared] if shared else []
     flags += ["--dynamic-mig", "true"] if dynamic else []
     assert main(["slices", *flags, "-o", "json"]) == 0
-    printed = json.loads(capsys.readouterr().out)
+    printed = json.loads(capsys.readouterr().out)["items"]  # a v1 List
 
     settings = Settings(
         backend="simulated",

@@ -1,0 +1,309 @@
+"""The Helm chart behaves like the charts cluster administrators know.
+
+``helm template`` and ``helm lint`` from ``make tools`` (skipped without them): release
+names and namespaces, the standard labels, the values admins expect, the schema that
+rejects typos, and the opt-in extended-resource class. Equality with the kustomize base
+is checked in test_manifests.py; the API server's strict validation of what the chart
+renders in tests/e2e/test_manifests_e2e.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.unit.test_manifests import CHART, Obj, by_key, run, tool
+
+CLUSTER_SCOPED = {
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "DeviceClass",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
+
+
+#: The values an administrator commonly sets, each to something visible in the output.
+ADMIN_VALUES = {
+    "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+    ".nodeSelectorTerms[0].matchExpressions[0].key": "gpu",
+    "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+    ".nodeSelectorTerms[0].matchExpressions[0].operator": "Exists",
+    "podAnnotations.team": "ml",
+    "podLabels.tier": "system",
+    "podSecurityContext.seccompProfile.type": "RuntimeDefault",
+    "securityContext.readOnlyRootFilesystem": "true",
+    "serviceAccount.annotations.role": "arn",
+    "extraEnv[0].name": "DRA_LOG_LEVEL_EXTRA",
+    "extraEnv[0].value": "x",
+    "priorityClassName": "gpu-critical",
+}
+
+
+def template(release: str, *args: str, **values: Any) -> str:
+    """``helm template`` of the chart with ``--set`` for each value."""
+    argv: list[str | Path] = [tool("helm"), "template", release, CHART, *args]
+    for k, v in values.items():
+        argv += ["--set", f"{k}={v}"]
+    return run(*argv)
+
+
+def render(release: str = "dra-driver", *args: str, **values: Any) -> dict[Any, Obj]:
+    return by_key(template(release, *args, **values))
+
+
+def render_error(*values: str) -> str:
+    argv = [str(tool("helm")), "template", "x", str(CHART)]
+    for v in values:
+        argv += ["--set", v]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0, f"rendered although invalid: {values}"
+    return proc.stderr
+
+
+def kind(objects: dict[Any, Obj], name: str) -> list[Obj]:
+    return [o for o in objects.values() if o["kind"] == name]
+
+
+def daemonset(objects: dict[Any, Obj]) -> Obj:
+    (ds,) = kind(objects, "DaemonSet")
+    return ds
+
+
+def container(objects: dict[Any, Obj]) -> Obj:
+    (c,) = daemonset(objects)["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def env(objects: dict[Any, Obj]) -> dict[str, Any]:
+    return {e["name"]: e.get("value") for e in container(objects)["env"]}
+
+
+def test_helm_lint_strict() -> None:
+    out = run(tool("helm"), "lint", "--strict", CHART)
+    assert "0 chart(s) failed" in out
+    assert "[WARNING]" not in out and "[ERROR]" not in out
+
+
+def test_namespace_from_release() -> None:
+    objects = render("dra-driver", "--namespace", "gpu-ops")
+    namespaced = [o for o in objects.values() if o["kind"] not in CLUSTER_SCOPED]
+    assert namespaced and {o["metadata"]["namespace"] for o in namespaced} == {"gpu-ops"}
+    (ns,) = kind(objects, "Namespace")
+    assert ns["metadata"]["name"] == "gpu-ops"
+    (binding,) = kind(objects, "ClusterRoleBinding")
+    assert binding["subjects"][0]["namespace"] == "gpu-ops"
+    (policy,) = kind(objects, "ValidatingAdmissionPolicy")
+    expression = policy["spec"]["matchConditions"][0]["expression"]
+    assert expression == 'request.userInfo.username == "system:serviceaccount:gpu-ops:dra-driver"'
+
+
+def test_namespace_override_and_no_namespace_object() -> None:
+    objects = render(
+        "dra-driver",
+        "--namespace",
+        "ignored",
+        namespaceOverride="gpu-system",
+        createNamespace=False,
+    )
+    assert kind(objects, "Namespace") == []
+    assert daemonset(objects)["metadata"]["namespace"] == "gpu-system"
+
+
+def test_standard_labels() -> None:
+    objects = render("gpu", "--namespace", "gpu")
+    for obj in objects.values():
+        labels = obj["metadata"]["labels"]
+        assert labels["helm.sh/chart"] == "dra-driver-0.1.0"
+        assert labels["app.kubernetes.io/name"] == "dra-driver"
+        assert labels["app.kubernetes.io/instance"] == "gpu"
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+    ds = daemonset(objects)
+    selector = ds["spec"]["selector"]["matchLabels"]
+    assert selector == {
+        "app.kubernetes.io/name": "dra-driver",
+        "app.kubernetes.io/instance": "gpu",
+        "app.kubernetes.io/component": "kubelet-plugin",
+    }
+    assert selector.items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_names_from_fullname() -> None:
+    assert daemonset(render("dra-driver"))["metadata"]["name"] == "dra-driver-kubelet-plugin"
+    assert daemonset(render("gpu"))["metadata"]["name"] == "gpu-dra-driver-kubelet-plugin"
+    objects = render("gpu", fullnameOverride="nv", nameOverride="x")
+    assert daemonset(objects)["metadata"]["name"] == "nv-kubelet-plugin"
+    assert daemonset(objects)["metadata"]["labels"]["app.kubernetes.io/name"] == "x"
+    (sa,) = kind(objects, "ServiceAccount")
+    assert sa["metadata"]["name"] == "nv"
+    assert daemonset(objects)["spec"]["template"]["spec"]["serviceAccountName"] == "nv"
+
+
+def test_second_release_does_not_collide() -> None:
+    """Two releases (each with its own driver name) share no cluster-scoped object name."""
+    first = render("dra-driver", "--namespace", "dra-driver")
+    second = render("gpu-b", "--namespace", "gpu-b", driverName="b.gpu.example.com")
+
+    def cluster_scoped(objects: dict[Any, Obj]) -> set[tuple[str, str]]:
+        return {
+            (o["kind"], o["metadata"]["name"])
+            for o in objects.values()
+            if o["kind"] in CLUSTER_SCOPED
+        }
+
+    a, b = cluster_scoped(first), cluster_scoped(second)
+    assert len(a) == len(b) == 8
+    assert a.isdisjoint(b)
+    # Each release's binding and policy point at its own objects.
+    (role,) = kind(second, "ClusterRole")
+    (binding,) = kind(second, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"] == "gpu-b-dra-driver"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "gpu-b-dra-driver", "namespace": "gpu-b"}
+    ]
+    (vap_binding,) = kind(second, "ValidatingAdmissionPolicyBinding")
+    (vap,) = kind(second, "ValidatingAdmissionPolicy")
+    assert vap_binding["spec"]["policyName"] == vap["metadata"]["name"]
+
+
+def test_admin_values() -> None:
+    objects = render(
+        "dra-driver",
+        **ADMIN_VALUES,
+        **{"updateStrategy.type": "OnDelete", "updateStrategy.rollingUpdate": "null"},
+    )
+    pod = daemonset(objects)["spec"]["template"]
+    assert pod["metadata"]["annotations"] == {"team": "ml"}
+    assert pod["metadata"]["labels"]["tier"] == "system"
+    spec = pod["spec"]
+    term = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["nodeSelectorTerms"][0]["matchExpressions"][0] == {
+        "key": "gpu",
+        "operator": "Exists",
+    }
+    assert spec["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+    assert spec["priorityClassName"] == "gpu-critical"
+    assert container(objects)["securityContext"] == {
+        "privileged": True,
+        "readOnlyRootFilesystem": True,
+    }
+    assert env(objects)["DRA_LOG_LEVEL_EXTRA"] == "x"
+    assert daemonset(objects)["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    (sa,) = kind(objects, "ServiceAccount")
+    assert sa["metadata"]["annotations"] == {"role": "arn"}
+
+
+def test_existing_service_account() -> None:
+    objects = render(
+        "dra-driver", **{"serviceAccount.create": "false", "serviceAccount.name": "gpu"}
+    )
+    assert kind(objects, "ServiceAccount") == []
+    assert daemonset(objects)["spec"]["template"]["spec"]["serviceAccountName"] == "gpu"
+    (binding,) = kind(objects, "ClusterRoleBinding")
+    assert binding["subjects"][0]["name"] == "gpu"
+    assert "serviceAccount.name is required" in render_error("serviceAccount.create=false")
+
+
+def test_probes_and_ports_off_with_zero() -> None:
+    """0 means off, as for the agent's flags: no port, no probe, DRA_*_PORT=0."""
+    default = container(render())
+    assert default["startupProbe"]["grpc"]["port"] == default["livenessProbe"]["grpc"]["port"]
+    for metrics_off in ({"metrics.enabled": "false"}, {"metrics.port": "0"}):
+        objects = render(healthPort=0, **metrics_off, **{"metrics.serviceMonitor.enabled": "true"})
+        c = container(objects)
+        assert "startupProbe" not in c and "livenessProbe" not in c and "ports" not in c
+        assert env(objects)["DRA_HEALTH_PORT"] == "0"
+        assert env(objects)["DRA_METRICS_PORT"] == "0"
+        assert kind(objects, "ServiceMonitor") == [] and kind(objects, "Service") == []
+
+
+def test_service_monitor() -> None:
+    assert kind(render(), "ServiceMonitor") == []
+    objects = render(
+        "dra-driver",
+        "--namespace",
+        "mon",
+        **{"metrics.serviceMonitor.enabled": "true", "metrics.serviceMonitor.labels.release": "kp"},
+    )
+    (monitor,) = kind(objects, "ServiceMonitor")
+    (service,) = kind(objects, "Service")
+    assert monitor["metadata"]["labels"]["release"] == "kp"
+    assert monitor["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
+    assert service["spec"]["selector"].items() <= (
+        daemonset(objects)["spec"]["template"]["metadata"]["labels"].items()
+    )
+    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+    assert service["spec"]["ports"][0]["port"] == 8080
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["mon"]}
+    assert (
+        kind(
+            render(**{"metrics.enabled": "false", "metrics.serviceMonitor.enabled": "true"}),
+            "ServiceMonitor",
+        )
+        == []
+    )
+
+
+def test_extended_resource_class_needs_acknowledgement() -> None:
+    classes = {o["metadata"]["name"] for o in kind(render(), "DeviceClass")}
+    assert "extended.gpu.dra.dev" not in classes
+    message = render_error("extendedResource.enabled=true")
+    assert "device plugin" in message and "acknowledgeNoDevicePlugin" in message
+    objects = render(
+        **{"extendedResource.enabled": "true", "extendedResource.acknowledgeNoDevicePlugin": "true"}
+    )
+    (extended,) = [
+        o for o in kind(objects, "DeviceClass") if o["metadata"]["name"].startswith("extended.")
+    ]
+    assert extended["spec"]["extendedResourceName"] == "nvidia.com/gpu"
+
+
+@pytest.mark.parametrize(
+    ("value", "where"),
+    [
+        ("affinity.foo=bar", "/affinity"),
+        ("loglevel=debug", "loglevel"),
+        ("logFormat=xml", "/logFormat"),
+        ("securityContext.privilegd=true", "/securityContext"),
+        ("resources.request.cpu=1", "/resources"),
+        ("tolerations[0].efect=NoSchedule", "/tolerations/0"),
+        ("metrics.port=65536", "/metrics/port"),
+        ("healthPort=-1", "/healthPort"),
+        ("features.dynamicMig=yes", "/features/dynamicMig"),
+    ],
+)
+def test_schema_rejects(value: str, where: str) -> None:
+    assert where in render_error(value)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"discovery.backend": "simulated", "discovery.profile": "mixed"},
+        {"features.sharedGpus": "model:L4", "features.dynamicMig": "true"},
+        {"admissionPolicy.enabled": "false"},
+        {"driverName": "gpu.example.com", "image.tag": ""},
+    ],
+    ids=["simulated", "features", "no-policy", "renamed"],
+)
+def test_values_reach_the_agent(values: dict[str, str]) -> None:
+    objects = render(**values)
+    e = env(objects)
+    kinds = [o["kind"] for o in objects.values()]
+    if "discovery.profile" in values:
+        assert e["DRA_BACKEND"] == "simulated" and e["DRA_PROFILE"] == "mixed"
+    else:
+        assert "DRA_PROFILE" not in e
+    if "features.sharedGpus" in values:
+        assert e["DRA_DYNAMIC_MIG"] == "true" and e["DRA_SHARED_GPUS"] == "model:L4"
+    if "admissionPolicy.enabled" in values:
+        assert "ValidatingAdmissionPolicy" not in kinds
+    if "driverName" in values:
+        assert container(objects)["image"] == "ghcr.io/example/dra-driver:v0.1.0"  # appVersion
+        assert e["DRA_DRIVER_NAME"] == "gpu.example.com"
+        names = {o["metadata"]["name"] for o in kind(objects, "DeviceClass")}
+        assert names == {"gpu.example.com", "mig.gpu.example.com", "shared.gpu.example.com"}
