@@ -114,9 +114,18 @@ class Carver:
 
     def destroy(self, mig: MigRecord, others: Collection[DeviceRecord]) -> None:
         """Destroy the MIG device ``mig`` records, if it still exists and none of ``others``
-        (the other claims' records) names it."""
-        assert self._mig is not None
+        (the other claims' records) names it. With dynamic MIG turned off since the claim was
+        prepared, the device stays (as a MIG device of the GPU's static layout) and the
+        unprepare goes ahead."""
         gpu = self._gpus.get(mig.gpu_uuid)
+        if self._mig is None:
+            log.warning(
+                "dynamic MIG is off: the claim's MIG device stays",
+                gpu=mig.gpu_uuid,
+                profile=mig.profile,
+                start=mig.start,
+            )
+            return
         if gpu is None:
             return
         for inst in self._mig.list(gpu):

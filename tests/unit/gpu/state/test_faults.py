@@ -341,3 +341,19 @@ def test_interrupted_unprepare_is_finished_while_the_api_still_lists_the_claim(
     restarted = _state(tmp_path, _in_use(("a", MIG_3G)))
     assert restarted.prepared_claims() == {} and _instances(tmp_path) == []
     assert restarted.unprepare([_ref("a")]) == {"a": None}
+
+
+def test_unprepare_after_dynamic_mig_was_turned_off_keeps_the_device(tmp_path: Path) -> None:
+    _state(tmp_path).prepare([_claim("a", MIG_3G)])
+    # The agent restarts without dynamic MIG (a helm upgrade turned it off).
+    static = DeviceState(
+        inventory=_inventory(),
+        driver_name=DRIVER,
+        node_name=NODE,
+        cdi_root=tmp_path / "cdi",
+        state_dir=tmp_path / "plugin",
+        boot_id="boot-1",
+    )
+    assert static.unprepare([_ref("a")]) == {"a": None}
+    assert static.prepared_claims() == {} and not static.spec_path("a").exists()
+    assert len(_instances(tmp_path)) == 1  # nothing can destroy it without dynamic MIG
