@@ -15,6 +15,8 @@ help:
 	@echo "make test      lint + unit + end-to-end tests (builds the control plane on first use)"
 	@echo "make unit      unit tests only;  make e2e  end-to-end tests only"
 	@echo "make cluster   start a local control plane;  make cluster-down  stop it"
+	@echo "make node-up   control plane + one real node (kubelet, containerd, runc) + the chart; root"
+	@echo "make e2e-node  end-to-end tests on that node;  make node-down  remove it all"
 	@echo "make bench     benchmarks (about 10 minutes); results in docs/performance.md"
 
 install: $(STAMP)
@@ -50,4 +52,5 @@ clean:
 
 include testenv/testenv.mk
 include hack/tools.mk
+include testenv/node.mk
 include bench/bench.mk
