@@ -9,6 +9,7 @@ archives. The driver is installed with its Helm chart and runs as a DaemonSet po
     python realnode.py up --bin-dir B --cni-dir C --images I --helm H --chart DIR
     python realnode.py down
     python realnode.py status
+    python realnode.py restart kubelet|containerd
 
 Everything lives in one directory (``--base``, default /var/lib/dra-node; short, because
 the kubelet plugins' unix socket paths must stay under 108 bytes) and one cgroup
@@ -553,6 +554,10 @@ class RealNode:
             "kubeconfig": str(cluster.kubeconfig),
             "node": NODE_NAME,
             "processes": {name: p.pid for name, p in cluster.processes.items()},
+            "commands": {
+                name: {"argv": p.argv, "env": p.env, "log": str(p.log_path)}
+                for name, p in cluster.processes.items()
+            },
         }
         self.layout.base.mkdir(parents=True, exist_ok=True)
         self.layout.state.write_text(json.dumps(state, indent=2) + "\n")
@@ -571,6 +576,23 @@ class RealNode:
         if needed <= procs.keys() and all(lc._pid_alive(int(p)) for p in procs.values()):
             return state
         return None
+
+    def restart(self, name: str) -> int:
+        """Stop one process of the node (its process group) and start it again as before.
+
+        Containers keep running: their shims are in sessions of their own.
+        """
+        state = self.running()
+        if state is None:
+            raise NodeError("no node running")
+        cmd = state["commands"][name]
+        lc.ManagedProcess(name, [], Path(os.devnull), pid=int(state["processes"][name])).stop()
+        proc = lc.ManagedProcess(name, cmd["argv"], Path(cmd["log"]), cmd["env"])
+        proc.start()
+        assert proc.pid is not None
+        state["processes"][name] = proc.pid
+        self.layout.state.write_text(json.dumps(state, indent=2) + "\n")
+        return proc.pid
 
     # -- down ----------------------------------------------------------------------
 
@@ -692,12 +714,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     up.add_argument("--driver-image", default=DRIVER_IMAGE)
     sub.add_parser("down")
     sub.add_parser("status")
+    restart = sub.add_parser("restart", help="restart the kubelet or containerd")
+    restart.add_argument("component", choices=("kubelet", "containerd"))
     args = parser.parse_args(argv)
     require_root()
     node = RealNode(Layout(args.base.resolve()))
     if args.cmd == "down":
         node.down()
         print("node down; nothing left")
+        return 0
+    if args.cmd == "restart":
+        print(f"{args.component} restarted: pid {node.restart(args.component)}")
         return 0
     state = node.running()
     if args.cmd == "status":

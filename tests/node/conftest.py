@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
-from tests.node.probe import Node
+from tests.node.probe import REPO, Node
 
 DEFAULT_BASE = "/var/lib/dra-node"
 
@@ -38,7 +38,14 @@ def node() -> Iterator[Node]:
     except OSError as e:
         pytest.fail(f"no real node at {base} ({e}); start one with `make node-up`")
     api = config.new_client_from_config(config_file=state["kubeconfig"])
-    yield Node(api=api, name=state["node"], base=base, kubeconfig=Path(state["kubeconfig"]))
+    yield Node(
+        api=api,
+        name=state["node"],
+        base=base,
+        kubeconfig=Path(state["kubeconfig"]),
+        helm_bin=Path(os.environ.get("DRA_NODE_HELM", REPO / ".cache/tools/bin/helm")),
+        ctr_bin=Path(os.environ.get("DRA_NODE_CTR", REPO / ".cache/node/bin/ctr")),
+    )
     api.close()
 
 

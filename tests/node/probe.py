@@ -9,6 +9,8 @@ the log, and parses it into a `Seen`.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -21,7 +23,12 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
 BUSYBOX = "localhost/dra-test/busybox:local"
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+REALNODE = REPO / "testenv" / "node" / "realnode.py"
+CHART = REPO / "deployments" / "helm" / "dra-driver"
+DRIVER_NAMESPACE = "dra-driver"
+DRIVER_LABELS = "app.kubernetes.io/name=dra-driver"
 PROBE = (
     "echo PROBE-ENV; env | sort; "
     "echo PROBE-DEV; ls -ld /dev/nvidia* /dev/nvidia-caps/* 2>&1; "
@@ -102,6 +109,8 @@ class Node:
     name: str
     base: Path
     kubeconfig: Path
+    helm_bin: Path
+    ctr_bin: Path
     _dyn: DynamicClient | None = field(default=None, repr=False)
 
     @property
@@ -136,11 +145,11 @@ class Node:
             for obj in yaml.safe_load_all(path.read_text()):
                 if not obj:
                     continue
+                if edit is not None:
+                    edit(obj)
                 if obj["kind"] == "Pod":
                     probe_pod(obj)
                     pods.append(obj["metadata"]["name"])
-                if edit is not None:
-                    edit(obj)
                 self.create(obj, namespace)
         return pods
 
@@ -229,6 +238,50 @@ class Node:
         """The CDI spec files on the node that name one of the claims `uids`."""
         wanted = set(uids)
         return [p for p in self.cdi_dir.glob("*") if any(u in p.name for u in wanted)]
+
+    def restart(self, component: str) -> None:
+        """Restart the node's kubelet or containerd (``realnode.py restart``)."""
+        subprocess.run(
+            [sys.executable, str(REALNODE), "--base", str(self.base), "restart", component],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+
+    def ctr(self, *args: str) -> str:
+        """containerd's client on the node's containerd, in the CRI namespace."""
+        sock = self.base / "containerd" / "containerd.sock"
+        out = subprocess.run(
+            [str(self.ctr_bin), "--address", str(sock), "-n", "k8s.io", *args],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        return out.stdout
+
+    def helm(self, *args: str) -> str:
+        out = subprocess.run(
+            [str(self.helm_bin), "--kubeconfig", str(self.kubeconfig), *args],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        if out.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)}: {out.stderr}")
+        return out.stdout
+
+    def driver_pods(self) -> list[client.V1Pod]:
+        pods = self.core.list_namespaced_pod(DRIVER_NAMESPACE, label_selector=DRIVER_LABELS)
+        return list(pods.items)
+
+    def registration_sockets(self) -> set[str]:
+        return {p.name for p in (self.base / "kubelet" / "plugins_registry").glob("*.sock")}
+
+    def container_ids(self, namespace: str, pod: str) -> dict[str, str]:
+        """Container name -> container ID: a restarted container gets a new one."""
+        p = self.core.read_namespaced_pod(pod, namespace)
+        return {c.name: c.container_id for c in p.status.container_statuses or []}
 
     # -- cleanup -------------------------------------------------------------------
 
