@@ -134,16 +134,20 @@ class Node:
         res.create(body=obj, namespace=namespace if res.namespaced else None)
 
     def apply_example(
-        self, name: str, namespace: str, edit: Callable[[dict[str, Any]], None] | None = None
+        self,
+        name: str,
+        namespace: str,
+        edit: Callable[[dict[str, Any]], None] | None = None,
+        only: Iterable[str] | None = None,
     ) -> list[str]:
-        """Create an example's objects, each pod's containers running the probe.
-
-        Returns the names of the pods created.
+        """Create an example's objects (those named in `only`, if given), each pod's
+        containers running the probe. Returns the names of the pods created.
         """
+        wanted = None if only is None else set(only)
         pods = []
         for path in sorted((EXAMPLES / name).glob("*.yaml")):
             for obj in yaml.safe_load_all(path.read_text()):
-                if not obj:
+                if not obj or (wanted is not None and obj["metadata"]["name"] not in wanted):
                     continue
                 if edit is not None:
                     edit(obj)
@@ -270,6 +274,12 @@ class Node:
         if out.returncode != 0:
             raise AssertionError(f"helm {' '.join(args)}: {out.stderr}")
         return out.stdout
+
+    def upgrade_driver(self, *sets: str) -> None:
+        """`helm upgrade` the driver with ``--set`` values; wait for the new agent's slices."""
+        args = [a for kv in sets for a in ("--set", kv)]
+        self.helm("upgrade", "dra-driver", str(CHART), "--reuse-values", *args, "--wait")
+        wait_until(lambda: len(self.driver_pods()) == 1, "one driver pod after the upgrade")
 
     def driver_pods(self) -> list[client.V1Pod]:
         pods = self.core.list_namespaced_pod(DRIVER_NAMESPACE, label_selector=DRIVER_LABELS)

@@ -7,6 +7,10 @@ the driver; afterwards new claims still work and deleting the pod still unprepar
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from tests.node.probe import CHART, Node, wait_until
@@ -105,3 +109,30 @@ def test_helm_upgrade_with_claims_held(node: Node, namespace: str) -> None:
             "--timeout",
             "3m",
         )
+
+
+def test_uninstall_and_cleanup_leave_no_slice(node: Node) -> None:
+    """`helm uninstall` and `dra-driver cleanup` remove every trace; then reinstall."""
+    values = node.base / "chart-values.yaml"
+    try:
+        node.helm("uninstall", "dra-driver", "--wait")
+        wait_until(lambda: not node.driver_pods(), "the driver pod to go")
+        cleanup = Path(sys.executable).parent / "dra-driver"
+        subprocess.run(
+            [
+                str(cleanup),
+                "cleanup",
+                "--node-name",
+                node.name,
+                "--kubeconfig",
+                str(node.kubeconfig),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        assert not node.published_devices()
+        assert not node.registration_sockets()
+    finally:
+        node.helm("install", "dra-driver", str(CHART), "--values", str(values), "--wait")
+        wait_until(lambda: node.published_devices(), "the reinstalled driver's slices")
