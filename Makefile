@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 help:
 	@echo "make install   venv + editable install with dev tools"
 	@echo "make demo      local control plane, two simulated GPU nodes, the driver, example pods"
-	@echo "make test      lint + unit + end-to-end tests (builds the control plane on first use)"
+	@echo "make test      lint + unit + end-to-end tests + the real-node tier (root; builds on first use)"
 	@echo "make unit      unit tests only;  make e2e  end-to-end tests only"
 	@echo "make cluster   start a local control plane;  make cluster-down  stop it"
 	@echo "make node-up   control plane + one real node (kubelet, containerd, runc) + the chart; root"
@@ -40,6 +40,7 @@ e2e: install testenv
 
 test: install testenv tools lint
 	$(BIN)/pytest
+	$(MAKE) --no-print-directory test-node
 
 demo: install testenv
 	$(BIN)/dra-driver demo

@@ -282,13 +282,34 @@ def shared_mount(path: Path) -> None:
     run("mount", "--make-rshared", path)
 
 
-def cgroup_hierarchies() -> list[Path]:
-    """The mounted cgroup v1 hierarchies (the kubelet runs its pods under each)."""
+def cgroup_hierarchies(*, unified: bool = False) -> list[Path]:
+    """The mounted cgroup v1 hierarchies (the kubelet runs its pods under each), and the
+    hybrid v2 one (runc makes the pods' cgroups there too) if `unified`."""
     return sorted(
         p
         for p in CGROUP_ROOT.iterdir()
-        if p.is_dir() and p.name != "unified" and (p / "cgroup.procs").exists()
+        if p.is_dir() and (unified or p.name != "unified") and (p / "cgroup.procs").exists()
     )
+
+
+def cgroup_pids() -> set[int]:
+    """Every process in `CGROUP_PARENT`: the node's containers, whatever their parent."""
+    pids: set[int] = set()
+    for h in cgroup_hierarchies(unified=True):
+        for procs in (h / CGROUP_PARENT).rglob("cgroup.procs"):
+            with contextlib.suppress(OSError):
+                pids.update(int(p) for p in procs.read_text().split())
+    return pids
+
+
+def kill_containers(timeout: float = 10.0) -> None:
+    """SIGKILL the node's container processes; killing their shims does not stop them."""
+    deadline = time.monotonic() + timeout
+    while (pids := cgroup_pids()) and time.monotonic() < deadline:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)
 
 
 def create_cgroup_parent() -> None:
@@ -303,7 +324,7 @@ def create_cgroup_parent() -> None:
 
 def remove_cgroup_parent() -> None:
     """Remove `CGROUP_PARENT` and everything under it, deepest first."""
-    for h in cgroup_hierarchies():
+    for h in cgroup_hierarchies(unified=True):
         top = h / CGROUP_PARENT
         if not top.exists():
             continue
@@ -606,6 +627,7 @@ class RealNode:
         procs: dict[str, int] = state.get("processes", {})
         for name, pid in sorted(procs.items(), key=lambda kv: lc._stop_rank(kv[0])):
             lc.ManagedProcess(name, [], Path(os.devnull), pid=int(pid)).stop(timeout=10)
+        kill_containers()
         kill_shims(layout)
         netns = sandbox_netns()
         unmount_all(layout.base, *netns)
