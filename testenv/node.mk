@@ -6,6 +6,7 @@
 #   make node-down   stop it and remove every process, mount, interface and cgroup
 #   make e2e-node    the real-node test tier (starts the node when it is not running)
 #   make test-node   e2e-node on a fresh node, removed afterwards (the step of `make test`)
+#   make demo-node   the examples on the node: what each container saw
 #   make node-images rebuild the images (pause, busybox, the driver's from the Dockerfile)
 
 NODE_DIR         := $(TESTENV_DIR)/node
@@ -25,7 +26,7 @@ DRIVER_IMAGE     ?= localhost/dra-driver:dev
 NODE_PY          := $(TESTENV_PYTHON) $(NODE_DIR)/realnode.py --base $(NODE_BASE)
 NODE_ROOT_CHECK  := @[ "$$(id -u)" = 0 ] || { echo "$@: needs root (containers, mounts, a bridge, cgroups)" >&2; exit 1; }
 
-.PHONY: node-up node-down node-status node-images node-packages e2e-node test-node
+.PHONY: node-up node-down node-status node-images node-packages e2e-node test-node demo-node
 
 $(CONTAINERD_BINS) &:
 	GOBIN=$(NODE_CACHE)/bin $(TESTENV_GO) install -tags '$(CONTAINERD_TAGS)' \
@@ -84,3 +85,6 @@ e2e-node: node-up
 test-node:
 	@$(MAKE) --no-print-directory node-down
 	@$(MAKE) --no-print-directory e2e-node; rc=$$?; $(MAKE) --no-print-directory node-down; exit $$rc
+
+demo-node: node-up
+	DRA_NODE_HELM=$(HELM) DRA_NODE_CTR=$(NODE_CACHE)/bin/ctr $(BIN)/python -m tests.node.demo --base $(NODE_BASE)

@@ -8,6 +8,8 @@ the log, and parses it into a `Seen`.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 import sys
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubernetes import client
+from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
@@ -112,6 +114,32 @@ class Node:
     helm_bin: Path
     ctr_bin: Path
     _dyn: DynamicClient | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_state(cls, base: Path) -> Node:
+        """The node that ``realnode.py up`` recorded in `base` (OSError when there is none).
+
+        helm and ctr: ``DRA_NODE_HELM`` / ``DRA_NODE_CTR``, else where the make targets put
+        them.
+        """
+        state = json.loads((base / "node-state.json").read_text())
+        return cls(
+            api=config.new_client_from_config(config_file=state["kubeconfig"]),
+            name=state["node"],
+            base=base,
+            kubeconfig=Path(state["kubeconfig"]),
+            helm_bin=Path(os.environ.get("DRA_NODE_HELM", REPO / ".cache/tools/bin/helm")),
+            ctr_bin=Path(os.environ.get("DRA_NODE_CTR", REPO / ".cache/node/bin/ctr")),
+        )
+
+    def new_namespace(self, prefix: str) -> str:
+        """Create a namespace named `prefix` plus a random suffix, with its ServiceAccount."""
+        ns = self.core.create_namespace(
+            client.V1Namespace(metadata=client.V1ObjectMeta(generate_name=prefix))
+        )
+        name: str = ns.metadata.name
+        self.wait_service_account(name)
+        return name
 
     @property
     def core(self) -> client.CoreV1Api:
