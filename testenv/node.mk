@@ -24,7 +24,7 @@ CNI_BINS         := $(addprefix $(NODE_CACHE)/cni/,bridge host-local loopback po
 NODE_IMAGES      := $(addprefix $(NODE_CACHE)/images/,pause.tar busybox.tar driver.tar)
 DRIVER_IMAGE     ?= localhost/dra-driver:dev
 NODE_PY          := $(TESTENV_PYTHON) $(NODE_DIR)/realnode.py --base $(NODE_BASE)
-NODE_ROOT_CHECK  := @[ "$$(id -u)" = 0 ] || { echo "$@: needs root (containers, mounts, a bridge, cgroups)" >&2; exit 1; }
+NODE_ROOT_CHECK   = @[ "$$(id -u)" = 0 ] || { echo "$@: needs root (containers, mounts, a bridge, cgroups)" >&2; exit 1; }
 
 .PHONY: node-up node-down node-status node-images node-packages e2e-node test-node demo-node
 
