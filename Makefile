@@ -12,10 +12,12 @@ STAMP  := $(VENV)/.installed
 help:
 	@echo "make install   venv + editable install with dev tools"
 	@echo "make demo      local control plane, two simulated GPU nodes, the driver, example pods"
-	@echo "make test      lint + unit + end-to-end tests (builds the control plane on first use)"
+	@echo "make test      lint + unit + end-to-end tests + the real-node tier (root; builds on first use)"
 	@echo "make unit      unit tests only;  make e2e  end-to-end tests only"
 	@echo "make tools    helm, kustomize and hadolint for the manifest tests (built once)"
 	@echo "make cluster   start a local control plane;  make cluster-down  stop it"
+	@echo "make node-up   control plane + one real node (kubelet, containerd, runc) + the chart; root"
+	@echo "make e2e-node  end-to-end tests on that node;  make node-down  remove it all"
 	@echo "make bench     benchmarks (about 10 minutes); results in docs/performance.md"
 
 install: $(STAMP)
@@ -39,6 +41,7 @@ e2e: install testenv
 
 test: install testenv tools lint
 	$(BIN)/pytest
+	$(MAKE) --no-print-directory test-node
 
 demo: install testenv
 	$(BIN)/dra-driver demo
@@ -51,4 +54,5 @@ clean:
 
 include testenv/testenv.mk
 include hack/tools.mk
+include testenv/node.mk
 include bench/bench.mk

@@ -5,6 +5,7 @@
 //	testenv kube-apiserver ...       upstream kube-apiserver command
 //	testenv kube-scheduler ...       upstream kube-scheduler command
 //	testenv kube-controller-manager  upstream kube-controller-manager command
+//	testenv kubelet ...              upstream kubelet command (a real node)
 //	testenv kubelet-dra ...          the kubelet's DRA code for one node, no containers
 //	testenv keys --dir D             service-account keys and serving certificates
 //	testenv feature-gates            the DRA feature gates of this release
@@ -14,6 +15,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -22,6 +24,7 @@ import (
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 
 	"draplugin.test/testenv/internal/buildinfo"
 	"draplugin.test/testenv/internal/etcd"
@@ -38,6 +41,7 @@ commands:
   kube-apiserver           upstream kube-apiserver
   kube-scheduler           upstream kube-scheduler
   kube-controller-manager  upstream kube-controller-manager
+  kubelet                  upstream kubelet (needs root, a container runtime)
   kubelet-dra              kubelet DRA manager + plugin manager for one node
   keys                     write service-account keys and certificates (--dir)
   feature-gates            print --feature-gates value enabling all DRA gates (--list: one per line)
@@ -60,6 +64,8 @@ func main() {
 		os.Exit(runCobra(cmd, args, "scheduler"))
 	case "kube-controller-manager":
 		os.Exit(runCobra(cmd, args, "controller-manager"))
+	case "kubelet":
+		os.Exit(runCobra(cmd, args, "kubelet"))
 	case "etcd":
 		err = etcd.Main(args)
 	case "keys":
@@ -95,6 +101,10 @@ func runCobra(name string, args []string, which string) int {
 		return cli.Run(c)
 	case "scheduler":
 		c := scheduler.NewSchedulerCommand()
+		c.SetArgs(args)
+		return cli.Run(c)
+	case "kubelet":
+		c := kubelet.NewKubeletCommand(context.Background())
 		c.SetArgs(args)
 		return cli.Run(c)
 	default:

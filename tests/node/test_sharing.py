@@ -1,0 +1,72 @@
+"""MIG devices, shared GPUs, admin access and the extended resource on the real node.
+
+As in test_examples: what each container printed is read back from its pod log.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tests.node.probe import NVIDIA_MAJOR, Node
+
+pytestmark = pytest.mark.node
+
+MPS_PIPE = "/tmp/nvidia-mps"
+
+
+def test_mig_device_and_its_capabilities(node: Node, namespace: str) -> None:
+    (pod,) = node.apply_example("mig-1g10gb", namespace)
+    seen = node.seen(namespace, pod)
+    (dev,) = node.allocated(namespace, pod)
+    assert seen.visible_devices() == {dev.attr("uuid")}, seen.log
+    # The MIG device's parent GPU node and the capability nodes of its GPU and compute
+    # instances.
+    parents = [p for p in seen.devices if p[len("/dev/nvidia") :].isdigit()]
+    assert len(parents) == 1, seen.log
+    assert seen.devices[parents[0]][0] == NVIDIA_MAJOR
+    caps = [p for p in seen.devices if p.startswith("/dev/nvidia-caps/nvidia-cap")]
+    assert len(caps) == 2, seen.log
+
+
+def test_time_slicing_shares_one_gpu_between_containers(node: Node, namespace: str) -> None:
+    (pod,) = node.apply_example("time-slicing", namespace)
+    trainer = node.seen(namespace, pod, "trainer")
+    evaluator = node.seen(namespace, pod, "evaluator")
+    (dev,) = node.allocated(namespace, pod)
+    assert trainer.visible_devices() == evaluator.visible_devices() == {dev.attr("uuid")}
+    assert trainer.devices == evaluator.devices
+
+
+def test_mps_clients_get_the_pipe_directory(node: Node, namespace: str) -> None:
+    (pod,) = node.apply_example("mps", namespace)
+    for container in ("client-a", "client-b"):
+        seen = node.seen(namespace, pod, container)
+        assert seen.env.get("CUDA_MPS_PIPE_DIRECTORY") == MPS_PIPE, seen.log
+        assert any(m.split()[1] == MPS_PIPE for m in seen.mounts), seen.log
+
+
+def test_admin_access_sees_every_whole_gpu(node: Node, namespace: str) -> None:
+    node.core.patch_namespace(
+        namespace, {"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}}
+    )
+    (pod,) = node.apply_example("admin-access", namespace)
+    seen = node.seen(namespace, pod, "monitor")
+    devices = node.allocated(namespace, pod)
+    assert len(devices) >= 2
+    assert seen.visible_devices() == {d.attr("uuid") for d in devices}, seen.log
+
+
+def test_extended_resource_gets_a_gpu_through_dra(node: Node, namespace: str) -> None:
+    limits: dict[str, Any] = {"nvidia.com/gpu": "1"}
+    node.run_pod(namespace, "extended", resources={"limits": limits})
+    seen = node.seen(namespace, "extended")
+    (dev,) = node.allocated(namespace, "extended")
+    assert seen.visible_devices() == {dev.attr("uuid")}, seen.log
+    minor = int(dev.device.split("-")[1])
+    assert seen.devices[f"/dev/nvidia{minor}"] == (NVIDIA_MAJOR, minor), seen.log
+    # The node itself does not advertise the resource: only the DeviceClass serves it.
+    status = client.CoreV1Api(node.api).read_node(node.name).status
+    assert "nvidia.com/gpu" not in (status.allocatable or {})

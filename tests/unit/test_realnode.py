@@ -1,0 +1,130 @@
+"""The real node's pure parts: its image writer, its configuration files, the probe parser."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import importlib.util
+import io
+import json
+import sys
+import tarfile
+import tomllib
+from pathlib import Path
+from types import ModuleType
+
+from tests.node.probe import parse_probe
+
+NODE_DIR = Path(__file__).resolve().parents[2] / "testenv" / "node"
+
+
+def load(name: str) -> ModuleType:
+    """Import a script of testenv/node (not a package) by path."""
+    spec = importlib.util.spec_from_file_location(f"node_{name}", NODE_DIR / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+ociimage = load("ociimage")
+realnode = load("realnode")
+
+
+def members(archive: bytes) -> dict[str, bytes]:
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}  # type: ignore[union-attr]
+
+
+def test_oci_archive_is_a_consistent_image_layout(tmp_path: Path) -> None:
+    program = tmp_path / "prog"
+    program.write_bytes(b"\x7fELF not really")
+    image = ociimage.Image(
+        "localhost/x/y:tag",
+        [
+            ociimage.Entry("bin"),
+            ociimage.Entry("bin/prog", source=program),
+            ociimage.Entry("bin/sh", link="prog"),
+        ],
+        entrypoint=["/bin/prog"],
+    )
+    files = members(ociimage.oci_archive(image))
+    for name, data in files.items():
+        if name.startswith("blobs/sha256/"):
+            assert hashlib.sha256(data).hexdigest() == name.rsplit("/", 1)[1]
+    (desc,) = json.loads(files["index.json"])["manifests"]
+    assert desc["annotations"]["io.containerd.image.name"] == "localhost/x/y:tag"
+    manifest = json.loads(files[f"blobs/sha256/{desc['digest'][7:]}"])
+    config = json.loads(files[f"blobs/sha256/{manifest['config']['digest'][7:]}"])
+    layer = gzip.decompress(files[f"blobs/sha256/{manifest['layers'][0]['digest'][7:]}"])
+    assert config["rootfs"]["diff_ids"] == ["sha256:" + hashlib.sha256(layer).hexdigest()]
+    assert config["config"]["Entrypoint"] == ["/bin/prog"]
+    with tarfile.open(fileobj=io.BytesIO(layer)) as tar:
+        entries = {m.name: m for m in tar}
+    assert entries["bin/prog"].isfile() and entries["bin/prog"].mode == 0o755
+    assert entries["bin/sh"].issym() and entries["bin/sh"].linkname == "prog"
+    # Reproducible: the same inputs give the same bytes, hence the same image digest.
+    assert ociimage.oci_archive(image) == ociimage.oci_archive(image)
+
+
+def test_containerd_config_points_cri_at_the_driver_cdi_dir(tmp_path: Path) -> None:
+    layout = realnode.Layout(tmp_path)
+    text = realnode.containerd_config(
+        layout,
+        snapshotter="native",
+        cni_bin=Path("/cni"),
+        runc=Path("/runc"),
+        sandbox_image="localhost/p:1",
+    )
+    config = tomllib.loads(text)
+    runtime = config["plugins"]["io.containerd.cri.v1.runtime"]
+    assert runtime["cdi_spec_dirs"] == [str(layout.cdi)]
+    assert runtime["restrict_oom_score_adj"] is True
+    runc = runtime["containerd"]["runtimes"]["runc"]
+    assert runc["snapshotter"] == "native"
+    assert runc["options"]["BinaryName"] == "/runc"
+    images = config["plugins"]["io.containerd.cri.v1.images"]
+    assert images["pinned_images"]["sandbox"] == "localhost/p:1"
+    assert config["grpc"]["address"] == str(layout.containerd_socket)
+
+
+def test_kubelet_config_gates_and_addresses(tmp_path: Path) -> None:
+    config = realnode.kubelet_config(
+        realnode.Layout(tmp_path),
+        port=1,
+        healthz_port=2,
+        pki=tmp_path,
+        feature_gates="DRAAdminAccess=true,SomethingOff=false",
+    )
+    assert config["featureGates"] == {"DRAAdminAccess": True, "SomethingOff": False}
+    assert config["address"] == realnode.POD_GATEWAY
+    assert config["cgroupDriver"] == "cgroupfs"
+    assert config["failCgroupV1"] is False
+
+
+def test_iptables_rule_sends_the_service_to_loopback() -> None:
+    rule = realnode.iptables_rule(6443)
+    assert rule[rule.index("-d") + 1] == realnode.API_SERVICE_IP
+    assert rule[-1] == "127.0.0.1:6443"
+
+
+def test_parse_probe_reads_busybox_ls() -> None:
+    log = "\n".join(
+        [
+            "PROBE-ENV",
+            "NVIDIA_VISIBLE_DEVICES=GPU-1,GPU-2",
+            "HOME=/root",
+            "PROBE-DEV",
+            "crw-rw-rw-    1 0        0         195,   2 Nov 24 01:23 /dev/nvidia2",
+            "crw-rw-rw-    1 0        0         195, 255 Nov 24 01:23 /dev/nvidiactl",
+            "ls: /dev/nvidia-caps/*: No such file or directory",
+            "PROBE-MOUNTS",
+            "tmpfs /tmp/nvidia-mps tmpfs rw 0 0",
+            "PROBE-END",
+        ]
+    )
+    seen = parse_probe(log)
+    assert seen.visible_devices() == {"GPU-1", "GPU-2"}
+    assert seen.devices == {"/dev/nvidia2": (195, 2), "/dev/nvidiactl": (195, 255)}
+    assert seen.mounts == ["tmpfs /tmp/nvidia-mps tmpfs rw 0 0"]
