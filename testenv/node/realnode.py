@@ -41,7 +41,9 @@ from typing import Any
 import yaml
 
 # The local control plane. Its module is the only import of it here.
-from dra_driver import localcluster as lc
+from devenv import localcluster as lc
+from devenv.localcluster.cluster import stop_rank
+from devenv.localcluster.processes import pid_alive
 
 DEFAULT_BASE = Path("/var/lib/dra-node")
 NODE_NAME = "dra-node-0"
@@ -549,6 +551,8 @@ class RealNode:
             "cdiRoot": str(layout.cdi),
             "driverRoot": str(layout.driver_root),
             "logFormat": "json",
+            # The tier proves the device plugin's migration path; no device plugin runs here.
+            "extendedResource": {"enabled": True, "acknowledgeNoDevicePlugin": True},
         }
         values_file = layout.base / "chart-values.yaml"
         values_file.write_text(yaml.safe_dump(values))
@@ -594,7 +598,7 @@ class RealNode:
             return None
         procs = state.get("processes", {})
         needed = {"kube-apiserver", "containerd", "kubelet"}
-        if needed <= procs.keys() and all(lc._pid_alive(int(p)) for p in procs.values()):
+        if needed <= procs.keys() and all(pid_alive(int(p)) for p in procs.values()):
             return state
         return None
 
@@ -625,7 +629,7 @@ class RealNode:
         except (OSError, ValueError):
             state = {}
         procs: dict[str, int] = state.get("processes", {})
-        for name, pid in sorted(procs.items(), key=lambda kv: lc._stop_rank(kv[0])):
+        for name, pid in sorted(procs.items(), key=lambda kv: stop_rank(kv[0])):
             lc.ManagedProcess(name, [], Path(os.devnull), pid=int(pid)).stop(timeout=10)
         kill_containers()
         kill_shims(layout)
