@@ -553,6 +553,8 @@ class RealNode:
             "logFormat": "json",
             # The tier proves the device plugin's migration path; no device plugin runs here.
             "extendedResource": {"enabled": True, "acknowledgeNoDevicePlugin": True},
+            # helm creates the release namespace (--create-namespace), not the chart.
+            "createNamespace": False,
         }
         values_file = layout.base / "chart-values.yaml"
         values_file.write_text(yaml.safe_dump(values))
@@ -560,8 +562,11 @@ class RealNode:
             tools.helm,
             "--kubeconfig",
             cluster.kubeconfig,
+            "--namespace",
+            DRIVER_NAMESPACE,
             "upgrade",
             "--install",
+            "--create-namespace",
             "dra-driver",
             tools.chart,
             "--values",

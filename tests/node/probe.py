@@ -294,7 +294,14 @@ class Node:
 
     def helm(self, *args: str) -> str:
         out = subprocess.run(
-            [str(self.helm_bin), "--kubeconfig", str(self.kubeconfig), *args],
+            [
+                str(self.helm_bin),
+                "--kubeconfig",
+                str(self.kubeconfig),
+                "--namespace",
+                DRIVER_NAMESPACE,
+                *args,
+            ],
             capture_output=True,
             text=True,
             timeout=600,
@@ -308,6 +315,23 @@ class Node:
         args = [a for kv in sets for a in ("--set", kv)]
         self.helm("upgrade", "dra-driver", str(CHART), "--reuse-values", *args, "--wait")
         wait_until(lambda: len(self.driver_pods()) == 1, "one driver pod after the upgrade")
+        self.settle_slices()
+
+    def settle_slices(self, quiet: float = 5.0) -> None:
+        """Wait until the published devices stop changing for ``quiet`` seconds: during the
+        surge update the old agent publishes its own view until it stops, and the new agent
+        then puts its own back; a pod scheduled in between gets a device that is gone."""
+        last: list[tuple[str, str]] | None = None
+        since = time.monotonic()
+
+        def settled() -> bool:
+            nonlocal last, since
+            now = sorted(self.published_devices())
+            if now != last:
+                last, since = now, time.monotonic()
+            return time.monotonic() - since >= quiet
+
+        wait_until(settled, "the published devices to settle")
 
     def driver_pods(self) -> list[client.V1Pod]:
         pods = self.core.list_namespaced_pod(DRIVER_NAMESPACE, label_selector=DRIVER_LABELS)
