@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test unit e2e lint demo proto clean
+.PHONY: install test unit e2e lint demo proto clean fuzz-cel
 .DEFAULT_GOAL := help
 
 help:
@@ -15,6 +15,7 @@ help:
 	@echo "make test      lint + unit + end-to-end tests (builds the control plane on first use)"
 	@echo "make unit      unit tests only;  make e2e  end-to-end tests only"
 	@echo "make cluster   start a local control plane;  make cluster-down  stop it"
+	@echo "make fuzz-cel  random selectors against the scheduler's CEL, until interrupted"
 	@echo "make bench     benchmarks (about 10 minutes); results in docs/performance.md"
 
 install: $(STAMP)
@@ -36,8 +37,12 @@ unit: install
 e2e: install testenv
 	$(BIN)/pytest -m e2e
 
-test: install testenv tools lint
+test: install testenv celref tools lint
 	$(BIN)/pytest
+
+# The generated half of tests/unit/cel/test_differential.py with a fresh seed and no bound.
+fuzz-cel: install celref
+	CEL_FUZZ=1 $(BIN)/pytest -m "not e2e" -x -q -p no:cacheprovider tests/unit/cel/test_differential.py -k generated
 
 demo: install testenv
 	$(BIN)/dra-driver demo
