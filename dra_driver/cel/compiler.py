@@ -20,9 +20,10 @@ from typing import Any, NoReturn
 from celpy.evaluation import celbytes, celstr
 from lark import Token, Tree
 
-from dra_driver.cel import functions
+from dra_driver.cel import checker, functions, regex
 from dra_driver.cel.errors import CompileError, EvalError, NoSuchKey, NoSuchOverload
 from dra_driver.cel.lib_core import TYPE_NAMES
+from dra_driver.cel.signatures import SIGNATURES
 from dra_driver.cel.values import (
     INT64_MAX,
     INT64_MIN,
@@ -38,6 +39,8 @@ from dra_driver.cel.values import (
 )
 
 Scope = dict[str, Any]
+QUANTITY = "kubernetes.Quantity"
+SEMVER = "kubernetes.Semver"
 Ast = Tree[Token]
 Eval = Callable[[Scope], Any]
 
@@ -50,21 +53,36 @@ class Node:
     type: str = "dyn"
     #: True when the value does not depend on variables (literals, calls on literals).
     const: bool = False
+    #: True for a list literal whose elements are all literals of a primitive type.
+    primitive_list: bool = False
 
 
 def _const(value: Any, kind: str) -> Node:
     return Node(lambda _scope: value, kind, const=True)
 
 
-def _folded(fn: Eval, kind: str, args: list[Node]) -> Node:
+#: Conversions of a constant are evaluated when the scheduler builds the program, so their
+#: failure is a compile error there ("program instantiation failed").
+_REGEX_FUNCTIONS = frozenset(("matches", "find", "findAll"))
+_CONVERSIONS = frozenset(("int", "uint", "double", "string", "bytes", "bool", "dyn", "type"))
+
+
+def _folded(fn: Eval, kind: str, args: list[Node], name: str) -> Node:
     # Calls whose arguments are all constant (quantity("40Gi"), semver("8.0.0")) are evaluated
-    # once here instead of per device; one that fails stays a runtime error, as CEL requires.
+    # once here instead of per device; one that fails stays a runtime error, as CEL requires,
+    # except for the conversions the scheduler folds while planning.
     if args and all(a.const for a in args):
         try:
             return _const(fn({}), kind)
-        except EvalError:
-            pass
+        except EvalError as exc:
+            if name in _CONVERSIONS and len(args) == 1:
+                raise _PlanError(str(exc)) from None
     return Node(fn, kind)
+
+
+class _PlanError(Exception):
+    # Raised while compiling, turned into a CompileError at the call's position.
+    pass
 
 
 class Compiler:
@@ -80,7 +98,7 @@ class Compiler:
         self.expression = expression
         self.variables = dict(variables)
         self.objects = dict(objects or {})
-        self.bound: list[str] = []  # macro variables in scope while compiling
+        self.bound: list[tuple[str, str]] = []  # macro variables (name, type) in scope
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -90,9 +108,44 @@ class Compiler:
             line, column = where.line or 1, where.column or 1
         else:
             meta = where.meta
-            line = getattr(meta, "line", 1)
-            column = getattr(meta, "column", 1)
+            found_line: int | None = getattr(meta, "line", None)
+            found_column: int | None = getattr(meta, "column", None)
+            if found_line is None or found_column is None:
+                # Operator nodes carry no position: use their first token's.
+                first = next(where.scan_values(lambda v: isinstance(v, Token)), None)
+                found_line, found_column = (first.line, first.column) if first else (1, 1)
+            line, column = found_line or 1, found_column or 1
         raise CompileError(self.expression, message, line, column)
+
+    def check(self, where: Ast | Token, name: str, receiver: str | None, args: list[str]) -> str:
+        """The result type of calling ``name``; a compile error when no overload matches."""
+        signatures = SIGNATURES.get(name)
+        if signatures is None:
+            return "dyn"
+        result = checker.resolve(signatures, receiver, args)
+        if result is None:
+            self.fail(
+                where,
+                f"found no matching overload for '{name}' applied to "
+                f"'{checker.describe_call(receiver, args)}'",
+            )
+        return result
+
+    def check_pattern(self, where: Token, name: str, pattern: Node) -> None:
+        """A constant regular expression that does not compile is a compile error."""
+        if not pattern.const:
+            return
+        try:
+            regex.compiled(pattern.fn({}))
+        except EvalError as exc:
+            if name == "matches":
+                self.fail(where, f"invalid matches argument ({exc})")
+            self.fail(where, f"program instantiation failed: {exc}")
+
+    def expect_bool(self, where: Ast | Token, node: Node) -> None:
+        """Operands of ``&&``, ``||`` and macro predicates must be bool (or dyn)."""
+        if node.type not in ("bool", "dyn"):
+            self.fail(where, f"expected type 'bool' but found '{node.type}'")
 
     def source(self, tree: Ast) -> str:
         """The source text of a subtree."""
@@ -118,6 +171,7 @@ class Compiler:
         if len(tree.children) == 1:
             return self._single(tree)
         cond, left, right = (self.compile(c) for c in tree.children if isinstance(c, Tree))
+        kind = self.check(tree, "_?_:_", None, [cond.type, left.type, right.type])
         c, a, b = cond.fn, left.fn, right.fn
 
         def ternary(scope: Scope) -> Any:
@@ -128,19 +182,26 @@ class Compiler:
                 return b(scope)
             raise NoSuchOverload("_?_:_", test)
 
-        return Node(ternary, left.type if left.type == right.type else "dyn")
+        return Node(ternary, kind if left.type == right.type else "dyn")
 
     def _conditionalor(self, tree: Ast) -> Node:
         if len(tree.children) == 1:
             return self._single(tree)
-        left, right = (self.compile(c) for c in tree.children if isinstance(c, Tree))
+        left, right = self._logical_operands(tree)
         return Node(_logical(left.fn, right.fn, True), "bool")
 
     def _conditionaland(self, tree: Ast) -> Node:
         if len(tree.children) == 1:
             return self._single(tree)
-        left, right = (self.compile(c) for c in tree.children if isinstance(c, Tree))
+        left, right = self._logical_operands(tree)
         return Node(_logical(left.fn, right.fn, False), "bool")
+
+    def _logical_operands(self, tree: Ast) -> tuple[Node, Node]:
+        trees = [c for c in tree.children if isinstance(c, Tree)]
+        left, right = (self.compile(c) for c in trees)
+        self.expect_bool(trees[0], left)
+        self.expect_bool(trees[1], right)
+        return left, right
 
     # -- operators -------------------------------------------------------------------------
 
@@ -156,21 +217,31 @@ class Compiler:
             return self._single(tree)
         op, left, right = self._binary(tree)
         a, b = left.fn, right.fn
-        if op in ("relation_lt", "relation_le", "relation_gt", "relation_ge"):
-            for side in (left, right):
-                if side.type in ("quantity", "semver"):
-                    self.fail(
-                        tree,
-                        f"found no matching overload for '{_OPS[op]}' applied to "
-                        f"'({side.type}, ...)'; use compareTo, isGreaterThan or isLessThan",
-                    )
+        if op in ("relation_lt", "relation_le", "relation_gt", "relation_ge") and any(
+            side.type in (QUANTITY, SEMVER) for side in (left, right)
+        ):
+            self.fail(
+                tree,
+                f"found no matching overload for '{_OPS[op]}' applied to "
+                f"'{checker.describe_call(None, [left.type, right.type])}'"
+                "; use compareTo, isGreaterThan or isLessThan",
+            )
+        self.check(tree, _OPS[op], None, [left.type, right.type])
         fn: Eval
         if op == "relation_eq":
             fn = lambda s: cel_eq(a(s), b(s))  # noqa: E731 - closures are the compiled form
         elif op == "relation_ne":
-            fn = lambda s: not cel_eq(a(s), b(s))  # noqa: E731
+            fn = lambda s: _ne(a(s), b(s))  # noqa: E731
         elif op == "relation_in":
-            fn = lambda s: _in(a(s), b(s))  # noqa: E731
+            if b is _empty_list:
+                # The scheduler folds membership in a constant empty list to false, without
+                # evaluating the left side.
+                return _const(False, "bool")
+            if right.primitive_list:
+                values = b({})
+                fn = lambda s: _in_constant(a(s), values)  # noqa: E731
+            else:
+                fn = lambda s: _in(a(s), b(s))  # noqa: E731
         else:
             test = _ORDER[op]
             symbol = _OPS[op]
@@ -182,7 +253,7 @@ class Compiler:
             return self._single(tree)
         op, left, right = self._binary(tree)
         a, b, apply = left.fn, right.fn, _ARITH[op]
-        kind = left.type if left.type == right.type and left.type != "dyn" else "dyn"
+        kind = self.check(tree, _ARITH_NAMES[op], None, [left.type, right.type])
         return Node(lambda s: apply(a(s), b(s)), kind)
 
     _addition = _arith
@@ -193,11 +264,23 @@ class Compiler:
             return self._single(tree)
         op, operand_tree = tree.children
         assert isinstance(op, Tree) and isinstance(operand_tree, Tree)
+        # A run of the same prefix operator (!!!x, --x) is one level, as in the scheduler's
+        # parser: an even run cancels out, an odd one applies once.
+        count = 1
+        while len(operand_tree.children) == 2:
+            inner_op, inner = operand_tree.children
+            if not (isinstance(inner_op, Tree) and inner_op.data == op.data):
+                break
+            assert isinstance(inner, Tree)
+            count, operand_tree = count + 1, inner
         operand = self.compile(operand_tree)
+        if count % 2 == 0:
+            return operand
         f = operand.fn
         if op.data == "unary_not":
+            self.check(tree, "!_", None, [operand.type])
             return Node(lambda s: _not(f(s)), "bool")
-        return Node(lambda s: _neg(f(s)), operand.type)
+        return Node(lambda s: _neg(f(s)), self.check(tree, "-_", None, [operand.type]))
 
     # -- members ---------------------------------------------------------------------------
 
@@ -212,21 +295,30 @@ class Compiler:
         if qualified is not None and qualified.split(".")[0] not in self._names():
             self.fail(tree, f"undeclared reference to '{qualified}.{name}'")
         target = self.compile(target_tree)
-        fields = self.objects.get(target.type)
-        if fields is not None and name not in fields:
-            self.fail(name_token, f"undefined field '{name}'")
+        kind = self.field_type(name_token, target.type, name)
         where = self.source(target_tree)
         get = target.fn
-        kind = fields[name] if fields is not None else _element_type(target.type)
         return Node(lambda s: _select(get(s), name, where), kind)
+
+    def field_type(self, where: Ast | Token, target: str, name: str) -> str:
+        """The type of ``target.name``: a declared field, a map value, or dyn."""
+        fields = self.objects.get(target)
+        if fields is not None:
+            if name not in fields:
+                self.fail(where, f"undefined field '{name}'")
+            return fields[name]
+        if target == "dyn" or checker.split(target)[0] == "map":
+            return checker.element(target)
+        self.fail(where, f"type '{target}' does not support field selection")
 
     def _member_index(self, tree: Ast) -> Node:
         target_tree, key_tree = tree.children
         assert isinstance(target_tree, Tree) and isinstance(key_tree, Tree)
         target, key = self.compile(target_tree), self.compile(key_tree)
+        kind = self.check(tree, "_[_]", None, [target.type, key.type])
         where = self.source(target_tree)
         get, k = target.fn, key.fn
-        return Node(lambda s: _index(get(s), k(s), where), _element_type(target.type))
+        return Node(lambda s: _index(get(s), k(s), where), kind)
 
     def _member_object(self, tree: Ast) -> Node:
         self.fail(tree, "message construction is not supported in DRA selectors")
@@ -239,17 +331,18 @@ class Compiler:
         qualified = self.qualified_name(target_tree)
         if qualified is not None and qualified.split(".")[0] not in self._names():
             return self._global_call(f"{qualified}.{name}", name_token, args)
-        if name in _MACROS:
+        if name in _MACROS and not (name == "existsOne" and len(args) != 3):
+            # existsOne exists only in the two-variable form.
             return self._macro(tree, name, target_tree, args)
         function = functions.MEMBER.get(name)
         if function is None:
             self.fail(name_token, f"undeclared reference to '{name}'")
         target = self.compile(target_tree)
         compiled = [self.compile(a) for a in args]
-        return Node(
-            _call(function, [target.fn, *(c.fn for c in compiled)], name),
-            functions.RETURNS.get(name, "dyn"),
-        )
+        kind = self.check(name_token, name, target.type, [c.type for c in compiled])
+        if name in _REGEX_FUNCTIONS and compiled:
+            self.check_pattern(name_token, name, compiled[0])
+        return Node(_call(function, [target.fn, *(c.fn for c in compiled)], name), kind)
 
     def _args(self, exprlist: Ast | Token | None) -> list[Ast]:
         if exprlist is None:
@@ -274,7 +367,7 @@ class Compiler:
         return None
 
     def _names(self) -> set[str]:
-        return set(self.variables) | set(self.bound)
+        return set(self.variables) | {name for name, _ in self.bound}
 
     # -- primaries -------------------------------------------------------------------------
 
@@ -288,9 +381,11 @@ class Compiler:
         token = tree.children[0]
         assert isinstance(token, Token)
         name = str(token)
-        if name in self.bound or name in self.variables:
-            kind = self.variables.get(name, "dyn") if name not in self.bound else "dyn"
-            return Node(lambda s: s[name], kind)
+        for bound, kind in reversed(self.bound):
+            if bound == name:
+                return Node(lambda s: s[name], kind)
+        if name in self.variables:
+            return Node(lambda s: s[name], self.variables[name])
         if name in TYPE_NAMES:
             return _const(CelType(name), "type")
         self.fail(token, f"undeclared reference to '{name}'")
@@ -316,20 +411,41 @@ class Compiler:
         if function is None:
             self.fail(token, f"undeclared reference to '{name}'")
         compiled = [self.compile(a) for a in args]
-        kind = "dyn" if name == "dyn" else functions.RETURNS.get(name, "dyn")
-        return _folded(_call(function, [c.fn for c in compiled], name), kind, compiled)
+        kind = self.check(token, name, None, [c.type for c in compiled])
+        if name == "matches" and len(compiled) == 2:
+            self.check_pattern(token, name, compiled[1])
+        try:
+            return _folded(_call(function, [c.fn for c in compiled], name), kind, compiled, name)
+        except _PlanError as exc:
+            self.fail(token, f"program instantiation failed: {exc}")
 
     def _list_lit(self, tree: Ast) -> Node:
-        items = [self.compile(c) for c in self._args(tree.children[0] if tree.children else None)]
+        trees = self._args(tree.children[0] if tree.children else None)
+        if not trees:
+            return Node(_empty_list, checker.list_of(checker.FREE), const=True)
+        items = [self.compile(c) for c in trees]
         fns = [i.fn for i in items]
-        return Node(lambda s: [f(s) for f in fns], "list")
+        kind = checker.list_of(self.homogeneous(trees, items))
+        const = all(i.const for i in items)
+        primitive = const and checker.element(kind) in ("bool", "int", "uint", "double", "string")
+        return Node(lambda s: [f(s) for f in fns], kind, const=const, primitive_list=primitive)
+
+    def homogeneous(self, trees: list[Ast], items: list[Node]) -> str:
+        """The one type of a literal's elements; a compile error when they differ."""
+        kind = checker.common([i.type for i in items])
+        for where, item in zip(trees, items, strict=True):
+            if not checker.same(kind, item.type):
+                self.fail(where, f"expected type '{kind}' but found '{item.type}'")
+        return kind
 
     def _map_lit(self, tree: Ast) -> Node:
         parts = self._args(tree.children[0] if tree.children else None)
-        pairs = [
-            (self.compile(k).fn, self.compile(v).fn)
-            for k, v in zip(parts[::2], parts[1::2], strict=True)
-        ]
+        keys = [self.compile(k) for k in parts[::2]]
+        values = [self.compile(v) for v in parts[1::2]]
+        kind = checker.map_of(
+            self.homogeneous(parts[::2], keys), self.homogeneous(parts[1::2], values)
+        )
+        pairs = [(k.fn, v.fn) for k, v in zip(keys, values, strict=True)]
 
         def build(scope: Scope) -> dict[Any, Any]:
             out: dict[Any, Any] = {}
@@ -337,12 +453,10 @@ class Compiler:
                 key = key_fn(scope)
                 if type_name(key) not in ("string", "int", "uint", "bool"):
                     raise EvalError(f"unsupported map key type: {type_name(key)}")
-                if not is_missing(map_lookup(out, key)):
-                    raise EvalError(f"Failed with repeated key: {key}")
                 out[key] = value_fn(scope)
             return out
 
-        return Node(build, "map")
+        return Node(build, kind)
 
     def _literal(self, tree: Ast) -> Node:
         token = tree.children[0]
@@ -379,9 +493,7 @@ class Compiler:
         assert isinstance(target_tree, Tree)
         target = self.compile(target_tree)
         name = str(name_token)
-        fields = self.objects.get(target.type)
-        if fields is not None and name not in fields:
-            self.fail(select, f"undefined field '{name}'")
+        self.field_type(select, target.type, name)
         get = target.fn
 
         def has(scope: Scope) -> bool:
@@ -396,8 +508,9 @@ class Compiler:
         if len(args) != 3:
             self.fail(token, "cel.bind() takes a variable, an initial value and an expression")
         var = self._macro_var(args[0])
-        init = self.compile(args[1]).fn
-        body = self._with_bound([var], args[2])
+        init_node = self.compile(args[1])
+        init = init_node.fn
+        body = self._with_bound([(var, init_node.type)], args[2])
         body_fn = body.fn
 
         def bind(scope: Scope) -> Any:
@@ -413,7 +526,7 @@ class Compiler:
             self.fail(tree, "argument is not an identifier")
         return name
 
-    def _with_bound(self, names: list[str], tree: Ast) -> Node:
+    def _with_bound(self, names: list[tuple[str, str]], tree: Ast) -> Node:
         self.bound.extend(names)
         try:
             return self.compile(tree)
@@ -432,11 +545,39 @@ class Compiler:
         ):
             self.fail(tree, f"wrong number of arguments to the {name}() macro")
         names = [self._macro_var(a) for a in args[:nvars]]
-        parts = [self._with_bound(names, a).fn for a in args[nvars:]]
-        target = self.compile(target_tree).fn
+        target_node = self.compile(target_tree)
+        variables = self._range_types(target_tree, target_node.type, nvars)
+        compiled = [
+            self._with_bound(list(zip(names, variables, strict=True)), a) for a in args[nvars:]
+        ]
+        if name not in ("map", "transformList", "transformMap") or len(compiled) == 2:
+            self.expect_bool(args[nvars], compiled[0])
         build = _MACROS[name]
-        kind = "bool" if name in ("all", "exists", "exists_one", "existsOne") else "dyn"
-        return Node(build(target, names, parts), kind)
+        body = compiled[-1].type
+        kind = {
+            "map": checker.list_of(body),
+            "transformList": checker.list_of(body),
+            "transformMap": checker.map_of(variables[0], body),
+            "filter": checker.list_of(variables[0]),
+        }.get(name, "bool")
+        return Node(build(target_node.fn, names, [c.fn for c in compiled]), kind)
+
+    def _range_types(self, where: Ast, target: str, nvars: int) -> list[str]:
+        # One variable: list elements or map keys; two: (index, element) or (key, value).
+        kind = checker.split(target)[0]
+        if target == "dyn":
+            return ["dyn"] * nvars
+        if kind == "list":
+            elem = checker.element(target)
+            return [elem] if nvars == 1 else ["int", elem]
+        if kind == "map":
+            keys = checker.key(target)
+            return [keys] if nvars == 1 else [keys, checker.element(target)]
+        self.fail(
+            where,
+            f"expression of type '{target}' cannot be range of a comprehension "
+            "(must be list, map, or dynamic)",
+        )
 
 
 # -- runtime helpers -----------------------------------------------------------------------
@@ -490,6 +631,18 @@ def _logical(left: Eval, right: Eval, is_or: bool) -> Eval:
     return logical
 
 
+def _empty_list(_scope: Scope) -> list[Any]:
+    return []
+
+
+def _ne(a: Any, b: Any) -> bool:
+    # The scheduler's != is "== is not true": where == has no overload, != is true.
+    try:
+        return not cel_eq(a, b)
+    except NoSuchOverload:
+        return True
+
+
 def _not(value: Any) -> bool:
     if value is True or value is False:
         return not value
@@ -506,14 +659,24 @@ def _neg(value: Any) -> Any:
 
 def _in(item: Any, container: Any) -> bool:
     if isinstance(container, list | tuple):
-        return any(cel_eq(item, x) for x in container)
+        # Each element is compared with the item (element on the left, as the scheduler does).
+        return any(cel_eq(x, item) for x in container)
     if isinstance(container, Mapping):
         # Membership looks at the keys really present: a map with a default value (the
         # device's attribute domains) still answers "in" truthfully.
         if type(item) is str:
             return item in container
-        return any(cel_eq(item, key) for key in container)
+        return any(cel_eq(key, item) for key in container)
     raise NoSuchOverload("@in", item, container)
+
+
+def _in_constant(item: Any, values: list[Any]) -> bool:
+    # The scheduler turns "x in [constants]" into a hash lookup, which a Quantity or Semver
+    # cannot take part in.
+    kind = type_name(item)
+    if kind in ("kubernetes.Quantity", "kubernetes.Semver"):
+        raise EvalError(f"internal error: runtime error: hash of unhashable type {kind}")
+    return _in(item, values)
 
 
 def _select(value: Any, name: str, where: str) -> Any:
@@ -641,6 +804,8 @@ def _mod(a: Any, b: Any) -> Any:
     if kind in ("int", "uint"):
         if b == 0:
             raise EvalError("modulus by zero")
+        if kind == "int" and a == INT64_MIN and b == -1:
+            raise EvalError("integer overflow")
         rest = abs(a) % abs(b)  # the sign follows the dividend, as in Go
         return (-rest if a < 0 else rest) if kind == "int" else Uint(rest)
     raise NoSuchOverload("_%_", a, b)
@@ -652,6 +817,13 @@ _ARITH: dict[str, Callable[[Any, Any], Any]] = {
     "multiplication_mul": _mul,
     "multiplication_div": _div,
     "multiplication_mod": _mod,
+}
+_ARITH_NAMES = {
+    "addition_add": "_+_",
+    "addition_sub": "_-_",
+    "multiplication_mul": "_*_",
+    "multiplication_div": "_/_",
+    "multiplication_mod": "_%_",
 }
 _ORDER: dict[str, Callable[[int], bool]] = {
     "relation_lt": lambda c: c < 0,
@@ -668,15 +840,6 @@ _OPS = {
     "relation_ne": "_!=_",
     "relation_in": "@in",
 }
-
-
-def _element_type(container: str) -> str:
-    # Nested map types of the DRA device: attributes[domain][name], capacity[domain][name].
-    return {
-        "attributes": "attribute_domain",
-        "capacity": "capacity_domain",
-        "capacity_domain": "quantity",
-    }.get(container, "dyn")
 
 
 # -- comprehension macros ------------------------------------------------------------------

@@ -18,16 +18,17 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedTok
 
 from dra_driver.cel.compiler import Ast, Compiler, Eval, Node
 from dra_driver.cel.errors import CompileError, EvalError
+from dra_driver.cel.limits import deep_recursion, nesting_error
 from dra_driver.cel.quantity import parse_quantity
 from dra_driver.cel.semver import parse_semver
 from dra_driver.cel.values import type_name
 
-VARIABLES = {"device": "device"}
+VARIABLES = {"device": "kubernetes.DRADevice"}
 OBJECTS = {
-    "device": {
+    "kubernetes.DRADevice": {
         "driver": "string",
-        "attributes": "attributes",
-        "capacity": "capacity",
+        "attributes": "map(string, map(string, dyn))",
+        "capacity": "map(string, map(string, kubernetes.Quantity))",
         "allowMultipleAllocations": "bool",
     }
 }
@@ -64,7 +65,8 @@ class Program:
 
     def compile_subtree(self, tree: Ast) -> Node:
         """Compile a part of this expression (used to explain non-matches)."""
-        return Compiler(self.expression, VARIABLES, OBJECTS).compile(tree)
+        with deep_recursion():
+            return Compiler(self.expression, VARIABLES, OBJECTS).compile(tree)
 
 
 @lru_cache(maxsize=1)
@@ -101,7 +103,11 @@ def _compile(expression: str) -> Program | CompileError:
     # Cached by text: the same class selector is evaluated against every device of a cluster.
     try:
         tree = parse(expression)
-        node = Compiler(expression, VARIABLES, OBJECTS).compile(tree)
+        too_deep = nesting_error(tree)
+        if too_deep is not None:
+            return CompileError(expression, too_deep, -1, 0)
+        with deep_recursion():
+            node = Compiler(expression, VARIABLES, OBJECTS).compile(tree)
     except CompileError as exc:
         return exc
     if node.type not in ("bool", "dyn"):
@@ -180,7 +186,13 @@ def evaluate(program: Program, variables: dict[str, Any]) -> Outcome:
     except EvalError as exc:
         return Outcome(Verdict.ERROR, str(exc))
     except RecursionError:
-        return Outcome(Verdict.ERROR, "expression nested too deeply")
+        # Long &&/|| chains nest deeper than Python's default allows; the scheduler's
+        # evaluator has no such limit. Retried rather than raising the limit for every call.
+        try:
+            with deep_recursion():
+                value = program.fn(variables)
+        except EvalError as exc:
+            return Outcome(Verdict.ERROR, str(exc))
     if value is True:
         return Outcome(Verdict.MATCH)
     if value is False:

@@ -39,15 +39,6 @@ MEMBER: dict[str, Function] = {
     "lastIndexOf": _string_or_list(lib_strings.last_index_of, lib_lists.last_index_of),
 }
 
-#: Static result types, used to reject selectors that can never produce a bool.
-RETURNS: dict[str, str] = {
-    **lib_core.RETURNS,
-    **lib_strings.RETURNS,
-    **lib_lists.RETURNS,
-    **lib_k8s.RETURNS,
-    "indexOf": "int",
-    "lastIndexOf": "int",
-}
 
 #: Namespaces of dotted global functions (``sets.contains``), and the ``cel.bind`` macro.
 NAMESPACES = frozenset(name.split(".", 1)[0] for name in GLOBAL if "." in name) | {"cel"}

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dra_driver.cel.errors import EvalError, NoSuchOverload
-from dra_driver.cel.regex import compiled
+from dra_driver.cel.regex import search
 from dra_driver.cel.values import INT64_MAX, INT64_MIN, CelType, Uint, check_uint, type_name
 
 Function = Callable[..., Any]
@@ -48,7 +48,7 @@ def ends_with(text: Any, suffix: Any) -> bool:
 def matches(text: Any, pattern: Any) -> bool:
     """Whether the regular expression matches anywhere in ``text`` (RE2 ``MatchString``)."""
     a, b = _strings("matches", text, pattern)
-    return compiled(b).search(a) is not None
+    return search(b, a)
 
 
 _INT_TEXT = re.compile(r"[+-]?[0-9]+")
@@ -191,19 +191,4 @@ MEMBER: dict[str, Function] = {
     "startsWith": starts_with,
     "endsWith": ends_with,
     "matches": matches,
-}
-
-RETURNS: dict[str, str] = {
-    "size": "int",
-    "contains": "bool",
-    "startsWith": "bool",
-    "endsWith": "bool",
-    "matches": "bool",
-    "int": "int",
-    "uint": "uint",
-    "double": "double",
-    "string": "string",
-    "bool": "bool",
-    "bytes": "bytes",
-    "type": "type",
 }

@@ -82,13 +82,13 @@ def _operand(name: str, q: Quantity, other: Any) -> Quantity:
 def add(q: Any, other: Any) -> Quantity:
     """``q.add(q2)`` or ``q.add(int)``."""
     a = _quantity("add", q, other)
-    return Quantity(a.nanos + _operand("add", a, other).nanos)
+    return a.plus(_operand("add", a, other))
 
 
 def sub(q: Any, other: Any) -> Quantity:
     """``q.sub(q2)`` or ``q.sub(int)``."""
     a = _quantity("sub", q, other)
-    return Quantity(a.nanos - _operand("sub", a, other).nanos)
+    return a.minus(_operand("sub", a, other))
 
 
 def sign(q: Any) -> int:
@@ -137,6 +137,7 @@ GLOBAL: dict[str, Function] = {
     "isQuantity": is_quantity_,
     "semver": semver,
     "isSemver": is_semver_,
+    "sign": sign,
 }
 
 MEMBER: dict[str, Function] = {
@@ -145,7 +146,6 @@ MEMBER: dict[str, Function] = {
     "isLessThan": is_less_than,
     "add": add,
     "sub": sub,
-    "sign": sign,
     "isInteger": is_integer,
     "asInteger": as_integer,
     "asApproximateFloat": as_approximate_float,
@@ -154,25 +154,4 @@ MEMBER: dict[str, Function] = {
     "patch": patch,
     "find": find,
     "findAll": find_all,
-}
-
-RETURNS: dict[str, str] = {
-    "quantity": "quantity",
-    "isQuantity": "bool",
-    "semver": "semver",
-    "isSemver": "bool",
-    "compareTo": "int",
-    "isGreaterThan": "bool",
-    "isLessThan": "bool",
-    "add": "quantity",
-    "sub": "quantity",
-    "sign": "int",
-    "isInteger": "bool",
-    "asInteger": "int",
-    "asApproximateFloat": "double",
-    "major": "int",
-    "minor": "int",
-    "patch": "int",
-    "find": "string",
-    "findAll": "list",
 }

@@ -119,6 +119,8 @@ def lists_range(count: Any) -> list[int]:
     """``lists.range(n)``: ``[0, 1, ..., n-1]``."""
     if type(count) is not int:
         raise NoSuchOverload("lists.range", count)
+    if count < 0:
+        raise EvalError(f"lists.range: size must be non-negative, got {count}")
     return list(range(count))
 
 
@@ -162,17 +164,4 @@ GLOBAL: dict[str, Function] = {
     "sets.contains": sets_contains,
     "sets.equivalent": sets_equivalent,
     "sets.intersects": sets_intersects,
-}
-
-RETURNS: dict[str, str] = {
-    "isSorted": "bool",
-    "slice": "list",
-    "flatten": "list",
-    "distinct": "list",
-    "reverse": "list",
-    "sort": "list",
-    "lists.range": "list",
-    "sets.contains": "bool",
-    "sets.equivalent": "bool",
-    "sets.intersects": "bool",
 }

@@ -185,16 +185,3 @@ MEMBER: dict[str, Function] = {
 }
 
 GLOBAL: dict[str, Function] = {"strings.quote": quote}
-
-RETURNS: dict[str, str] = {
-    "charAt": "string",
-    "lowerAscii": "string",
-    "upperAscii": "string",
-    "replace": "string",
-    "split": "list",
-    "substring": "string",
-    "trim": "string",
-    "join": "string",
-    "format": "string",
-    "strings.quote": "string",
-}
