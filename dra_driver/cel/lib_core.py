@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
+from decimal import Decimal
 from typing import Any
 
 from dra_driver.cel.errors import EvalError, NoSuchOverload
@@ -111,12 +112,26 @@ def _double_text(value: float) -> str:
         return "NaN"
     if math.isinf(value):
         return "+Inf" if value > 0 else "-Inf"
-    text = repr(value)
-    return text[:-2] if text.endswith(".0") else text
+    # Go's strconv.FormatFloat(v, 'g', -1, 64): the shortest digits that round-trip (Python's
+    # repr finds the same ones), in exponent form when the exponent is < -4 or >= 6.
+    sign, digits, exponent = Decimal(repr(value)).as_tuple()
+    assert isinstance(exponent, int)  # finite here
+    text = "".join(map(str, digits)).rstrip("0") or "0"
+    point = len(digits) + exponent  # digits before the decimal point
+    prefix = "-" if sign else ""
+    if text == "0":
+        return prefix + "0"
+    if point - 1 < -4 or point - 1 >= 6:
+        mantissa = text[0] + ("." + text[1:] if len(text) > 1 else "")
+        return f"{prefix}{mantissa}e{point - 1:+03d}"
+    if point <= 0:
+        return f"{prefix}0.{'0' * -point}{text}"
+    whole, fraction = text[:point].ljust(point, "0"), text[point:]
+    return f"{prefix}{whole}.{fraction}" if fraction else f"{prefix}{whole}"
 
 
 def to_string(value: Any) -> str:
-    """``string(x)`` for scalars (and the library types that print themselves)."""
+    """``string(x)`` for scalars; a Quantity or Semver has no such overload, as in the scheduler."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
@@ -130,8 +145,6 @@ def to_string(value: Any) -> str:
             return value.decode("utf-8")
         except UnicodeDecodeError:
             raise EvalError("invalid UTF-8 in bytes, cannot convert to string") from None
-    if type_name(value) in ("Quantity", "kubernetes.Semver"):
-        return str(value)
     raise NoSuchOverload("string", value)
 
 
