@@ -151,8 +151,7 @@ def parse_quantity(text: str) -> Quantity:
         )
     sign, whole, fraction, suffix = match.groups()
     fraction = fraction or ""
-    if not whole and not fraction:
-        raise EvalError(f"unable to parse quantity's numeric part: {text!r}")
+    # A missing number reads as 0, as Kubernetes parses it: "m", "Ki", "+", "." are quantities.
     value = Fraction(int(whole + fraction or "0"), 10 ** len(fraction))
     binary = False
     if suffix in _DECIMAL:
