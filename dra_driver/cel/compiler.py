@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 from celpy.evaluation import celbytes, celstr
 from lark import Token, Tree
 
-from dra_driver.cel import checker, functions, regex
+from dra_driver.cel import checker, functions, optional, regex
 from dra_driver.cel.errors import CompileError, EvalError, NoSuchKey, NoSuchOverload
 from dra_driver.cel.lib_core import TYPE_NAMES
 from dra_driver.cel.signatures import SIGNATURES
@@ -290,7 +290,7 @@ class Compiler:
     def _member_dot(self, tree: Ast) -> Node:
         target_tree, name_token = tree.children
         assert isinstance(target_tree, Tree) and isinstance(name_token, Token)
-        name = str(name_token)
+        name = _field_name(name_token)
         qualified = self.qualified_name(target_tree)
         if qualified is not None and qualified.split(".")[0] not in self._names():
             self.fail(tree, f"undeclared reference to '{qualified}.{name}'")
@@ -300,8 +300,31 @@ class Compiler:
         get = target.fn
         return Node(lambda s: _select(get(s), name, where), kind)
 
+    def _member_opt_dot(self, tree: Ast) -> Node:
+        # a.?b: optional.of(a.b) when a has b, else optional.none().
+        target_tree, name_token = tree.children
+        assert isinstance(target_tree, Tree) and isinstance(name_token, Token)
+        name = _field_name(name_token)
+        target = self.compile(target_tree)
+        inner = checker.element(target.type) if _is_optional(target.type) else target.type
+        kind = _optional_of(self.field_type(name_token, inner, name))
+        get = target.fn
+        return Node(lambda s: _opt_select(get(s), name), kind)
+
+    def _member_opt_index(self, tree: Ast) -> Node:
+        # m[?k] / l[?i]: optional.of(m[k]) when present, else optional.none().
+        target_tree, key_tree = tree.children
+        assert isinstance(target_tree, Tree) and isinstance(key_tree, Tree)
+        target, key = self.compile(target_tree), self.compile(key_tree)
+        inner = checker.element(target.type) if _is_optional(target.type) else target.type
+        kind = _optional_of(self.check(tree, "_[?_]", None, [inner, key.type]))
+        get, k = target.fn, key.fn
+        return Node(lambda s: _opt_index(get(s), k(s)), kind)
+
     def field_type(self, where: Ast | Token, target: str, name: str) -> str:
         """The type of ``target.name``: a declared field, a map value, or dyn."""
+        if _is_optional(target):
+            return _optional_of(self.field_type(where, checker.element(target), name))
         fields = self.objects.get(target)
         if fields is not None:
             if name not in fields:
@@ -342,6 +365,10 @@ class Compiler:
         kind = self.check(name_token, name, target.type, [c.type for c in compiled])
         if name in _REGEX_FUNCTIONS and compiled:
             self.check_pattern(name_token, name, compiled[0])
+        if name in ("or", "orValue") and len(compiled) == 1:
+            # Short-circuiting, as in the scheduler: the alternative is evaluated only
+            # when the optional is empty.
+            return Node(_or_else(target.fn, compiled[0].fn, name), kind)
         return Node(_call(function, [target.fn, *(c.fn for c in compiled)], name), kind)
 
     def _args(self, exprlist: Ast | Token | None) -> list[Ast]:
@@ -361,6 +388,8 @@ class Compiler:
             return str(tree.children[0])
         if tree.data == "member_dot":
             inner, name = tree.children
+            if isinstance(name, Token) and name.type == "QUOTED_IDENT":
+                return None
             assert isinstance(inner, Tree)
             prefix = self.qualified_name(inner)
             return None if prefix is None else f"{prefix}.{name}"
@@ -423,12 +452,29 @@ class Compiler:
         trees = self._args(tree.children[0] if tree.children else None)
         if not trees:
             return Node(_empty_list, checker.list_of(checker.FREE), const=True)
-        items = [self.compile(c) for c in trees]
-        fns = [i.fn for i in items]
+        items = [self.element(c) for c in trees]
         kind = checker.list_of(self.homogeneous(trees, items))
+        if any(c.data == "opt_item" for c in trees):
+            # [?x]: an element only when the optional x has a value.
+            optional = [(c.data == "opt_item", i.fn) for c, i in zip(trees, items, strict=True)]
+            return Node(lambda s: _optional_items(optional, s), kind)
+        fns = [i.fn for i in items]
         const = all(i.const for i in items)
         primitive = const and checker.element(kind) in ("bool", "int", "uint", "double", "string")
         return Node(lambda s: [f(s) for f in fns], kind, const=const, primitive_list=primitive)
+
+    def element(self, tree: Ast) -> Node:
+        """A list element or map key/value; for ``?x`` the node of x typed as its value."""
+        if tree.data != "opt_item":
+            return self.compile(tree)
+        inner_tree = tree.children[0]
+        assert isinstance(inner_tree, Tree)
+        inner = self.compile(inner_tree)
+        if inner.type != "dyn" and not _is_optional(inner.type):
+            self.fail(tree, f"expected type 'optional_type(dyn)' but found '{inner.type}'")
+        # Keep optional.none()'s unknown element type unknown, so it joins any literal.
+        params = checker.split(inner.type)[1]
+        return Node(inner.fn, params[0] if params else "dyn")
 
     def homogeneous(self, trees: list[Ast], items: list[Node]) -> str:
         """The one type of a literal's elements; a compile error when they differ."""
@@ -440,20 +486,31 @@ class Compiler:
 
     def _map_lit(self, tree: Ast) -> Node:
         parts = self._args(tree.children[0] if tree.children else None)
-        keys = [self.compile(k) for k in parts[::2]]
-        values = [self.compile(v) for v in parts[1::2]]
+        optional = [k.data == "opt_item" for k in parts[::2]]
+        # {?k: v}: the entry only when the optional v has a value.
+        keys = [self.compile(_unopt(k)) for k in parts[::2]]
+        values = [
+            self.element(_opt_item(v)) if opt else self.compile(v)
+            for v, opt in zip(parts[1::2], optional, strict=True)
+        ]
         kind = checker.map_of(
             self.homogeneous(parts[::2], keys), self.homogeneous(parts[1::2], values)
         )
-        pairs = [(k.fn, v.fn) for k, v in zip(keys, values, strict=True)]
+        pairs = [(k.fn, v.fn, o) for k, v, o in zip(keys, values, optional, strict=True)]
 
         def build(scope: Scope) -> dict[Any, Any]:
             out: dict[Any, Any] = {}
-            for key_fn, value_fn in pairs:
+            for key_fn, value_fn, opt in pairs:
                 key = key_fn(scope)
                 if type_name(key) not in ("string", "int", "uint", "bool"):
                     raise EvalError(f"unsupported map key type: {type_name(key)}")
-                out[key] = value_fn(scope)
+                value = value_fn(scope)
+                if opt:
+                    found = _optional_value(value)
+                    if found is _NOTHING:
+                        continue
+                    value = found
+                out[key] = value
             return out
 
         return Node(build, kind)
@@ -550,7 +607,7 @@ class Compiler:
         compiled = [
             self._with_bound(list(zip(names, variables, strict=True)), a) for a in args[nvars:]
         ]
-        if name not in ("map", "transformList", "transformMap") or len(compiled) == 2:
+        if name not in _VALUE_MACROS or len(compiled) == 2:
             self.expect_bool(args[nvars], compiled[0])
         build = _MACROS[name]
         body = compiled[-1].type
@@ -559,6 +616,8 @@ class Compiler:
             "transformList": checker.list_of(body),
             "transformMap": checker.map_of(variables[0], body),
             "filter": checker.list_of(variables[0]),
+            "optMap": _optional_of(body),
+            "optFlatMap": body,
         }.get(name, "bool")
         return Node(build(target_node.fn, names, [c.fn for c in compiled]), kind)
 
@@ -567,6 +626,8 @@ class Compiler:
         kind = checker.split(target)[0]
         if target == "dyn":
             return ["dyn"] * nvars
+        if kind == "optional_type" and nvars == 1:
+            return [checker.element(target)]
         if kind == "list":
             elem = checker.element(target)
             return [elem] if nvars == 1 else ["int", elem]
@@ -670,6 +731,91 @@ def _in(item: Any, container: Any) -> bool:
     raise NoSuchOverload("@in", item, container)
 
 
+def _field_name(token: Token) -> str:
+    # `cuda-version` (backticks) names a field that is not an identifier.
+    text = str(token)
+    return text[1:-1] if token.type == "QUOTED_IDENT" else text
+
+
+def _is_optional(kind: str) -> bool:
+    return checker.split(kind)[0] == "optional_type"
+
+
+def _optional_of(kind: str) -> str:
+    # Optional chaining: selecting from an optional stays one optional, not nested ones.
+    return kind if _is_optional(kind) else checker.join("optional_type", kind)
+
+
+def _unopt(tree: Ast) -> Ast:
+    # The key expression of a map entry, with or without its "?".
+    child = tree.children[0] if tree.data == "opt_item" else tree
+    assert isinstance(child, Tree)
+    return child
+
+
+def _opt_item(value: Ast) -> Ast:
+    # Treat the value of {?k: v} like a list's ?v element.
+    return Tree("opt_item", [value], value.meta)
+
+
+def _optional_value(value: Any, name: str = "optional") -> Any:
+    """The value held by an optional, or _NOTHING for an empty one."""
+    if not isinstance(value, optional.Optional):
+        raise NoSuchOverload(name, value)
+    return value.value if value.has_value() else _NOTHING
+
+
+def _optional_items(items: list[tuple[bool, Eval]], scope: Scope) -> list[Any]:
+    out = []
+    for is_optional, fn in items:
+        value = fn(scope)
+        if is_optional:
+            value = _optional_value(value)
+            if value is _NOTHING:
+                continue
+        out.append(value)
+    return out
+
+
+def _or_else(target: Eval, alternative: Eval, name: str) -> Eval:
+    def run(scope: Scope) -> Any:
+        found = target(scope)
+        if not isinstance(found, optional.Optional):
+            raise NoSuchOverload(name, found)
+        if found.has_value():
+            return found.value if name == "orValue" else found
+        other = alternative(scope)
+        if name == "or" and not isinstance(other, optional.Optional):
+            raise NoSuchOverload(name, found, other)
+        return other
+
+    return run
+
+
+def _opt_select(value: Any, name: str) -> Any:
+    if isinstance(value, optional.Optional):
+        if not value.has_value():
+            return value
+        value = value.value
+    if isinstance(value, Mapping):
+        found = value.get(name, _NOTHING)
+        return optional.NONE if found is _NOTHING else optional.of(found)
+    raise EvalError(f"type '{type_name(value)}' does not support field selection")
+
+
+def _opt_index(value: Any, key: Any) -> Any:
+    if isinstance(value, optional.Optional):
+        if not value.has_value():
+            return value
+        value = value.value
+    if isinstance(value, Mapping):
+        found = map_lookup(value, key)
+        return optional.NONE if is_missing(found) else optional.of(found)
+    if isinstance(value, list | tuple) and type(key) in (int, Uint):
+        return optional.of(value[key]) if 0 <= key < len(value) else optional.NONE
+    raise NoSuchOverload("_[?_]", value, key)
+
+
 def _in_constant(item: Any, values: list[Any]) -> bool:
     # The scheduler turns "x in [constants]" into a hash lookup, which a Quantity or Semver
     # cannot take part in.
@@ -680,6 +826,8 @@ def _in_constant(item: Any, values: list[Any]) -> bool:
 
 
 def _select(value: Any, name: str, where: str) -> Any:
+    if isinstance(value, optional.Optional):
+        return _opt_select(value, name)  # a.?b.c: c is optional too
     if isinstance(value, Mapping):
         found = value.get(name, _NOTHING)
         if found is _NOTHING:
@@ -692,6 +840,8 @@ _NOTHING = object()
 
 
 def _index(value: Any, key: Any, where: str) -> Any:
+    if isinstance(value, optional.Optional):
+        return _opt_index(value, key)
     if isinstance(value, Mapping):
         found = map_lookup(value, key)
         if is_missing(found):
@@ -995,11 +1145,43 @@ def _transform_map(target: Eval, names: list[str], parts: list[Eval]) -> Eval:
     return run
 
 
+def _opt_map(target: Eval, names: list[str], parts: list[Eval]) -> Eval:
+    (transform,) = parts
+    (var,) = names
+
+    def run(scope: Scope) -> Any:
+        found = _optional_value(target(scope), "optMap")
+        if found is _NOTHING:
+            return optional.NONE
+        return optional.of(transform({**scope, var: found}))
+
+    return run
+
+
+def _opt_flat_map(target: Eval, names: list[str], parts: list[Eval]) -> Eval:
+    (transform,) = parts
+    (var,) = names
+
+    def run(scope: Scope) -> Any:
+        found = _optional_value(target(scope), "optFlatMap")
+        if found is _NOTHING:
+            return optional.NONE
+        result = transform({**scope, var: found})
+        if not isinstance(result, optional.Optional):
+            raise NoSuchOverload("optFlatMap", result)
+        return result
+
+    return run
+
+
+_VALUE_MACROS = frozenset(("map", "transformList", "transformMap", "optMap", "optFlatMap"))
 _MACROS: dict[str, MacroBuilder] = {
     "all": _quantifier("all", False),
     "exists": _quantifier("exists", True),
     "exists_one": _exists_one,
     "existsOne": _exists_one,
+    "optMap": _opt_map,
+    "optFlatMap": _opt_flat_map,
     "map": _map_macro,
     "filter": _filter_macro,
     "transformList": _map_macro,

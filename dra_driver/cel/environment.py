@@ -13,9 +13,9 @@ from enum import StrEnum
 from functools import lru_cache
 from typing import Any
 
-from celpy.celparser import CELParser
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
+from dra_driver.cel import grammar
 from dra_driver.cel.compiler import Ast, Compiler, Eval, Node
 from dra_driver.cel.errors import CompileError, EvalError
 from dra_driver.cel.limits import deep_recursion, nesting_error
@@ -69,12 +69,6 @@ class Program:
             return Compiler(self.expression, VARIABLES, OBJECTS).compile(tree)
 
 
-@lru_cache(maxsize=1)
-def _parser() -> Any:
-    # Building the LALR tables takes most of a second: do it on first use, not at import.
-    return CELParser().CEL_PARSER
-
-
 def parse(expression: str) -> Ast:
     """The lark tree of ``expression``; :class:`CompileError` with the position on bad syntax."""
     if len(expression) > MAX_EXPRESSION_LENGTH:
@@ -82,7 +76,7 @@ def parse(expression: str) -> Ast:
             expression, f"expression longer than {MAX_EXPRESSION_LENGTH} characters", 1, 1
         )
     try:
-        tree: Ast = _parser().parse(expression)
+        tree: Ast = grammar.parser().parse(expression)
     except UnexpectedInput as exc:
         raise CompileError(expression, _syntax_message(exc), exc.line, exc.column) from None
     return tree

@@ -29,7 +29,10 @@ _TEXT: dict[str, list[str]] = {
     "_%_": ["(int, int) -> int", "(uint, uint) -> uint"],
     "-_": ["(int) -> int", "(double) -> double"],
     "!_": ["(bool) -> bool"],
-    "_[_]": ["(list(A), int) -> A", "(map(A, B), A) -> B"],
+    "_[_]": ["(list(A), int) -> A", "(map(A, B), A) -> B",
+             "(optional_type(list(A)), int) -> optional_type(A)",
+             "(optional_type(map(A, B)), A) -> optional_type(B)"],
+    "_[?_]": ["(list(A), int) -> A", "(map(A, B), A) -> B"],
     "_?_:_": ["(bool, A, A) -> A"],
     # core
     "size": ["(string) -> int", "(bytes) -> int", "(list(A)) -> int", "(map(A, B)) -> int",
@@ -88,6 +91,16 @@ _TEXT: dict[str, list[str]] = {
     "isInteger": [f"{Q}.() -> bool"],
     "asInteger": [f"{Q}.() -> int"],
     "asApproximateFloat": [f"{Q}.() -> double"],
+    # optional types
+    "optional.of": ["(A) -> optional_type(A)"],
+    "optional.none": ["() -> optional_type(_)"],
+    "optional.ofNonZeroValue": ["(A) -> optional_type(A)"],
+    "hasValue": ["optional_type(A).() -> bool"],
+    "value": ["optional_type(A).() -> A"],
+    "orValue": ["optional_type(A).(A) -> A"],
+    "or": ["optional_type(A).(optional_type(A)) -> optional_type(A)"],
+    "first": ["list(A).() -> optional_type(A)"],
+    "last": ["list(A).() -> optional_type(A)"],
     # semver
     "semver": ["(string) -> " + S, "(string, bool) -> " + S],
     "isSemver": ["(string) -> bool", "(string, bool) -> bool"],

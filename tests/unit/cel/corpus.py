@@ -963,52 +963,6 @@ SELECTORS: list[str] = list(
 #: Selectors that still disagree with the scheduler, by reason (docs/cel.md lists the classes).
 #: Each runs as a strict xfail: fixing the engine turns it into a failure to remove it here.
 KNOWN: dict[str, str] = {}
-_OPTIONAL = "optional types: cel-python's grammar has no `.?`/`[?` syntax and the optional library is not implemented"
-KNOWN.update(
-    dict.fromkeys(
-        [
-            'device.attributes["gpu.dra.dev"].?numaNode.orValue(-5) == 0',
-            'device.attributes["gpu.dra.dev"].?numaNode.hasValue()',
-            '!device.attributes["gpu.dra.dev"].?nope.hasValue()',
-            "device.attributes[\"gpu.dra.dev\"].?nope.orValue('x') == 'x'",
-            "device.attributes[\"gpu.dra.dev\"][?'numaNode'].orValue(9) == 0",
-            "device.attributes[?'nowhere'].hasValue()",
-            'device.attributes["gpu.dra.dev"].?numaNode.value() == 0',
-            'device.attributes["gpu.dra.dev"].?nope.value() == 0',
-            'device.attributes["gpu.dra.dev"].?numaNode.or(optional.of(1)).value() >= 0',
-            "optional.of(1).value() == 1",
-            "optional.none().orValue(2) == 2",
-            "optional.ofNonZeroValue(0).hasValue()",
-            "[?optional.of(1), ?optional.none()].size() == 1",
-            "{?'a': optional.of(1)}.size() == 1",
-            'device.attributes["gpu.dra.dev"].?numaNode.optMap(x, x + 1).orValue(0) >= 0',
-            'device.attributes["gpu.dra.dev"].?numaNode.optFlatMap(x, optional.of(x)).hasValue()',
-            "[1, 2].first().value() == 1",
-            "[].last().hasValue()",
-            "optional.none() == optional.none()",
-            "[1, 2, 3].first() == optional.of(1)",
-            "[1, 2, 3].last().value() == 3",
-            "{'a': 1}[?'b'].orValue(5) == 5",
-            "{'a': 1}.?a.orValue(5) == 1",
-            "format.dns1123Label().validate('ok').hasValue()",
-            "!format.dns1123Label().validate('Not-OK').hasValue()",
-            "format.named('dns1123Subdomain').hasValue()",
-            "optional.of(1) == optional.of(1)",
-            "optional.of(1).hasValue() && optional.none().hasValue() == false",
-        ],
-        _OPTIONAL,
-    )
-)
-_BACKTICK = "backtick-quoted field names are not in cel-python's grammar"
-KNOWN.update(
-    dict.fromkeys(
-        [
-            'device.attributes["gpu.dra.dev"].`numaNode` == 0',
-            'device.attributes["gpu.dra.dev"].`cuda-version` == 0',
-        ],
-        _BACKTICK,
-    )
-)
 _COST = "the runtime cost limit (1,000,000) is not implemented"
 KNOWN.update(
     dict.fromkeys(
@@ -1024,6 +978,9 @@ _MISSING_LIBS = "libraries of the scheduler's environment not implemented: durat
 KNOWN.update(
     dict.fromkeys(
         [
+            "format.dns1123Label().validate('ok').hasValue()",
+            "!format.dns1123Label().validate('Not-OK').hasValue()",
+            "format.named('dns1123Subdomain').hasValue()",
             "[3, 1].sortBy(x, -x) == [3, 1]",
             "['bb', 'a'].sortBy(s, s.size()) == ['a', 'bb']",
             "[1, 2].includes(2)",

@@ -226,6 +226,20 @@ def _macro_bool(draw: Draw, d: int) -> str:
     return f"{expr(draw, 'list', d)}.{fn}(x, x == {expr(draw, 'int', d)})"
 
 
+def _optional(draw: Draw, d: int) -> str:
+    name = _string_literal(draw(st.sampled_from(NAMES)))
+    choice = draw(st.integers(0, 3))
+    if choice == 0:
+        return f"{A}.?{draw(st.sampled_from(NAMES))}.hasValue()"
+    if choice == 1:
+        return f"{A}[?{name}].orValue({expr(draw, 'dyn', d)}) == {expr(draw, 'dyn', d)}"
+    if choice == 2:
+        return f"[?{A}.?{draw(st.sampled_from(NAMES))}, ?optional.none()].size() == {expr(draw, 'int', d)}"
+    return (
+        f"{A}.?{draw(st.sampled_from(NAMES))}.optMap(x, x == {expr(draw, 'dyn', d)}).orValue(false)"
+    )
+
+
 def _is_fn(draw: Draw, d: int) -> str:
     fn = draw(st.sampled_from(["isQuantity", "isSemver"]))
     return f"{fn}({expr(draw, 'string', d)})"
@@ -311,6 +325,7 @@ _COMPOSITES: dict[str, list[Callable[[Draw, int], str]]] = {
         _macro_bool,
         _is_fn,
         _not,
+        _optional,
         _ternary("bool"),
     ],
     "int": [_arith("int"), _int_fns, _int_fns, _ternary("int")],

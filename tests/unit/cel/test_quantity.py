@@ -51,9 +51,7 @@ def test_parse(text: str, value: Fraction | int) -> None:
     assert Fraction(parse_quantity(text).nanos, NANOS) == value
 
 
-@pytest.mark.parametrize(
-    "text", ["", "1GB", "1K", "1.2.3", "1 Gi", "1e", "abc", "1Gi1"]
-)
+@pytest.mark.parametrize("text", ["", "1GB", "1K", "1.2.3", "1 Gi", "1e", "abc", "1Gi1"])
 def test_reject(text: str) -> None:
     with pytest.raises(EvalError):
         parse_quantity(text)
