@@ -99,6 +99,8 @@ class Compiler:
         self.variables = dict(variables)
         self.objects = dict(objects or {})
         self.bound: list[tuple[str, str]] = []  # macro variables (name, type) in scope
+        # Inside the argument list of string.format, literals may mix types, as there.
+        self.mixed_literals = 0
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -361,8 +363,19 @@ class Compiler:
         if function is None:
             self.fail(name_token, f"undeclared reference to '{name}'")
         target = self.compile(target_tree)
-        compiled = [self.compile(a) for a in args]
+        self.mixed_literals += name == "format"
+        try:
+            compiled = [self.compile(a) for a in args]
+        finally:
+            self.mixed_literals -= name == "format"
         kind = self.check(name_token, name, target.type, [c.type for c in compiled])
+        if name == "format" and target.const and all(c.const for c in compiled):
+            # The scheduler formats constant arguments while compiling: errors are compile errors.
+            try:
+                text = _call(function, [target.fn, *(c.fn for c in compiled)], name)({})
+            except EvalError as exc:
+                self.fail(name_token, str(exc))
+            return _const(text, kind)
         if name in _REGEX_FUNCTIONS and compiled:
             self.check_pattern(name_token, name, compiled[0])
         if name in ("or", "orValue") and len(compiled) == 1:
@@ -479,6 +492,8 @@ class Compiler:
     def homogeneous(self, trees: list[Ast], items: list[Node]) -> str:
         """The one type of a literal's elements; a compile error when they differ."""
         kind = checker.common([i.type for i in items])
+        if self.mixed_literals and any(not checker.same(kind, i.type) for i in items):
+            return "dyn"
         for where, item in zip(trees, items, strict=True):
             if not checker.same(kind, item.type):
                 self.fail(where, f"expected type '{kind}' but found '{item.type}'")

@@ -117,19 +117,24 @@ def _semver(name: str, value: Any) -> Semver:
     return value
 
 
+def _int64(component: int) -> int:
+    # Version components are uint64 there, read as int64: values past 2^63 wrap negative.
+    return (component + 2**63) % 2**64 - 2**63
+
+
 def major(v: Any) -> int:
     """Major version."""
-    return _semver("major", v).major
+    return _int64(_semver("major", v).major)
 
 
 def minor(v: Any) -> int:
     """Minor version."""
-    return _semver("minor", v).minor
+    return _int64(_semver("minor", v).minor)
 
 
 def patch(v: Any) -> int:
     """Patch version."""
-    return _semver("patch", v).patch
+    return _int64(_semver("patch", v).patch)
 
 
 GLOBAL: dict[str, Function] = {
