@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 from celpy.evaluation import celbytes, celstr
 from lark import Token, Tree
 
-from dra_driver.cel import checker, functions, optional, regex
+from dra_driver.cel import checker, functions, lib_lists, optional, regex
 from dra_driver.cel.errors import CompileError, EvalError, NoSuchKey, NoSuchOverload
 from dra_driver.cel.lib_core import TYPE_NAMES
 from dra_driver.cel.signatures import SIGNATURES
@@ -633,7 +633,10 @@ class Compiler:
             "filter": checker.list_of(variables[0]),
             "optMap": _optional_of(body),
             "optFlatMap": body,
+            "sortBy": target_node.type,
         }.get(name, "bool")
+        if name == "sortBy":
+            self.check(tree, "@sortByAssociatedKeys", target_node.type, [checker.list_of(body)])
         return Node(build(target_node.fn, names, [c.fn for c in compiled]), kind)
 
     def _range_types(self, where: Ast, target: str, nvars: int) -> list[str]:
@@ -1189,13 +1192,29 @@ def _opt_flat_map(target: Eval, names: list[str], parts: list[Eval]) -> Eval:
     return run
 
 
-_VALUE_MACROS = frozenset(("map", "transformList", "transformMap", "optMap", "optFlatMap"))
+def _sort_by(target: Eval, names: list[str], parts: list[Eval]) -> Eval:
+    (key,) = parts
+    bind = _binder(names)
+
+    def run(scope: Scope) -> list[Any]:
+        items = target(scope)
+        entries = _entries(items, "sortBy", 1)
+        keys = [key(bind(scope, first, second)) for first, second in entries]
+        return lib_lists.sort_by_keys(items, keys)
+
+    return run
+
+
+_VALUE_MACROS = frozenset(
+    ("map", "transformList", "transformMap", "optMap", "optFlatMap", "sortBy")
+)
 _MACROS: dict[str, MacroBuilder] = {
     "all": _quantifier("all", False),
     "exists": _quantifier("exists", True),
     "exists_one": _exists_one,
     "existsOne": _exists_one,
     "optMap": _opt_map,
+    "sortBy": _sort_by,
     "optFlatMap": _opt_flat_map,
     "map": _map_macro,
     "filter": _filter_macro,

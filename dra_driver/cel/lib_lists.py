@@ -115,6 +115,30 @@ def sort(items: Any) -> list[Any]:
     return sorted(values, key=cmp_to_key(lambda a, b: cel_compare("sort", a, b)))
 
 
+def sort_by_keys(items: Any, keys: list[Any]) -> list[Any]:
+    """``list.sortBy(x, key)``: the list ordered by the keys (a stable sort)."""
+    from functools import cmp_to_key
+
+    values = _list("sortBy", items)
+
+    def by_key(a: tuple[Any, Any], b: tuple[Any, Any]) -> int:
+        return cel_compare("sortBy", a[0], b[0])
+
+    pairs = sorted(zip(keys, values, strict=True), key=cmp_to_key(by_key))
+    return [value for _, value in pairs]
+
+
+def includes(items: Any, item: Any) -> bool:
+    """``list.includes(x)``: membership where incomparable values are simply not equal."""
+    for value in _list("includes", items):
+        try:
+            if cel_eq(value, item):
+                return True
+        except NoSuchOverload:
+            continue
+    return False
+
+
 def lists_range(count: Any) -> list[int]:
     """``lists.range(n)``: ``[0, 1, ..., n-1]``."""
     if type(count) is not int:
@@ -157,6 +181,7 @@ MEMBER: dict[str, Function] = {
     "distinct": distinct,
     "reverse": reverse,
     "sort": sort,
+    "includes": includes,
 }
 
 GLOBAL: dict[str, Function] = {
