@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 from celpy.evaluation import celbytes, celstr
 from lark import Token, Tree
 
-from dra_driver.cel import checker, functions, lib_lists, optional, regex
+from dra_driver.cel import checker, cost, functions, lib_lists, optional, regex
 from dra_driver.cel.errors import CompileError, EvalError, NoSuchKey, NoSuchOverload
 from dra_driver.cel.lib_core import TYPE_NAMES
 from dra_driver.cel.signatures import SIGNATURES
@@ -101,6 +101,8 @@ class Compiler:
         self.bound: list[tuple[str, str]] = []  # macro variables (name, type) in scope
         # Inside the argument list of string.format, literals may mix types, as there.
         self.mixed_literals = 0
+        #: Whether the expression has loops, whose cost must be counted (see cost.py).
+        self.costed = False
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -456,8 +458,13 @@ class Compiler:
         kind = self.check(token, name, None, [c.type for c in compiled])
         if name == "matches" and len(compiled) == 2:
             self.check_pattern(token, name, compiled[1])
+        call = _call(function, [c.fn for c in compiled], name)
+        if name == "lists.range":
+            # Not folded: its cost is charged on every evaluation, as in the scheduler.
+            self.costed = True
+            return Node(_charged_range(call), kind)
         try:
-            return _folded(_call(function, [c.fn for c in compiled], name), kind, compiled, name)
+            return _folded(call, kind, compiled, name)
         except _PlanError as exc:
             self.fail(token, f"program instantiation failed: {exc}")
 
@@ -637,7 +644,11 @@ class Compiler:
         }.get(name, "bool")
         if name == "sortBy":
             self.check(tree, "@sortByAssociatedKeys", target_node.type, [checker.list_of(body)])
-        return Node(build(target_node.fn, names, [c.fn for c in compiled]), kind)
+        # Each iteration is charged before its first part runs (see cost.py).
+        self.costed = True
+        step = cost.ITERATION + sum(cost.static_cost(a) for a in args[nvars:])
+        parts = [_charged(compiled[0].fn, step), *(c.fn for c in compiled[1:])]
+        return Node(build(target_node.fn, names, parts), kind)
 
     def _range_types(self, where: Ast, target: str, nvars: int) -> list[str]:
         # One variable: list elements or map keys; two: (index, element) or (key, value).
@@ -793,6 +804,23 @@ def _optional_items(items: list[tuple[bool, Eval]], scope: Scope) -> list[Any]:
                 continue
         out.append(value)
     return out
+
+
+def _charged(fn: Eval, amount: int) -> Eval:
+    def run(scope: Scope) -> Any:
+        cost.charge(scope, amount)
+        return fn(scope)
+
+    return run
+
+
+def _charged_range(fn: Eval) -> Eval:
+    def run(scope: Scope) -> Any:
+        values = fn(scope)
+        cost.charge(scope, len(values) + cost.RANGE_BASE)
+        return values
+
+    return run
 
 
 def _or_else(target: Eval, alternative: Eval, name: str) -> Eval:

@@ -15,7 +15,7 @@ from typing import Any
 
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
-from dra_driver.cel import grammar
+from dra_driver.cel import cost, grammar
 from dra_driver.cel.compiler import Ast, Compiler, Eval, Node
 from dra_driver.cel.errors import CompileError, EvalError
 from dra_driver.cel.limits import deep_recursion, nesting_error
@@ -58,6 +58,8 @@ class Program:
     expression: str
     tree: Ast
     fn: Eval
+    #: Whether evaluation counts cost (the expression has loops): see :mod:`cost`.
+    costed: bool = False
 
     def evaluate(self, variables: dict[str, Any]) -> Any:
         """The expression's value; raises :class:`EvalError`."""
@@ -100,15 +102,16 @@ def _compile(expression: str) -> Program | CompileError:
         too_deep = nesting_error(tree)
         if too_deep is not None:
             return CompileError(expression, too_deep, -1, 0)
+        compiler = Compiler(expression, VARIABLES, OBJECTS)
         with deep_recursion():
-            node = Compiler(expression, VARIABLES, OBJECTS).compile(tree)
+            node = compiler.compile(tree)
     except CompileError as exc:
         return exc
     if node.type not in ("bool", "dyn"):
         return CompileError(
             expression, f"must evaluate to bool or the unknown type, not {node.type}", 1, 1
         )
-    return Program(expression, tree, node.fn)
+    return Program(expression, tree, node.fn, compiler.costed)
 
 
 def compile_selector(expression: str) -> Program:
@@ -175,6 +178,8 @@ def device_variables(device: Mapping[str, Any], driver: str) -> dict[str, Any]:
 
 def evaluate(program: Program, variables: dict[str, Any]) -> Outcome:
     """Match, no match, or the error (a runtime error or a non-bool result)."""
+    if program.costed:
+        variables = {**variables, cost.KEY: [cost.static_cost(program.tree)]}
     try:
         value = program.fn(variables)
     except EvalError as exc:

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from tests.unit.cel import generator
-from tests.unit.cel.corpus import DEVICES, KNOWN, SELECTORS
+from tests.unit.cel.corpus import COST_BOUNDARY, DEVICES, KNOWN, SELECTORS
 from tests.unit.cel.differential import compare, describe
 from tests.unit.cel.reference import BINARY, MISSING, Reference
 
@@ -57,6 +57,12 @@ def _corpus_params() -> list[object]:
 @pytest.mark.parametrize("selector", _corpus_params())
 def test_curated(selector: str, corpus_disagreements: dict[str, str]) -> None:
     assert selector not in corpus_disagreements, corpus_disagreements[selector]
+
+
+@pytest.mark.parametrize("selector", COST_BOUNDARY)
+def test_cost_boundary(reference: Reference, selector: str) -> None:
+    found = compare(reference, [selector], DEVICES[2:3])
+    assert not found, describe(found, DEVICES[2:3])
 
 
 def test_known_list_is_part_of_the_corpus() -> None:
