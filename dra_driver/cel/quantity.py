@@ -68,20 +68,27 @@ class Quantity:
         )
 
     def minus(self, other: Quantity) -> Quantity:
-        """``self - other`` as Kubernetes computes it: in the int64 form, by adding the negated
-        value, where negating the smallest int64 wraps around to itself."""
-        negated = Quantity(-other.nanos, scale=other.scale)
+        """``self - other`` as Kubernetes computes it: in the int64 form by adding the negated
+        value (negating the smallest int64 wraps around to itself), exactly when that fails."""
         if self.scale is not None and other.scale is not None:
-            unit = Fraction(10) ** other.scale * NANOS
-            if Fraction(other.nanos) / unit == -(2**63):
+            negated = Quantity(-other.nanos, scale=other.scale)
+            if Fraction(other.nanos) / (Fraction(10) ** other.scale * NANOS) == -(2**63):
                 negated = other
-        return self.plus(negated)
+            fast = self._fast_sum(negated)
+            if fast is not None:
+                return fast
+        return Quantity(self.nanos - other.nanos, scale=None)
 
     def plus(self, other: Quantity) -> Quantity:
         """``self + other``, keeping the fast form when Kubernetes' int64 addition does."""
-        nanos = self.nanos + other.nanos
+        fast = self._fast_sum(other)
+        return fast if fast is not None else Quantity(self.nanos + other.nanos, scale=None)
+
+    def _fast_sum(self, other: Quantity) -> Quantity | None:
+        # Kubernetes' int64Amount.Add: None where it overflows (the caller then computes exactly).
         if self.scale is None or other.scale is None:
-            return Quantity(nanos, scale=None)
+            return None
+        nanos = self.nanos + other.nanos
         if other.nanos == 0:
             return Quantity(nanos, scale=self.scale)
         if self.nanos == 0:
@@ -91,7 +98,7 @@ class Quantity:
         terms = [Fraction(q.nanos) / unit for q in (self, other)]
         if all(_fits(t) for t in terms) and _fits(terms[0] + terms[1]):
             return Quantity(nanos, scale=scale)
-        return Quantity(nanos, scale=None)
+        return None
 
     def as_integer(self) -> int:
         """The value as int64, or an error when it has a fraction or does not fit."""
