@@ -121,6 +121,11 @@ class Compiler:
             line, column = found_line or 1, found_column or 1
         raise CompileError(self.expression, message, line, column)
 
+    def fail_unplaced(self, message: str) -> NoReturn:
+        """Raise a :class:`CompileError` the scheduler reports without a position (those it
+        finds while building the program rather than while checking)."""
+        raise CompileError(self.expression, message, 0, 0)
+
     def check(self, where: Ast | Token, name: str, receiver: str | None, args: list[str]) -> str:
         """The result type of calling ``name``; a compile error when no overload matches."""
         signatures = SIGNATURES.get(name)
@@ -144,7 +149,7 @@ class Compiler:
         except EvalError as exc:
             if name == "matches":
                 self.fail(where, f"invalid matches argument ({exc})")
-            self.fail(where, f"program instantiation failed: {exc}")
+            self.fail_unplaced(f"program instantiation failed: {exc}")
 
     def expect_bool(self, where: Ast | Token, node: Node) -> None:
         """Operands of ``&&``, ``||`` and macro predicates must be bool (or dyn)."""
@@ -221,16 +226,17 @@ class Compiler:
             return self._single(tree)
         op, left, right = self._binary(tree)
         a, b = left.fn, right.fn
+        where = _operator(tree)
         if op in ("relation_lt", "relation_le", "relation_gt", "relation_ge") and any(
             side.type in (QUANTITY, SEMVER) for side in (left, right)
         ):
             self.fail(
-                tree,
+                where,
                 f"found no matching overload for '{_OPS[op]}' applied to "
                 f"'{checker.describe_call(None, [left.type, right.type])}'"
                 "; use compareTo, isGreaterThan or isLessThan",
             )
-        self.check(tree, _OPS[op], None, [left.type, right.type])
+        self.check(where, _OPS[op], None, [left.type, right.type])
         fn: Eval
         if op == "relation_eq":
             fn = lambda s: cel_eq(a(s), b(s))  # noqa: E731 - closures are the compiled form
@@ -257,7 +263,7 @@ class Compiler:
             return self._single(tree)
         op, left, right = self._binary(tree)
         a, b, apply = left.fn, right.fn, _ARITH[op]
-        kind = self.check(tree, _ARITH_NAMES[op], None, [left.type, right.type])
+        kind = self.check(_operator(tree), _ARITH_NAMES[op], None, [left.type, right.type])
         return Node(lambda s: apply(a(s), b(s)), kind)
 
     _addition = _arith
@@ -332,7 +338,7 @@ class Compiler:
         fields = self.objects.get(target)
         if fields is not None:
             if name not in fields:
-                self.fail(where, f"undefined field '{name}'")
+                self.fail(_dot(where), f"undefined field '{name}'")
             return fields[name]
         if target == "dyn" or checker.split(target)[0] == "map":
             return checker.element(target)
@@ -342,7 +348,11 @@ class Compiler:
         target_tree, key_tree = tree.children
         assert isinstance(target_tree, Tree) and isinstance(key_tree, Tree)
         target, key = self.compile(target_tree), self.compile(key_tree)
-        kind = self.check(tree, "_[_]", None, [target.type, key.type])
+        # Reported at the "[", which follows the target.
+        bracket = Token(
+            "LSQB", "[", line=target_tree.meta.end_line, column=target_tree.meta.end_column
+        )
+        kind = self.check(bracket, "_[_]", None, [target.type, key.type])
         where = self.source(target_tree)
         get, k = target.fn, key.fn
         return Node(lambda s: _index(get(s), k(s), where), kind)
@@ -363,6 +373,11 @@ class Compiler:
             return self._macro(tree, name, target_tree, args)
         function = functions.MEMBER.get(name)
         if function is None:
+            if name in SIGNATURES:
+                # A global function called as a member (q.sign()): no such overload.
+                target = self.compile(target_tree)
+                types = [self.compile(a).type for a in args]
+                self.check(_call_position(name_token), name, target.type, types)
             self.fail(name_token, f"undeclared reference to '{name}'")
         target = self.compile(target_tree)
         self.mixed_literals += name == "format"
@@ -370,7 +385,7 @@ class Compiler:
             compiled = [self.compile(a) for a in args]
         finally:
             self.mixed_literals -= name == "format"
-        kind = self.check(name_token, name, target.type, [c.type for c in compiled])
+        kind = self.check(_call_position(name_token), name, target.type, [c.type for c in compiled])
         if name == "format" and target.const and all(c.const for c in compiled):
             # The scheduler formats constant arguments while compiling: errors are compile errors.
             try:
@@ -455,7 +470,7 @@ class Compiler:
         if function is None:
             self.fail(token, f"undeclared reference to '{name}'")
         compiled = [self.compile(a) for a in args]
-        kind = self.check(token, name, None, [c.type for c in compiled])
+        kind = self.check(_call_position(token), name, None, [c.type for c in compiled])
         if name == "matches" and len(compiled) == 2:
             self.check_pattern(token, name, compiled[1])
         call = _call(function, [c.fn for c in compiled], name)
@@ -466,7 +481,7 @@ class Compiler:
         try:
             return _folded(call, kind, compiled, name)
         except _PlanError as exc:
-            self.fail(token, f"program instantiation failed: {exc}")
+            self.fail_unplaced(f"program instantiation failed: {exc}")
 
     def _list_lit(self, tree: Ast) -> Node:
         trees = self._args(tree.children[0] if tree.children else None)
@@ -555,11 +570,11 @@ class Compiler:
         if kind == "UINT_LIT":
             value = _int_literal(text[:-1])
             if not 0 <= value < 2**64:
-                self.fail(token, f"invalid uint literal: {text}")
+                self.fail(token, "invalid uint literal")
             return _const(Uint(value), "uint")
         value = _int_literal(text)
         if not INT64_MIN <= value <= INT64_MAX:
-            self.fail(token, f"invalid int literal: {text}")
+            self.fail(token, "invalid int literal")
         return _const(value, "int")
 
     # -- macros ----------------------------------------------------------------------------
@@ -804,6 +819,35 @@ def _optional_items(items: list[tuple[bool, Eval]], scope: Scope) -> list[Any]:
                 continue
         out.append(value)
     return out
+
+
+_OPERATOR_TEXT = {
+    "relation_lt": "<", "relation_le": "<=", "relation_gt": ">", "relation_ge": ">=",
+    "relation_eq": "==", "relation_ne": "!=", "relation_in": "in", "addition_add": "+",
+    "addition_sub": "-", "multiplication_mul": "*", "multiplication_div": "/",
+    "multiplication_mod": "%",
+}  # fmt: skip
+
+
+def _operator(tree: Ast) -> Token:
+    # Where the scheduler reports an operator's errors: at the operator, which ends its node.
+    op_tree = tree.children[0]
+    assert isinstance(op_tree, Tree)
+    meta = op_tree.meta
+    text = _OPERATOR_TEXT[str(op_tree.data)]
+    return Token("OP", text, line=meta.end_line, column=meta.end_column - len(text))
+
+
+def _dot(where: Ast | Token) -> Ast | Token:
+    # The scheduler reports a field selection at its ".", just before the field name.
+    if isinstance(where, Token) and where.line is not None and where.column is not None:
+        return Token("DOT", ".", line=where.line, column=where.column - 1)
+    return where
+
+
+def _call_position(name: Token) -> Token:
+    # The scheduler reports a call's errors at its opening parenthesis, after the name.
+    return Token("LPAR", "(", line=name.end_line, column=name.end_column)
 
 
 def _charged(fn: Eval, amount: int) -> Eval:

@@ -55,6 +55,9 @@ def matches(text: Any, pattern: Any) -> bool:
 _INT_TEXT = re.compile(r"[+-]?[0-9]+")
 
 
+_CONVERSION = "type conversion error from 'string' to '{}'"  # the scheduler's words
+
+
 def to_int(value: Any) -> int:
     """``int(x)`` for int, uint, double (truncating), string and bool-free inputs."""
     if isinstance(value, bool):
@@ -63,16 +66,16 @@ def to_int(value: Any) -> int:
         result = int(value)
     elif isinstance(value, float):
         if math.isnan(value) or math.isinf(value) or not -(2.0**63) <= value < 2.0**63:
-            raise EvalError("int overflow")
+            raise EvalError("integer overflow")
         result = int(value)
     elif isinstance(value, str):
         if not _INT_TEXT.fullmatch(value):
-            raise EvalError(f"cannot convert {value!r} to int")
+            raise EvalError(_CONVERSION.format("int"))
         result = int(value)
     else:
         raise NoSuchOverload("int", value)
     if not INT64_MIN <= result <= INT64_MAX:
-        raise EvalError("int overflow")
+        raise EvalError("integer overflow")
     return result
 
 
@@ -84,11 +87,11 @@ def to_uint(value: Any) -> Uint:
         return check_uint(int(value))
     if isinstance(value, float):
         if math.isnan(value) or not 0 <= value < 2.0**64:
-            raise EvalError("uint overflow")
+            raise EvalError("unsigned integer overflow")
         return Uint(int(value))
     if isinstance(value, str):
         if not re.fullmatch(r"\+?[0-9]+", value):
-            raise EvalError(f"cannot convert {value!r} to uint")
+            raise EvalError(_CONVERSION.format("uint"))
         return check_uint(int(value))
     raise NoSuchOverload("uint", value)
 
@@ -103,7 +106,7 @@ def to_double(value: Any) -> float:
         try:
             return float(value)
         except ValueError:
-            raise EvalError(f"cannot convert {value!r} to double") from None
+            raise EvalError(_CONVERSION.format("double")) from None
     raise NoSuchOverload("double", value)
 
 
@@ -157,7 +160,7 @@ def to_bool(value: Any) -> bool:
             return True
         if value in ("0", "f", "F", "false", "FALSE", "False"):
             return False
-        raise EvalError(f"cannot convert {value!r} to bool")
+        raise EvalError(_CONVERSION.format("bool"))
     raise NoSuchOverload("bool", value)
 
 
