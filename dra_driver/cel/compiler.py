@@ -21,7 +21,7 @@ from celpy.evaluation import celbytes, celstr
 from lark import Token, Tree
 
 from dra_driver.cel import checker, cost, functions, lib_lists, optional, regex
-from dra_driver.cel.errors import CompileError, EvalError, NoSuchKey, NoSuchOverload
+from dra_driver.cel.errors import Abort, CompileError, EvalError, NoSuchKey, NoSuchOverload
 from dra_driver.cel.lib_core import TYPE_NAMES
 from dra_driver.cel.signatures import SIGNATURES
 from dra_driver.cel.values import (
@@ -712,6 +712,8 @@ def _logical(left: Eval, right: Eval, is_or: bool) -> Eval:
         error: EvalError | None = None
         try:
             value = left(scope)
+        except Abort:
+            raise
         except EvalError as exc:
             error = exc
         else:
@@ -721,6 +723,8 @@ def _logical(left: Eval, right: Eval, is_or: bool) -> Eval:
                 error = NoSuchOverload(name, value)
         try:
             other = right(scope)
+        except Abort:
+            raise
         except EvalError:
             if error is not None:
                 raise error from None
@@ -911,7 +915,7 @@ def _in_constant(item: Any, values: list[Any]) -> bool:
     # cannot take part in.
     kind = type_name(item)
     if kind in ("kubernetes.Quantity", "kubernetes.Semver"):
-        raise EvalError(f"internal error: runtime error: hash of unhashable type {kind}")
+        raise Abort(f"internal error: runtime error: hash of unhashable type {kind}")
     return _in(item, values)
 
 
@@ -1144,6 +1148,8 @@ def _quantifier(name: str, want: bool) -> MacroBuilder:
             for first, second in _entries(target(scope), name, len(names)):
                 try:
                     value = predicate(bind(scope, first, second))
+                except Abort:
+                    raise
                 except EvalError as exc:
                     error = error or exc
                     continue

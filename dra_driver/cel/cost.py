@@ -15,7 +15,7 @@ from typing import Any
 
 from lark import Tree
 
-from dra_driver.cel.errors import EvalError
+from dra_driver.cel.errors import Abort
 
 LIMIT = 1_000_000
 #: Where an evaluation's running cost lives in its scope (not a valid CEL identifier).
@@ -79,4 +79,4 @@ def charge(scope: dict[str, Any], amount: int) -> None:
         return
     counter[0] += amount
     if counter[0] > LIMIT:
-        raise EvalError("operation cancelled: actual cost limit exceeded")
+        raise Abort("operation cancelled: actual cost limit exceeded")

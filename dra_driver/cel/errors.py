@@ -36,6 +36,11 @@ class EvalError(CelError):
     """A runtime error: the scheduler treats it as an error of the allocation attempt."""
 
 
+class Abort(EvalError):
+    """An error that stops evaluation outright (the cost limit, an internal failure): unlike
+    other errors, ``||``, ``&&`` and the quantifier macros do not absorb it."""
+
+
 class NoSuchOverload(EvalError):
     """A function or operator was applied to argument types it does not accept."""
 
