@@ -539,7 +539,10 @@ class Compiler:
             out: dict[Any, Any] = {}
             for key_fn, value_fn, opt in pairs:
                 key = key_fn(scope)
-                if type_name(key) not in ("string", "int", "uint", "bool"):
+                if isinstance(key, list):
+                    # The scheduler accepts any key in a literal; a list key is kept hashable.
+                    key = tuple(key)
+                elif isinstance(key, Mapping):
                     raise EvalError(f"unsupported map key type: {type_name(key)}")
                 value = value_fn(scope)
                 if opt:

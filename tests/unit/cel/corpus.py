@@ -1016,14 +1016,3 @@ KNOWN.update(
         _FORMAT,
     )
 )
-_MAP_KEYS = "map literals with list, double or null keys"
-KNOWN.update(
-    dict.fromkeys(
-        [
-            "{[1]: 2}.size() == 1",
-            "{1.5: 2}.size() == 1",
-            "{null: 1}.size() == 1",
-        ],
-        _MAP_KEYS,
-    )
-)
