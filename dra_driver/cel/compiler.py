@@ -283,6 +283,21 @@ class Compiler:
                 break
             assert isinstance(inner, Tree)
             count, operand_tree = count + 1, inner
+        literal = operand_tree
+        while literal.data in ("unary", "member", "primary") and len(literal.children) == 1:
+            child = literal.children[0]
+            assert isinstance(child, Tree)
+            literal = child  # not through parentheses: -(-1) negates a signed literal
+        token = literal.children[0] if literal.data == "literal" else None
+        if op.data == "unary_neg" and isinstance(token, Token) and str(token).startswith("-"):
+            # "--5": the scheduler's parser reads every "-" before a literal as an operator
+            # once there is more than one, so the literal itself is unsigned (and range-checked
+            # as such: --9223372036854775808 is an invalid int literal there).
+            count += 1
+            unsigned = Token(
+                token.type, str(token)[1:], line=token.line, column=(token.column or 1) + 1
+            )
+            operand_tree = Tree("literal", [unsigned], literal.meta)
         operand = self.compile(operand_tree)
         if count % 2 == 0:
             return operand
