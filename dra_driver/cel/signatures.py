@@ -12,6 +12,10 @@ Q = "kubernetes.Quantity"
 S = "kubernetes.Semver"
 _NUMBERS = ("int", "uint", "double")
 _COMPARABLE = (*_NUMBERS, "string", "bytes", "bool")
+# Timestamps and durations are not implemented, but their overloads decide what type-checks
+# (null is assignable to them, so "null + x" compiles and fails only at runtime).
+_TS = "google.protobuf.Timestamp"
+_DUR = "google.protobuf.Duration"
 
 _TEXT: dict[str, list[str]] = {
     # operators
@@ -20,10 +24,12 @@ _TEXT: dict[str, list[str]] = {
     "@in": ["(A, list(A)) -> bool", "(A, map(A, B)) -> bool"],
     "_<_": [f"({a}, {b}) -> bool" for a in _NUMBERS for b in _NUMBERS]
     + ["(string, string) -> bool", "(bytes, bytes) -> bool", "(bool, bool) -> bool"]
-    + [f"({t}, {t}) -> bool" for t in ("google.protobuf.Timestamp", "google.protobuf.Duration")],
+    + [f"({t}, {t}) -> bool" for t in (_TS, _DUR)],
     "_+_": [f"({t}, {t}) -> {t}" for t in (*_NUMBERS, "string", "bytes")]
-    + ["(list(A), list(A)) -> list(A)"],
-    "_-_": [f"({t}, {t}) -> {t}" for t in _NUMBERS],
+    + ["(list(A), list(A)) -> list(A)", f"({_TS}, {_DUR}) -> {_TS}", f"({_DUR}, {_TS}) -> {_TS}",
+       f"({_DUR}, {_DUR}) -> {_DUR}"],
+    "_-_": [f"({t}, {t}) -> {t}" for t in _NUMBERS]
+    + [f"({_TS}, {_TS}) -> {_DUR}", f"({_TS}, {_DUR}) -> {_TS}", f"({_DUR}, {_DUR}) -> {_DUR}"],
     "_*_": [f"({t}, {t}) -> {t}" for t in _NUMBERS],
     "_/_": [f"({t}, {t}) -> {t}" for t in _NUMBERS],
     "_%_": ["(int, int) -> int", "(uint, uint) -> uint"],
