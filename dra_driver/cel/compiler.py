@@ -13,6 +13,7 @@ says an error is absorbed (``false && error`` is ``false``). Compile errors carr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -1056,7 +1057,10 @@ def _div(a: Any, b: Any) -> Any:
         return check_int(result) if kind == "int" else Uint(result)
     if kind == "double":
         if b == 0.0:
-            return float("nan") if a == 0.0 or a != a else float("inf") * (1 if a > 0 else -1)
+            if a == 0.0 or a != a:
+                return float("nan")
+            # IEEE division: the sign of the zero counts (1 / -0.0 is -Inf).
+            return math.copysign(float("inf"), a) * math.copysign(1.0, b)
         return a / b
     raise NoSuchOverload("_/_", a, b)
 
