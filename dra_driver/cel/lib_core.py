@@ -103,6 +103,9 @@ def to_double(value: Any) -> float:
     if isinstance(value, int | float):
         return float(value)
     if isinstance(value, str):
+        # Go's ParseFloat: ASCII only, no surrounding space (Python's float allows both).
+        if not value.isascii() or value != value.strip():
+            raise EvalError(_CONVERSION.format("double"))
         try:
             return float(value)
         except ValueError:

@@ -146,7 +146,7 @@ def parse_quantity(text: str) -> Quantity:
     Cached: devices of one product publish the same capacity strings, and quantities are
     immutable.
     """
-    if text.isdigit():
+    if text.isascii() and text.isdigit():
         # The common case: a plain byte count.
         digits = text.lstrip("0") or "0"
         return Quantity(int(text) * NANOS, text, 0 if len(digits) <= _FAST_DIGITS else None)

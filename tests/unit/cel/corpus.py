@@ -213,6 +213,11 @@ def _arithmetic() -> list[str]:
         "---1 == -1",
         "- -1 == 1",
         "--1.5 == 1.5",
+        "double('\\u0661') == 1.0",  # an Arabic-Indic digit one
+        "double(' 1') == 1.0",
+        "double('1_0') == 10.0",
+        "isQuantity('³')",
+        "isQuantity('\\u0661k')",
         "1.0 / -0.0 < 0.0",
         "-1.0 / -0.0 > 0.0",
         "1 + 1u == 2",
