@@ -1263,33 +1263,26 @@ def _transform_map(target: Eval, names: list[str], parts: list[Eval]) -> Eval:
     return run
 
 
-def _opt_map(target: Eval, names: list[str], parts: list[Eval]) -> Eval:
-    (transform,) = parts
-    (var,) = names
+def _opt_mapper(name: str, flat: bool) -> MacroBuilder:
+    # optMap wraps the body's value in an optional; optFlatMap's body is an optional already.
+    def build(target: Eval, names: list[str], parts: list[Eval]) -> Eval:
+        (transform,) = parts
+        (var,) = names
 
-    def run(scope: Scope) -> Any:
-        found = _optional_value(target(scope), "optMap")
-        if found is _NOTHING:
-            return optional.NONE
-        return optional.of(transform({**scope, var: found}))
+        def run(scope: Scope) -> Any:
+            found = _optional_value(target(scope), name)
+            if found is _NOTHING:
+                return optional.NONE
+            result = transform({**scope, var: found})
+            if not flat:
+                return optional.of(result)
+            if not isinstance(result, optional.Optional):
+                raise NoSuchOverload(name, result)
+            return result
 
-    return run
+        return run
 
-
-def _opt_flat_map(target: Eval, names: list[str], parts: list[Eval]) -> Eval:
-    (transform,) = parts
-    (var,) = names
-
-    def run(scope: Scope) -> Any:
-        found = _optional_value(target(scope), "optFlatMap")
-        if found is _NOTHING:
-            return optional.NONE
-        result = transform({**scope, var: found})
-        if not isinstance(result, optional.Optional):
-            raise NoSuchOverload("optFlatMap", result)
-        return result
-
-    return run
+    return build
 
 
 def _sort_by(target: Eval, names: list[str], parts: list[Eval]) -> Eval:
@@ -1313,9 +1306,9 @@ _MACROS: dict[str, MacroBuilder] = {
     "exists": _quantifier("exists", True),
     "exists_one": _exists_one,
     "existsOne": _exists_one,
-    "optMap": _opt_map,
+    "optMap": _opt_mapper("optMap", flat=False),
     "sortBy": _sort_by,
-    "optFlatMap": _opt_flat_map,
+    "optFlatMap": _opt_mapper("optFlatMap", flat=True),
     "map": _map_macro,
     "filter": _filter_macro,
     "transformList": _map_macro,
