@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test unit e2e lint demo proto clean
+.PHONY: install test unit e2e lint demo proto clean fuzz-cel
 .DEFAULT_GOAL := help
 
 help:
@@ -18,6 +18,7 @@ help:
 	@echo "make cluster   start a local control plane;  make cluster-down  stop it"
 	@echo "make node-up   control plane + one real node (kubelet, containerd, runc) + the chart; root"
 	@echo "make e2e-node  end-to-end tests on that node;  make node-down  remove it all"
+	@echo "make fuzz-cel  random selectors against the scheduler's CEL, until interrupted"
 	@echo "make bench     benchmarks (about 10 minutes); results in docs/performance.md"
 
 install: $(STAMP)
@@ -39,9 +40,13 @@ unit: install tools
 e2e: install testenv
 	$(BIN)/pytest -m e2e
 
-test: install testenv tools lint
+test: install testenv celref tools lint
 	$(BIN)/pytest
 	$(MAKE) --no-print-directory test-node
+
+# The generated half of tests/unit/cel/test_differential.py with a fresh seed and no bound.
+fuzz-cel: install celref
+	CEL_FUZZ=1 $(BIN)/pytest -m "not e2e" -x -q -p no:cacheprovider tests/unit/cel/test_differential.py -k generated
 
 demo: install testenv
 	$(BIN)/dra-driver demo

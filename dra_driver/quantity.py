@@ -32,13 +32,19 @@ _EXPONENT: Final = re.compile(r"[eE]([+-]?[0-9]+)")
 
 
 class Quantity:
-    """An exact, immutable quantity; ``text`` is how it was written (for display)."""
+    """An exact, immutable quantity; ``text`` is how it was written (for display).
 
-    __slots__ = ("nanos", "text")
-    cel_type_name: Final = "Quantity"
+    ``scale`` mirrors how Kubernetes holds the value: a power of ten when it fits its fast
+    int64 form (value x 10^scale), None when it needs its arbitrary-precision form. Only
+    ``isInteger``/``asInteger`` see the difference: Kubernetes converts only the fast form.
+    """
 
-    def __init__(self, nanos: int, text: str = "") -> None:
+    __slots__ = ("nanos", "scale", "text")
+    cel_type_name: Final = "kubernetes.Quantity"
+
+    def __init__(self, nanos: int, text: str = "", scale: int | None = 0) -> None:
         self.nanos = nanos
+        self.scale = scale
         self.text = text or _format(nanos)
 
     def __eq__(self, other: object) -> bool:
@@ -58,8 +64,46 @@ class Quantity:
         return (self.nanos > other.nanos) - (self.nanos < other.nanos)
 
     def is_integer(self) -> bool:
-        """Whether the value is a whole number that fits int64 (Kubernetes' ``AsInt64``)."""
-        return self.nanos % NANOS == 0 and -(2**63) <= self.nanos // NANOS <= _INT64_MAX
+        """Kubernetes' ``AsInt64``: the fast form with a scale >= 0 whose value fits int64."""
+        return (
+            self.scale is not None
+            and self.scale >= 0
+            and self.nanos % NANOS == 0
+            and -(2**63) <= self.nanos // NANOS <= _INT64_MAX
+        )
+
+    def minus(self, other: Quantity) -> Quantity:
+        """``self - other`` as Kubernetes computes it: in the int64 form by adding the negated
+        value (negating the smallest int64 wraps around to itself), exactly when that fails."""
+        if self.scale is not None and other.scale is not None:
+            negated = Quantity(-other.nanos, scale=other.scale)
+            if Fraction(other.nanos) / (Fraction(10) ** other.scale * NANOS) == -(2**63):
+                negated = other
+            fast = self._fast_sum(negated)
+            if fast is not None:
+                return fast
+        return Quantity(self.nanos - other.nanos, scale=None)
+
+    def plus(self, other: Quantity) -> Quantity:
+        """``self + other``, keeping the fast form when Kubernetes' int64 addition does."""
+        fast = self._fast_sum(other)
+        return fast if fast is not None else Quantity(self.nanos + other.nanos, scale=None)
+
+    def _fast_sum(self, other: Quantity) -> Quantity | None:
+        # Kubernetes' int64Amount.Add: None where it overflows (the caller then computes exactly).
+        if self.scale is None or other.scale is None:
+            return None
+        nanos = self.nanos + other.nanos
+        if other.nanos == 0:
+            return Quantity(nanos, scale=self.scale)
+        if self.nanos == 0:
+            return Quantity(nanos, scale=other.scale)
+        scale = min(self.scale, other.scale)
+        unit = Fraction(10) ** scale * NANOS
+        terms = [Fraction(q.nanos) / unit for q in (self, other)]
+        if all(_fits(t) for t in terms) and _fits(terms[0] + terms[1]):
+            return Quantity(nanos, scale=scale)
+        return None
 
     def as_integer(self) -> int:
         """The value as int64, or an error when it has a fraction or does not fit."""
@@ -107,8 +151,10 @@ def parse_quantity(text: str) -> Quantity:
     Cached: devices of one product publish the same capacity strings, and quantities are
     immutable.
     """
-    if text.isdigit():
-        return Quantity(int(text) * NANOS, text)  # the common case: a plain byte count
+    if text.isascii() and text.isdigit():
+        # The common case: a plain byte count.
+        digits = text.lstrip("0") or "0"
+        return Quantity(int(text) * NANOS, text, 0 if len(digits) <= _FAST_DIGITS else None)
     match = _SYNTAX.fullmatch(text)
     if not text or match is None:
         raise QuantityError(
@@ -117,14 +163,15 @@ def parse_quantity(text: str) -> Quantity:
         )
     sign, whole, fraction, suffix = match.groups()
     fraction = fraction or ""
-    if not whole and not fraction:
-        raise QuantityError(f"unable to parse quantity's numeric part: {text!r}")
+    # A missing number reads as 0, as Kubernetes parses it: "m", "Ki", "+", "." are quantities.
     value = Fraction(int(whole + fraction or "0"), 10 ** len(fraction))
     binary = False
     if suffix in _DECIMAL:
-        value *= Fraction(10) ** _DECIMAL[suffix]
+        power = _DECIMAL[suffix]
+        value *= Fraction(10) ** power
     elif suffix in _BINARY:
-        value *= 2 ** _BINARY[suffix]
+        power = _BINARY[suffix]
+        value *= 2**power
         binary = True
     elif exp := _EXPONENT.fullmatch(suffix):
         power = int(exp.group(1))
@@ -133,12 +180,40 @@ def parse_quantity(text: str) -> Quantity:
         value *= Fraction(10) ** power
     else:
         raise QuantityError(f"unable to parse quantity's suffix: {text!r}")
+    scale = _fast_scale(whole.lstrip("0") or "0", fraction, power, binary)
     # Round up (away from zero) to whole nano-units, as the API server does.
     scaled = value * NANOS
     nanos = -(-scaled.numerator // scaled.denominator)
     if binary and nanos > _INT64_MAX * NANOS:
         nanos = _INT64_MAX * NANOS  # binary-suffixed values are capped at the int64 maximum
-    return Quantity(-nanos if sign == "-" else nanos, text)
+    return Quantity(-nanos if sign == "-" else nanos, text, 0 if text == "0" else scale)
+
+
+_FAST_DIGITS: Final = 18  # digits Kubernetes parses into its int64 form
+
+
+def _fits(value: Fraction) -> bool:
+    return value.denominator == 1 and -(2**63) <= value.numerator <= _INT64_MAX
+
+
+def _fast_scale(num: str, denom: str, power: int, binary: bool) -> int | None:
+    # resource.ParseQuantity's fast path: which parsed quantities it holds as value x 10^scale.
+    mantissa = 1
+    if binary:
+        if denom:
+            return None
+        scale = 0
+        mantissa = 1 << power
+        precision = 15 - len(num) - int(power * 3 / 10) - 1
+    else:
+        scale = power
+        precision = _FAST_DIGITS - (len(num) + len(denom))
+    if precision < 0:
+        return None
+    scale -= len(denom)
+    if scale < -9 or int(num + denom) > _INT64_MAX or int(num + denom) * mantissa > _INT64_MAX:
+        return None
+    return scale
 
 
 def is_quantity(text: str) -> bool:

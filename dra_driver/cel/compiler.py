@@ -13,6 +13,7 @@ says an error is absorbed (``false && error`` is ``false``). Compile errors carr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -20,9 +21,10 @@ from typing import Any, NoReturn
 from celpy.evaluation import celbytes, celstr
 from lark import Token, Tree
 
-from dra_driver.cel import functions
-from dra_driver.cel.errors import CompileError, EvalError, NoSuchKey, NoSuchOverload
+from dra_driver.cel import checker, cost, functions, lib_lists, optional, regex
+from dra_driver.cel.errors import Abort, CompileError, EvalError, NoSuchKey, NoSuchOverload
 from dra_driver.cel.lib_core import TYPE_NAMES
+from dra_driver.cel.signatures import SIGNATURES
 from dra_driver.cel.types import CelType, Uint, type_name
 from dra_driver.cel.values import (
     INT64_MAX,
@@ -34,8 +36,11 @@ from dra_driver.cel.values import (
     is_missing,
     map_lookup,
 )
+from dra_driver.errors import DriverError
 
 Scope = dict[str, Any]
+QUANTITY = "kubernetes.Quantity"
+SEMVER = "kubernetes.Semver"
 Ast = Tree[Token]
 Eval = Callable[[Scope], Any]
 
@@ -48,21 +53,36 @@ class Node:
     type: str = "dyn"
     #: True when the value does not depend on variables (literals, calls on literals).
     const: bool = False
+    #: True for a list literal whose elements are all literals of a primitive type.
+    primitive_list: bool = False
 
 
 def _const(value: Any, kind: str) -> Node:
     return Node(lambda _scope: value, kind, const=True)
 
 
-def _folded(fn: Eval, kind: str, args: list[Node]) -> Node:
+#: Conversions of a constant are evaluated when the scheduler builds the program, so their
+#: failure is a compile error there ("program instantiation failed").
+_REGEX_FUNCTIONS = frozenset(("matches", "find", "findAll"))
+_CONVERSIONS = frozenset(("int", "uint", "double", "string", "bytes", "bool", "dyn", "type"))
+
+
+def _folded(fn: Eval, kind: str, args: list[Node], name: str) -> Node:
     # Calls whose arguments are all constant (quantity("40Gi"), semver("8.0.0")) are evaluated
-    # once here instead of per device; one that fails stays a runtime error, as CEL requires.
+    # once here instead of per device; one that fails stays a runtime error, as CEL requires,
+    # except for the conversions the scheduler folds while planning.
     if args and all(a.const for a in args):
         try:
             return _const(fn({}), kind)
-        except EvalError:
-            pass
+        except EvalError as exc:
+            if name in _CONVERSIONS and len(args) == 1:
+                raise _PlanError(str(exc)) from None
     return Node(fn, kind)
+
+
+class _PlanError(DriverError):
+    # Raised while compiling, turned into a CompileError at the call's position.
+    pass
 
 
 class Compiler:
@@ -78,7 +98,11 @@ class Compiler:
         self.expression = expression
         self.variables = dict(variables)
         self.objects = dict(objects or {})
-        self.bound: list[str] = []  # macro variables in scope while compiling
+        self.bound: list[tuple[str, str]] = []  # macro variables (name, type) in scope
+        # Inside the argument list of string.format, literals may mix types, as there.
+        self.mixed_literals = 0
+        #: Whether the expression has loops, whose cost must be counted (see cost.py).
+        self.costed = False
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -88,9 +112,49 @@ class Compiler:
             line, column = where.line or 1, where.column or 1
         else:
             meta = where.meta
-            line = getattr(meta, "line", 1)
-            column = getattr(meta, "column", 1)
+            found_line: int | None = getattr(meta, "line", None)
+            found_column: int | None = getattr(meta, "column", None)
+            if found_line is None or found_column is None:
+                # Operator nodes carry no position: use their first token's.
+                first = next(where.scan_values(lambda v: isinstance(v, Token)), None)
+                found_line, found_column = (first.line, first.column) if first else (1, 1)
+            line, column = found_line or 1, found_column or 1
         raise CompileError(self.expression, message, line, column)
+
+    def fail_unplaced(self, message: str) -> NoReturn:
+        """Raise a :class:`CompileError` the scheduler reports without a position (those it
+        finds while building the program rather than while checking)."""
+        raise CompileError(self.expression, message, 0, 0)
+
+    def check(self, where: Ast | Token, name: str, receiver: str | None, args: list[str]) -> str:
+        """The result type of calling ``name``; a compile error when no overload matches."""
+        signatures = SIGNATURES.get(name)
+        if signatures is None:
+            return "dyn"
+        result = checker.resolve(signatures, receiver, args)
+        if result is None:
+            self.fail(
+                where,
+                f"found no matching overload for '{name}' applied to "
+                f"'{checker.describe_call(receiver, args)}'",
+            )
+        return result
+
+    def check_pattern(self, where: Token, name: str, pattern: Node) -> None:
+        """A constant regular expression that does not compile is a compile error."""
+        if not pattern.const:
+            return
+        try:
+            regex.compiled(pattern.fn({}))
+        except EvalError as exc:
+            if name == "matches":
+                self.fail(where, f"invalid matches argument ({exc})")
+            self.fail_unplaced(f"program instantiation failed: {exc}")
+
+    def expect_bool(self, where: Ast | Token, node: Node) -> None:
+        """Operands of ``&&``, ``||`` and macro predicates must be bool (or dyn)."""
+        if node.type not in ("bool", "dyn"):
+            self.fail(where, f"expected type 'bool' but found '{node.type}'")
 
     def source(self, tree: Ast) -> str:
         """The source text of a subtree."""
@@ -116,6 +180,7 @@ class Compiler:
         if len(tree.children) == 1:
             return self._single(tree)
         cond, left, right = (self.compile(c) for c in tree.children if isinstance(c, Tree))
+        kind = self.check(tree, "_?_:_", None, [cond.type, left.type, right.type])
         c, a, b = cond.fn, left.fn, right.fn
 
         def ternary(scope: Scope) -> Any:
@@ -126,19 +191,26 @@ class Compiler:
                 return b(scope)
             raise NoSuchOverload("_?_:_", test)
 
-        return Node(ternary, left.type if left.type == right.type else "dyn")
+        return Node(ternary, kind if left.type == right.type else "dyn")
 
     def _conditionalor(self, tree: Ast) -> Node:
         if len(tree.children) == 1:
             return self._single(tree)
-        left, right = (self.compile(c) for c in tree.children if isinstance(c, Tree))
+        left, right = self._logical_operands(tree)
         return Node(_logical(left.fn, right.fn, True), "bool")
 
     def _conditionaland(self, tree: Ast) -> Node:
         if len(tree.children) == 1:
             return self._single(tree)
-        left, right = (self.compile(c) for c in tree.children if isinstance(c, Tree))
+        left, right = self._logical_operands(tree)
         return Node(_logical(left.fn, right.fn, False), "bool")
+
+    def _logical_operands(self, tree: Ast) -> tuple[Node, Node]:
+        trees = [c for c in tree.children if isinstance(c, Tree)]
+        left, right = (self.compile(c) for c in trees)
+        self.expect_bool(trees[0], left)
+        self.expect_bool(trees[1], right)
+        return left, right
 
     # -- operators -------------------------------------------------------------------------
 
@@ -154,21 +226,32 @@ class Compiler:
             return self._single(tree)
         op, left, right = self._binary(tree)
         a, b = left.fn, right.fn
-        if op in ("relation_lt", "relation_le", "relation_gt", "relation_ge"):
-            for side in (left, right):
-                if side.type in ("quantity", "semver"):
-                    self.fail(
-                        tree,
-                        f"found no matching overload for '{_OPS[op]}' applied to "
-                        f"'({side.type}, ...)'; use compareTo, isGreaterThan or isLessThan",
-                    )
+        where = _operator(tree)
+        if op in ("relation_lt", "relation_le", "relation_gt", "relation_ge") and any(
+            side.type in (QUANTITY, SEMVER) for side in (left, right)
+        ):
+            self.fail(
+                where,
+                f"found no matching overload for '{_OPS[op]}' applied to "
+                f"'{checker.describe_call(None, [left.type, right.type])}'"
+                "; use compareTo, isGreaterThan or isLessThan",
+            )
+        self.check(where, _OPS[op], None, [left.type, right.type])
         fn: Eval
         if op == "relation_eq":
             fn = lambda s: cel_eq(a(s), b(s))  # noqa: E731 - closures are the compiled form
         elif op == "relation_ne":
-            fn = lambda s: not cel_eq(a(s), b(s))  # noqa: E731
+            fn = lambda s: _ne(a(s), b(s))  # noqa: E731
         elif op == "relation_in":
-            fn = lambda s: _in(a(s), b(s))  # noqa: E731
+            if b is _empty_list:
+                # The scheduler folds membership in a constant empty list to false, without
+                # evaluating the left side.
+                return _const(False, "bool")
+            if right.primitive_list:
+                values = b({})
+                fn = lambda s: _in_constant(a(s), values)  # noqa: E731
+            else:
+                fn = lambda s: _in(a(s), b(s))  # noqa: E731
         else:
             test = _ORDER[op]
             symbol = _OPS[op]
@@ -180,7 +263,7 @@ class Compiler:
             return self._single(tree)
         op, left, right = self._binary(tree)
         a, b, apply = left.fn, right.fn, _ARITH[op]
-        kind = left.type if left.type == right.type and left.type != "dyn" else "dyn"
+        kind = self.check(_operator(tree), _ARITH_NAMES[op], None, [left.type, right.type])
         return Node(lambda s: apply(a(s), b(s)), kind)
 
     _addition = _arith
@@ -191,11 +274,38 @@ class Compiler:
             return self._single(tree)
         op, operand_tree = tree.children
         assert isinstance(op, Tree) and isinstance(operand_tree, Tree)
+        # A run of the same prefix operator (!!!x, --x) is one level, as in the scheduler's
+        # parser: an even run cancels out, an odd one applies once.
+        count = 1
+        while len(operand_tree.children) == 2:
+            inner_op, inner = operand_tree.children
+            if not (isinstance(inner_op, Tree) and inner_op.data == op.data):
+                break
+            assert isinstance(inner, Tree)
+            count, operand_tree = count + 1, inner
+        literal = operand_tree
+        while literal.data in ("unary", "member", "primary") and len(literal.children) == 1:
+            child = literal.children[0]
+            assert isinstance(child, Tree)
+            literal = child  # not through parentheses: -(-1) negates a signed literal
+        token = literal.children[0] if literal.data == "literal" else None
+        if op.data == "unary_neg" and isinstance(token, Token) and str(token).startswith("-"):
+            # "--5": the scheduler's parser reads every "-" before a literal as an operator
+            # once there is more than one, so the literal itself is unsigned (and range-checked
+            # as such: --9223372036854775808 is an invalid int literal there).
+            count += 1
+            unsigned = Token(
+                token.type, str(token)[1:], line=token.line, column=(token.column or 1) + 1
+            )
+            operand_tree = Tree("literal", [unsigned], literal.meta)
         operand = self.compile(operand_tree)
+        if count % 2 == 0:
+            return operand
         f = operand.fn
         if op.data == "unary_not":
+            self.check(tree, "!_", None, [operand.type])
             return Node(lambda s: _not(f(s)), "bool")
-        return Node(lambda s: _neg(f(s)), operand.type)
+        return Node(lambda s: _neg(f(s)), self.check(tree, "-_", None, [operand.type]))
 
     # -- members ---------------------------------------------------------------------------
 
@@ -205,26 +315,62 @@ class Compiler:
     def _member_dot(self, tree: Ast) -> Node:
         target_tree, name_token = tree.children
         assert isinstance(target_tree, Tree) and isinstance(name_token, Token)
-        name = str(name_token)
+        name = _field_name(name_token)
         qualified = self.qualified_name(target_tree)
         if qualified is not None and qualified.split(".")[0] not in self._names():
             self.fail(tree, f"undeclared reference to '{qualified}.{name}'")
         target = self.compile(target_tree)
-        fields = self.objects.get(target.type)
-        if fields is not None and name not in fields:
-            self.fail(name_token, f"undefined field '{name}'")
+        kind = self.field_type(name_token, target.type, name)
         where = self.source(target_tree)
         get = target.fn
-        kind = fields[name] if fields is not None else _element_type(target.type)
         return Node(lambda s: _select(get(s), name, where), kind)
+
+    def _member_opt_dot(self, tree: Ast) -> Node:
+        # a.?b: optional.of(a.b) when a has b, else optional.none().
+        target_tree, name_token = tree.children
+        assert isinstance(target_tree, Tree) and isinstance(name_token, Token)
+        name = _field_name(name_token)
+        target = self.compile(target_tree)
+        inner = checker.element(target.type) if _is_optional(target.type) else target.type
+        kind = _optional_of(self.field_type(name_token, inner, name))
+        get = target.fn
+        return Node(lambda s: _opt_select(get(s), name), kind)
+
+    def _member_opt_index(self, tree: Ast) -> Node:
+        # m[?k] / l[?i]: optional.of(m[k]) when present, else optional.none().
+        target_tree, key_tree = tree.children
+        assert isinstance(target_tree, Tree) and isinstance(key_tree, Tree)
+        target, key = self.compile(target_tree), self.compile(key_tree)
+        inner = checker.element(target.type) if _is_optional(target.type) else target.type
+        kind = _optional_of(self.check(tree, "_[?_]", None, [inner, key.type]))
+        get, k = target.fn, key.fn
+        return Node(lambda s: _opt_index(get(s), k(s)), kind)
+
+    def field_type(self, where: Ast | Token, target: str, name: str) -> str:
+        """The type of ``target.name``: a declared field, a map value, or dyn."""
+        if _is_optional(target):
+            return _optional_of(self.field_type(where, checker.element(target), name))
+        fields = self.objects.get(target)
+        if fields is not None:
+            if name not in fields:
+                self.fail(_dot(where), f"undefined field '{name}'")
+            return fields[name]
+        if target == "dyn" or checker.split(target)[0] == "map":
+            return checker.element(target)
+        self.fail(where, f"type '{target}' does not support field selection")
 
     def _member_index(self, tree: Ast) -> Node:
         target_tree, key_tree = tree.children
         assert isinstance(target_tree, Tree) and isinstance(key_tree, Tree)
         target, key = self.compile(target_tree), self.compile(key_tree)
+        # Reported at the "[", which follows the target.
+        bracket = Token(
+            "LSQB", "[", line=target_tree.meta.end_line, column=target_tree.meta.end_column
+        )
+        kind = self.check(bracket, "_[_]", None, [target.type, key.type])
         where = self.source(target_tree)
         get, k = target.fn, key.fn
-        return Node(lambda s: _index(get(s), k(s), where), _element_type(target.type))
+        return Node(lambda s: _index(get(s), k(s), where), kind)
 
     def _member_object(self, tree: Ast) -> Node:
         self.fail(tree, "message construction is not supported in DRA selectors")
@@ -237,17 +383,38 @@ class Compiler:
         qualified = self.qualified_name(target_tree)
         if qualified is not None and qualified.split(".")[0] not in self._names():
             return self._global_call(f"{qualified}.{name}", name_token, args)
-        if name in _MACROS:
+        if name in _MACROS and not (name == "existsOne" and len(args) != 3):
+            # existsOne exists only in the two-variable form.
             return self._macro(tree, name, target_tree, args)
         function = functions.MEMBER.get(name)
         if function is None:
+            if name in SIGNATURES:
+                # A global function called as a member (q.sign()): no such overload.
+                target = self.compile(target_tree)
+                types = [self.compile(a).type for a in args]
+                self.check(_call_position(name_token), name, target.type, types)
             self.fail(name_token, f"undeclared reference to '{name}'")
         target = self.compile(target_tree)
-        compiled = [self.compile(a) for a in args]
-        return Node(
-            _call(function, [target.fn, *(c.fn for c in compiled)], name),
-            functions.RETURNS.get(name, "dyn"),
-        )
+        self.mixed_literals += name == "format"
+        try:
+            compiled = [self.compile(a) for a in args]
+        finally:
+            self.mixed_literals -= name == "format"
+        kind = self.check(_call_position(name_token), name, target.type, [c.type for c in compiled])
+        if name == "format" and target.const and all(c.const for c in compiled):
+            # The scheduler formats constant arguments while compiling: errors are compile errors.
+            try:
+                text = _call(function, [target.fn, *(c.fn for c in compiled)], name)({})
+            except EvalError as exc:
+                self.fail(name_token, str(exc))
+            return _const(text, kind)
+        if name in _REGEX_FUNCTIONS and compiled:
+            self.check_pattern(name_token, name, compiled[0])
+        if name in ("or", "orValue") and len(compiled) == 1:
+            # Short-circuiting, as in the scheduler: the alternative is evaluated only
+            # when the optional is empty.
+            return Node(_or_else(target.fn, compiled[0].fn, name), kind)
+        return Node(_call(function, [target.fn, *(c.fn for c in compiled)], name), kind)
 
     def _args(self, exprlist: Ast | Token | None) -> list[Ast]:
         if exprlist is None:
@@ -266,13 +433,15 @@ class Compiler:
             return str(tree.children[0])
         if tree.data == "member_dot":
             inner, name = tree.children
+            if isinstance(name, Token) and name.type == "QUOTED_IDENT":
+                return None
             assert isinstance(inner, Tree)
             prefix = self.qualified_name(inner)
             return None if prefix is None else f"{prefix}.{name}"
         return None
 
     def _names(self) -> set[str]:
-        return set(self.variables) | set(self.bound)
+        return set(self.variables) | {name for name, _ in self.bound}
 
     # -- primaries -------------------------------------------------------------------------
 
@@ -286,9 +455,11 @@ class Compiler:
         token = tree.children[0]
         assert isinstance(token, Token)
         name = str(token)
-        if name in self.bound or name in self.variables:
-            kind = self.variables.get(name, "dyn") if name not in self.bound else "dyn"
-            return Node(lambda s: s[name], kind)
+        for bound, kind in reversed(self.bound):
+            if bound == name:
+                return Node(lambda s: s[name], kind)
+        if name in self.variables:
+            return Node(lambda s: s[name], self.variables[name])
         if name in TYPE_NAMES:
             return _const(CelType(name), "type")
         self.fail(token, f"undeclared reference to '{name}'")
@@ -314,33 +485,90 @@ class Compiler:
         if function is None:
             self.fail(token, f"undeclared reference to '{name}'")
         compiled = [self.compile(a) for a in args]
-        kind = "dyn" if name == "dyn" else functions.RETURNS.get(name, "dyn")
-        return _folded(_call(function, [c.fn for c in compiled], name), kind, compiled)
+        kind = self.check(_call_position(token), name, None, [c.type for c in compiled])
+        if name == "matches" and len(compiled) == 2:
+            self.check_pattern(token, name, compiled[1])
+        call = _call(function, [c.fn for c in compiled], name)
+        if name == "lists.range":
+            # Not folded: its cost is charged on every evaluation, as in the scheduler.
+            self.costed = True
+            return Node(_charged_range(call), kind)
+        try:
+            return _folded(call, kind, compiled, name)
+        except _PlanError as exc:
+            self.fail_unplaced(f"program instantiation failed: {exc}")
 
     def _list_lit(self, tree: Ast) -> Node:
-        items = [self.compile(c) for c in self._args(tree.children[0] if tree.children else None)]
+        trees = self._args(tree.children[0] if tree.children else None)
+        if not trees:
+            return Node(_empty_list, checker.list_of(checker.FREE), const=True)
+        items = [self.element(c) for c in trees]
+        kind = checker.list_of(self.homogeneous(trees, items))
+        if any(c.data == "opt_item" for c in trees):
+            # [?x]: an element only when the optional x has a value.
+            optional = [(c.data == "opt_item", i.fn) for c, i in zip(trees, items, strict=True)]
+            return Node(lambda s: _optional_items(optional, s), kind)
         fns = [i.fn for i in items]
-        return Node(lambda s: [f(s) for f in fns], "list")
+        const = all(i.const for i in items)
+        primitive = const and checker.element(kind) in ("bool", "int", "uint", "double", "string")
+        return Node(lambda s: [f(s) for f in fns], kind, const=const, primitive_list=primitive)
+
+    def element(self, tree: Ast) -> Node:
+        """A list element or map key/value; for ``?x`` the node of x typed as its value."""
+        if tree.data != "opt_item":
+            return self.compile(tree)
+        inner_tree = tree.children[0]
+        assert isinstance(inner_tree, Tree)
+        inner = self.compile(inner_tree)
+        if inner.type != "dyn" and not _is_optional(inner.type):
+            self.fail(tree, f"expected type 'optional_type(dyn)' but found '{inner.type}'")
+        # Keep optional.none()'s unknown element type unknown, so it joins any literal.
+        params = checker.split(inner.type)[1]
+        return Node(inner.fn, params[0] if params else "dyn")
+
+    def homogeneous(self, trees: list[Ast], items: list[Node]) -> str:
+        """The one type of a literal's elements; a compile error when they differ."""
+        kind = checker.common([i.type for i in items])
+        if self.mixed_literals and any(not checker.same(kind, i.type) for i in items):
+            return "dyn"
+        for where, item in zip(trees, items, strict=True):
+            if not checker.same(kind, item.type):
+                self.fail(where, f"expected type '{kind}' but found '{item.type}'")
+        return kind
 
     def _map_lit(self, tree: Ast) -> Node:
         parts = self._args(tree.children[0] if tree.children else None)
-        pairs = [
-            (self.compile(k).fn, self.compile(v).fn)
-            for k, v in zip(parts[::2], parts[1::2], strict=True)
+        optional = [k.data == "opt_item" for k in parts[::2]]
+        # {?k: v}: the entry only when the optional v has a value.
+        keys = [self.compile(_unopt(k)) for k in parts[::2]]
+        values = [
+            self.element(_opt_item(v)) if opt else self.compile(v)
+            for v, opt in zip(parts[1::2], optional, strict=True)
         ]
+        kind = checker.map_of(
+            self.homogeneous(parts[::2], keys), self.homogeneous(parts[1::2], values)
+        )
+        pairs = [(k.fn, v.fn, o) for k, v, o in zip(keys, values, optional, strict=True)]
 
         def build(scope: Scope) -> dict[Any, Any]:
             out: dict[Any, Any] = {}
-            for key_fn, value_fn in pairs:
+            for key_fn, value_fn, opt in pairs:
                 key = key_fn(scope)
-                if type_name(key) not in ("string", "int", "uint", "bool"):
+                if isinstance(key, list):
+                    # The scheduler accepts any key in a literal; a list key is kept hashable.
+                    key = tuple(key)
+                elif isinstance(key, Mapping):
                     raise EvalError(f"unsupported map key type: {type_name(key)}")
-                if not is_missing(map_lookup(out, key)):
-                    raise EvalError(f"Failed with repeated key: {key}")
-                out[key] = value_fn(scope)
+                value = value_fn(scope)
+                if opt:
+                    found = _optional_value(value)
+                    if found is _NOTHING:
+                        continue
+                    value = found
+                out[key] = value
             return out
 
-        return Node(build, "map")
+        return Node(build, kind)
 
     def _literal(self, tree: Ast) -> Node:
         token = tree.children[0]
@@ -360,11 +588,11 @@ class Compiler:
         if kind == "UINT_LIT":
             value = _int_literal(text[:-1])
             if not 0 <= value < 2**64:
-                self.fail(token, f"invalid uint literal: {text}")
+                self.fail(token, "invalid uint literal")
             return _const(Uint(value), "uint")
         value = _int_literal(text)
         if not INT64_MIN <= value <= INT64_MAX:
-            self.fail(token, f"invalid int literal: {text}")
+            self.fail(token, "invalid int literal")
         return _const(value, "int")
 
     # -- macros ----------------------------------------------------------------------------
@@ -377,9 +605,7 @@ class Compiler:
         assert isinstance(target_tree, Tree)
         target = self.compile(target_tree)
         name = str(name_token)
-        fields = self.objects.get(target.type)
-        if fields is not None and name not in fields:
-            self.fail(select, f"undefined field '{name}'")
+        self.field_type(select, target.type, name)
         get = target.fn
 
         def has(scope: Scope) -> bool:
@@ -394,8 +620,9 @@ class Compiler:
         if len(args) != 3:
             self.fail(token, "cel.bind() takes a variable, an initial value and an expression")
         var = self._macro_var(args[0])
-        init = self.compile(args[1]).fn
-        body = self._with_bound([var], args[2])
+        init_node = self.compile(args[1])
+        init = init_node.fn
+        body = self._with_bound([(var, init_node.type)], args[2])
         body_fn = body.fn
 
         def bind(scope: Scope) -> Any:
@@ -411,7 +638,7 @@ class Compiler:
             self.fail(tree, "argument is not an identifier")
         return name
 
-    def _with_bound(self, names: list[str], tree: Ast) -> Node:
+    def _with_bound(self, names: list[tuple[str, str]], tree: Ast) -> Node:
         self.bound.extend(names)
         try:
             return self.compile(tree)
@@ -430,11 +657,50 @@ class Compiler:
         ):
             self.fail(tree, f"wrong number of arguments to the {name}() macro")
         names = [self._macro_var(a) for a in args[:nvars]]
-        parts = [self._with_bound(names, a).fn for a in args[nvars:]]
-        target = self.compile(target_tree).fn
+        target_node = self.compile(target_tree)
+        variables = self._range_types(target_tree, target_node.type, nvars)
+        compiled = [
+            self._with_bound(list(zip(names, variables, strict=True)), a) for a in args[nvars:]
+        ]
+        if name not in _VALUE_MACROS or len(compiled) == 2:
+            self.expect_bool(args[nvars], compiled[0])
         build = _MACROS[name]
-        kind = "bool" if name in ("all", "exists", "exists_one", "existsOne") else "dyn"
-        return Node(build(target, names, parts), kind)
+        body = compiled[-1].type
+        kind = {
+            "map": checker.list_of(body),
+            "transformList": checker.list_of(body),
+            "transformMap": checker.map_of(variables[0], body),
+            "filter": checker.list_of(variables[0]),
+            "optMap": _optional_of(body),
+            "optFlatMap": body,
+            "sortBy": target_node.type,
+        }.get(name, "bool")
+        if name == "sortBy":
+            self.check(tree, "@sortByAssociatedKeys", target_node.type, [checker.list_of(body)])
+        # Each iteration is charged before its first part runs (see cost.py).
+        self.costed = True
+        step = cost.ITERATION + sum(cost.static_cost(a) for a in args[nvars:])
+        parts = [_charged(compiled[0].fn, step), *(c.fn for c in compiled[1:])]
+        return Node(build(target_node.fn, names, parts), kind)
+
+    def _range_types(self, where: Ast, target: str, nvars: int) -> list[str]:
+        # One variable: list elements or map keys; two: (index, element) or (key, value).
+        kind = checker.split(target)[0]
+        if target == "dyn":
+            return ["dyn"] * nvars
+        if kind == "optional_type" and nvars == 1:
+            return [checker.element(target)]
+        if kind == "list":
+            elem = checker.element(target)
+            return [elem] if nvars == 1 else ["int", elem]
+        if kind == "map":
+            keys = checker.key(target)
+            return [keys] if nvars == 1 else [keys, checker.element(target)]
+        self.fail(
+            where,
+            f"expression of type '{target}' cannot be range of a comprehension "
+            "(must be list, map, or dynamic)",
+        )
 
 
 # -- runtime helpers -----------------------------------------------------------------------
@@ -464,6 +730,8 @@ def _logical(left: Eval, right: Eval, is_or: bool) -> Eval:
         error: EvalError | None = None
         try:
             value = left(scope)
+        except Abort:
+            raise
         except EvalError as exc:
             error = exc
         else:
@@ -473,6 +741,8 @@ def _logical(left: Eval, right: Eval, is_or: bool) -> Eval:
                 error = NoSuchOverload(name, value)
         try:
             other = right(scope)
+        except Abort:
+            raise
         except EvalError:
             if error is not None:
                 raise error from None
@@ -486,6 +756,18 @@ def _logical(left: Eval, right: Eval, is_or: bool) -> Eval:
         return not decisive
 
     return logical
+
+
+def _empty_list(_scope: Scope) -> list[Any]:
+    return []
+
+
+def _ne(a: Any, b: Any) -> bool:
+    # The scheduler's != is "== is not true": where == has no overload, != is true.
+    try:
+        return not cel_eq(a, b)
+    except NoSuchOverload:
+        return True
 
 
 def _not(value: Any) -> bool:
@@ -504,17 +786,160 @@ def _neg(value: Any) -> Any:
 
 def _in(item: Any, container: Any) -> bool:
     if isinstance(container, list | tuple):
-        return any(cel_eq(item, x) for x in container)
+        # Each element is compared with the item (element on the left, as the scheduler does).
+        return any(cel_eq(x, item) for x in container)
     if isinstance(container, Mapping):
         # Membership looks at the keys really present: a map with a default value (the
         # device's attribute domains) still answers "in" truthfully.
         if type(item) is str:
             return item in container
-        return any(cel_eq(item, key) for key in container)
+        return any(cel_eq(key, item) for key in container)
     raise NoSuchOverload("@in", item, container)
 
 
+def _field_name(token: Token) -> str:
+    # `cuda-version` (backticks) names a field that is not an identifier.
+    text = str(token)
+    return text[1:-1] if token.type == "QUOTED_IDENT" else text
+
+
+def _is_optional(kind: str) -> bool:
+    return checker.split(kind)[0] == "optional_type"
+
+
+def _optional_of(kind: str) -> str:
+    # Optional chaining: selecting from an optional stays one optional, not nested ones.
+    return kind if _is_optional(kind) else checker.join("optional_type", kind)
+
+
+def _unopt(tree: Ast) -> Ast:
+    # The key expression of a map entry, with or without its "?".
+    child = tree.children[0] if tree.data == "opt_item" else tree
+    assert isinstance(child, Tree)
+    return child
+
+
+def _opt_item(value: Ast) -> Ast:
+    # Treat the value of {?k: v} like a list's ?v element.
+    return Tree("opt_item", [value], value.meta)
+
+
+def _optional_value(value: Any, name: str = "optional") -> Any:
+    """The value held by an optional, or _NOTHING for an empty one."""
+    if not isinstance(value, optional.Optional):
+        raise NoSuchOverload(name, value)
+    return value.value if value.has_value() else _NOTHING
+
+
+def _optional_items(items: list[tuple[bool, Eval]], scope: Scope) -> list[Any]:
+    out = []
+    for is_optional, fn in items:
+        value = fn(scope)
+        if is_optional:
+            value = _optional_value(value)
+            if value is _NOTHING:
+                continue
+        out.append(value)
+    return out
+
+
+_OPERATOR_TEXT = {
+    "relation_lt": "<", "relation_le": "<=", "relation_gt": ">", "relation_ge": ">=",
+    "relation_eq": "==", "relation_ne": "!=", "relation_in": "in", "addition_add": "+",
+    "addition_sub": "-", "multiplication_mul": "*", "multiplication_div": "/",
+    "multiplication_mod": "%",
+}  # fmt: skip
+
+
+def _operator(tree: Ast) -> Token:
+    # Where the scheduler reports an operator's errors: at the operator, which ends its node.
+    op_tree = tree.children[0]
+    assert isinstance(op_tree, Tree)
+    meta = op_tree.meta
+    text = _OPERATOR_TEXT[str(op_tree.data)]
+    return Token("OP", text, line=meta.end_line, column=meta.end_column - len(text))
+
+
+def _dot(where: Ast | Token) -> Ast | Token:
+    # The scheduler reports a field selection at its ".", just before the field name.
+    if isinstance(where, Token) and where.line is not None and where.column is not None:
+        return Token("DOT", ".", line=where.line, column=where.column - 1)
+    return where
+
+
+def _call_position(name: Token) -> Token:
+    # The scheduler reports a call's errors at its opening parenthesis, after the name.
+    return Token("LPAR", "(", line=name.end_line, column=name.end_column)
+
+
+def _charged(fn: Eval, amount: int) -> Eval:
+    def run(scope: Scope) -> Any:
+        cost.charge(scope, amount)
+        return fn(scope)
+
+    return run
+
+
+def _charged_range(fn: Eval) -> Eval:
+    def run(scope: Scope) -> Any:
+        values = fn(scope)
+        cost.charge(scope, len(values) + cost.RANGE_BASE)
+        return values
+
+    return run
+
+
+def _or_else(target: Eval, alternative: Eval, name: str) -> Eval:
+    def run(scope: Scope) -> Any:
+        found = target(scope)
+        if not isinstance(found, optional.Optional):
+            raise NoSuchOverload(name, found)
+        if found.has_value():
+            return found.value if name == "orValue" else found
+        other = alternative(scope)
+        if name == "or" and not isinstance(other, optional.Optional):
+            raise NoSuchOverload(name, found, other)
+        return other
+
+    return run
+
+
+def _opt_select(value: Any, name: str) -> Any:
+    if isinstance(value, optional.Optional):
+        if not value.has_value():
+            return value
+        value = value.value
+    if isinstance(value, Mapping):
+        found = value.get(name, _NOTHING)
+        return optional.NONE if found is _NOTHING else optional.of(found)
+    raise EvalError(f"type '{type_name(value)}' does not support field selection")
+
+
+def _opt_index(value: Any, key: Any) -> Any:
+    if isinstance(value, optional.Optional):
+        if not value.has_value():
+            return value
+        value = value.value
+    if isinstance(value, Mapping):
+        found = map_lookup(value, key)
+        return optional.NONE if is_missing(found) else optional.of(found)
+    if isinstance(value, list | tuple) and type(key) in (int, Uint):
+        return optional.of(value[key]) if 0 <= key < len(value) else optional.NONE
+    raise NoSuchOverload("_[?_]", value, key)
+
+
+def _in_constant(item: Any, values: list[Any]) -> bool:
+    # The scheduler turns "x in [constants]" into a hash lookup, which a Quantity or Semver
+    # cannot take part in.
+    kind = type_name(item)
+    if kind in ("kubernetes.Quantity", "kubernetes.Semver"):
+        raise Abort(f"internal error: runtime error: hash of unhashable type {kind}")
+    return _in(item, values)
+
+
 def _select(value: Any, name: str, where: str) -> Any:
+    if isinstance(value, optional.Optional):
+        return _opt_select(value, name)  # a.?b.c: c is optional too
     if isinstance(value, Mapping):
         found = value.get(name, _NOTHING)
         if found is _NOTHING:
@@ -527,6 +952,8 @@ _NOTHING = object()
 
 
 def _index(value: Any, key: Any, where: str) -> Any:
+    if isinstance(value, optional.Optional):
+        return _opt_index(value, key)
     if isinstance(value, Mapping):
         found = map_lookup(value, key)
         if is_missing(found):
@@ -629,7 +1056,10 @@ def _div(a: Any, b: Any) -> Any:
         return check_int(result) if kind == "int" else Uint(result)
     if kind == "double":
         if b == 0.0:
-            return float("nan") if a == 0.0 or a != a else float("inf") * (1 if a > 0 else -1)
+            if a == 0.0 or a != a:
+                return float("nan")
+            # IEEE division: the sign of the zero counts (1 / -0.0 is -Inf).
+            return math.copysign(float("inf"), a) * math.copysign(1.0, b)
         return a / b
     raise NoSuchOverload("_/_", a, b)
 
@@ -639,6 +1069,8 @@ def _mod(a: Any, b: Any) -> Any:
     if kind in ("int", "uint"):
         if b == 0:
             raise EvalError("modulus by zero")
+        if kind == "int" and a == INT64_MIN and b == -1:
+            raise EvalError("integer overflow")
         rest = abs(a) % abs(b)  # the sign follows the dividend, as in Go
         return (-rest if a < 0 else rest) if kind == "int" else Uint(rest)
     raise NoSuchOverload("_%_", a, b)
@@ -650,6 +1082,13 @@ _ARITH: dict[str, Callable[[Any, Any], Any]] = {
     "multiplication_mul": _mul,
     "multiplication_div": _div,
     "multiplication_mod": _mod,
+}
+_ARITH_NAMES = {
+    "addition_add": "_+_",
+    "addition_sub": "_-_",
+    "multiplication_mul": "_*_",
+    "multiplication_div": "_/_",
+    "multiplication_mod": "_%_",
 }
 _ORDER: dict[str, Callable[[int], bool]] = {
     "relation_lt": lambda c: c < 0,
@@ -666,15 +1105,6 @@ _OPS = {
     "relation_ne": "_!=_",
     "relation_in": "@in",
 }
-
-
-def _element_type(container: str) -> str:
-    # Nested map types of the DRA device: attributes[domain][name], capacity[domain][name].
-    return {
-        "attributes": "attribute_domain",
-        "capacity": "capacity_domain",
-        "capacity_domain": "quantity",
-    }.get(container, "dyn")
 
 
 # -- comprehension macros ------------------------------------------------------------------
@@ -739,6 +1169,8 @@ def _quantifier(name: str, want: bool) -> MacroBuilder:
             for first, second in _entries(target(scope), name, len(names)):
                 try:
                     value = predicate(bind(scope, first, second))
+                except Abort:
+                    raise
                 except EvalError as exc:
                     error = error or exc
                     continue
@@ -830,11 +1262,52 @@ def _transform_map(target: Eval, names: list[str], parts: list[Eval]) -> Eval:
     return run
 
 
+def _opt_mapper(name: str, flat: bool) -> MacroBuilder:
+    # optMap wraps the body's value in an optional; optFlatMap's body is an optional already.
+    def build(target: Eval, names: list[str], parts: list[Eval]) -> Eval:
+        (transform,) = parts
+        (var,) = names
+
+        def run(scope: Scope) -> Any:
+            found = _optional_value(target(scope), name)
+            if found is _NOTHING:
+                return optional.NONE
+            result = transform({**scope, var: found})
+            if not flat:
+                return optional.of(result)
+            if not isinstance(result, optional.Optional):
+                raise NoSuchOverload(name, result)
+            return result
+
+        return run
+
+    return build
+
+
+def _sort_by(target: Eval, names: list[str], parts: list[Eval]) -> Eval:
+    (key,) = parts
+    bind = _binder(names)
+
+    def run(scope: Scope) -> list[Any]:
+        items = target(scope)
+        entries = _entries(items, "sortBy", 1)
+        keys = [key(bind(scope, first, second)) for first, second in entries]
+        return lib_lists.sort_by_keys(items, keys)
+
+    return run
+
+
+_VALUE_MACROS = frozenset(
+    ("map", "transformList", "transformMap", "optMap", "optFlatMap", "sortBy")
+)
 _MACROS: dict[str, MacroBuilder] = {
     "all": _quantifier("all", False),
     "exists": _quantifier("exists", True),
     "exists_one": _exists_one,
     "existsOne": _exists_one,
+    "optMap": _opt_mapper("optMap", flat=False),
+    "sortBy": _sort_by,
+    "optFlatMap": _opt_mapper("optFlatMap", flat=True),
     "map": _map_macro,
     "filter": _filter_macro,
     "transformList": _map_macro,

@@ -13,21 +13,22 @@ from enum import StrEnum
 from functools import lru_cache
 from typing import Any
 
-from celpy.celparser import CELParser
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
+from dra_driver.cel import cost, grammar
 from dra_driver.cel.compiler import Ast, Compiler, Eval, Node
 from dra_driver.cel.errors import CompileError, EvalError
+from dra_driver.cel.limits import deep_recursion, nesting_error
 from dra_driver.cel.semver import parse_semver
 from dra_driver.cel.types import type_name
 from dra_driver.quantity import QuantityError, parse_quantity
 
-VARIABLES = {"device": "device"}
+VARIABLES = {"device": "kubernetes.DRADevice"}
 OBJECTS = {
-    "device": {
+    "kubernetes.DRADevice": {
         "driver": "string",
-        "attributes": "attributes",
-        "capacity": "capacity",
+        "attributes": "map(string, map(string, dyn))",
+        "capacity": "map(string, map(string, kubernetes.Quantity))",
         "allowMultipleAllocations": "bool",
     }
 }
@@ -57,6 +58,8 @@ class Program:
     expression: str
     tree: Ast
     fn: Eval
+    #: Whether evaluation counts cost (the expression has loops): see :mod:`cost`.
+    costed: bool = False
 
     def evaluate(self, variables: dict[str, Any]) -> Any:
         """The expression's value; raises :class:`EvalError`."""
@@ -64,13 +67,8 @@ class Program:
 
     def compile_subtree(self, tree: Ast) -> Node:
         """Compile a part of this expression (used to explain non-matches)."""
-        return Compiler(self.expression, VARIABLES, OBJECTS).compile(tree)
-
-
-@lru_cache(maxsize=1)
-def _parser() -> Any:
-    # Building the LALR tables takes most of a second: do it on first use, not at import.
-    return CELParser().CEL_PARSER
+        with deep_recursion():
+            return Compiler(self.expression, VARIABLES, OBJECTS).compile(tree)
 
 
 def parse(expression: str) -> Ast:
@@ -80,7 +78,7 @@ def parse(expression: str) -> Ast:
             expression, f"expression longer than {MAX_EXPRESSION_LENGTH} characters", 1, 1
         )
     try:
-        tree: Ast = _parser().parse(expression)
+        tree: Ast = grammar.parser().parse(expression)
     except UnexpectedInput as exc:
         raise CompileError(expression, _syntax_message(exc), exc.line, exc.column) from None
     return tree
@@ -101,14 +99,19 @@ def _compile(expression: str) -> Program | CompileError:
     # Cached by text: the same class selector is evaluated against every device of a cluster.
     try:
         tree = parse(expression)
-        node = Compiler(expression, VARIABLES, OBJECTS).compile(tree)
+        too_deep = nesting_error(tree)
+        if too_deep is not None:
+            return CompileError(expression, too_deep, -1, 0)
+        compiler = Compiler(expression, VARIABLES, OBJECTS)
+        with deep_recursion():
+            node = compiler.compile(tree)
     except CompileError as exc:
         return exc
     if node.type not in ("bool", "dyn"):
         return CompileError(
             expression, f"must evaluate to bool or the unknown type, not {node.type}", 1, 1
         )
-    return Program(expression, tree, node.fn)
+    return Program(expression, tree, node.fn, compiler.costed)
 
 
 def compile_selector(expression: str) -> Program:
@@ -178,12 +181,20 @@ def device_variables(device: Mapping[str, Any], driver: str) -> dict[str, Any]:
 
 def evaluate(program: Program, variables: dict[str, Any]) -> Outcome:
     """Match, no match, or the error (a runtime error or a non-bool result)."""
+    if program.costed:
+        variables = {**variables, cost.KEY: [cost.static_cost(program.tree)]}
     try:
         value = program.fn(variables)
     except EvalError as exc:
         return Outcome(Verdict.ERROR, str(exc))
     except RecursionError:
-        return Outcome(Verdict.ERROR, "expression nested too deeply")
+        # Long &&/|| chains nest deeper than Python's default allows; the scheduler's
+        # evaluator has no such limit. Retried rather than raising the limit for every call.
+        try:
+            with deep_recursion():
+                value = program.fn(variables)
+        except EvalError as exc:
+            return Outcome(Verdict.ERROR, str(exc))
     if value is True:
         return Outcome(Verdict.MATCH)
     if value is False:

@@ -14,7 +14,8 @@ class CompileError(CelError):
     """A selector that does not parse or refers to something the environment lacks.
 
     ``str()`` gives the position as ``<input>:line:column``, the message, the source line and a
-    caret under the offending column, the way the API server reports CEL compile errors.
+    caret under the offending column, the way the API server reports CEL compile errors;
+    line 0 means no position (errors found while building the program), only the message.
     """
 
     def __init__(self, expression: str, message: str, line: int, column: int) -> None:
@@ -26,6 +27,8 @@ class CompileError(CelError):
 
     def render(self) -> str:
         """The full, multi-line error text."""
+        if self.line == 0:
+            return self.message
         lines = self.expression.splitlines() or [""]
         source = lines[self.line - 1] if 0 < self.line <= len(lines) else lines[-1]
         caret = "." * max(self.column - 1, 0) + "^"
@@ -34,6 +37,11 @@ class CompileError(CelError):
 
 class EvalError(CelError):
     """A runtime error: the scheduler treats it as an error of the allocation attempt."""
+
+
+class Abort(EvalError):
+    """An error that stops evaluation outright (the cost limit, an internal failure): unlike
+    other errors, ``||``, ``&&`` and the quantifier macros do not absorb it."""
 
 
 class NoSuchOverload(EvalError):
@@ -50,9 +58,10 @@ class NoSuchKey(EvalError):
     def __init__(self, key: object, where: str = "") -> None:
         self.key = key
         self.where = where
-        text = f"no such key: {key}"
-        if where:
-            text += f" (in {where})"
-        super().__init__(
-            text + "; guard the lookup with has() or 'in' for attributes not every device has"
+        # The scheduler's words first (so searching for them finds its documentation), then
+        # where the lookup was.
+        text = (
+            f"no such key: {key}. consider using CEL optional chaining (.? followed by "
+            "orValue()) or guarding the check with has() for optional fields"
         )
+        super().__init__(text + (f" (looked up in {where})" if where else ""))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from dra_driver.cel import lib_core, lib_k8s, lib_lists, lib_strings
+from dra_driver.cel import lib_core, lib_k8s, lib_lists, lib_strings, optional
 
 Function = Callable[..., Any]
 
@@ -28,6 +28,7 @@ GLOBAL: dict[str, Function] = {
     **lib_strings.GLOBAL,
     **lib_lists.GLOBAL,
     **lib_k8s.GLOBAL,
+    **optional.GLOBAL,
 }
 
 MEMBER: dict[str, Function] = {
@@ -35,19 +36,11 @@ MEMBER: dict[str, Function] = {
     **lib_strings.MEMBER,
     **lib_lists.MEMBER,
     **lib_k8s.MEMBER,
+    **optional.MEMBER,
     "indexOf": _string_or_list(lib_strings.index_of, lib_lists.index_of),
     "lastIndexOf": _string_or_list(lib_strings.last_index_of, lib_lists.last_index_of),
 }
 
-#: Static result types, used to reject selectors that can never produce a bool.
-RETURNS: dict[str, str] = {
-    **lib_core.RETURNS,
-    **lib_strings.RETURNS,
-    **lib_lists.RETURNS,
-    **lib_k8s.RETURNS,
-    "indexOf": "int",
-    "lastIndexOf": "int",
-}
 
 #: Namespaces of dotted global functions (``sets.contains``), and the ``cel.bind`` macro.
 NAMESPACES = frozenset(name.split(".", 1)[0] for name in GLOBAL if "." in name) | {"cel"}

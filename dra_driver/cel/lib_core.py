@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
+from decimal import Decimal
 from typing import Any
 
 from dra_driver.cel.errors import EvalError, NoSuchOverload
-from dra_driver.cel.regex import compiled
+from dra_driver.cel.regex import search
 from dra_driver.cel.types import CelType, Uint, type_name
 from dra_driver.cel.values import INT64_MAX, INT64_MIN, check_uint
 
@@ -49,10 +50,13 @@ def ends_with(text: Any, suffix: Any) -> bool:
 def matches(text: Any, pattern: Any) -> bool:
     """Whether the regular expression matches anywhere in ``text`` (RE2 ``MatchString``)."""
     a, b = _strings("matches", text, pattern)
-    return compiled(b).search(a) is not None
+    return search(b, a)
 
 
 _INT_TEXT = re.compile(r"[+-]?[0-9]+")
+
+
+_CONVERSION = "type conversion error from 'string' to '{}'"  # the scheduler's words
 
 
 def to_int(value: Any) -> int:
@@ -63,16 +67,16 @@ def to_int(value: Any) -> int:
         result = int(value)
     elif isinstance(value, float):
         if math.isnan(value) or math.isinf(value) or not -(2.0**63) <= value < 2.0**63:
-            raise EvalError("int overflow")
+            raise EvalError("integer overflow")
         result = int(value)
     elif isinstance(value, str):
         if not _INT_TEXT.fullmatch(value):
-            raise EvalError(f"cannot convert {value!r} to int")
+            raise EvalError(_CONVERSION.format("int"))
         result = int(value)
     else:
         raise NoSuchOverload("int", value)
     if not INT64_MIN <= result <= INT64_MAX:
-        raise EvalError("int overflow")
+        raise EvalError("integer overflow")
     return result
 
 
@@ -84,11 +88,11 @@ def to_uint(value: Any) -> Uint:
         return check_uint(int(value))
     if isinstance(value, float):
         if math.isnan(value) or not 0 <= value < 2.0**64:
-            raise EvalError("uint overflow")
+            raise EvalError("unsigned integer overflow")
         return Uint(int(value))
     if isinstance(value, str):
         if not re.fullmatch(r"\+?[0-9]+", value):
-            raise EvalError(f"cannot convert {value!r} to uint")
+            raise EvalError(_CONVERSION.format("uint"))
         return check_uint(int(value))
     raise NoSuchOverload("uint", value)
 
@@ -100,10 +104,13 @@ def to_double(value: Any) -> float:
     if isinstance(value, int | float):
         return float(value)
     if isinstance(value, str):
+        # Go's ParseFloat: ASCII only, no surrounding space (Python's float allows both).
+        if not value.isascii() or value != value.strip():
+            raise EvalError(_CONVERSION.format("double"))
         try:
             return float(value)
         except ValueError:
-            raise EvalError(f"cannot convert {value!r} to double") from None
+            raise EvalError(_CONVERSION.format("double")) from None
     raise NoSuchOverload("double", value)
 
 
@@ -112,12 +119,26 @@ def _double_text(value: float) -> str:
         return "NaN"
     if math.isinf(value):
         return "+Inf" if value > 0 else "-Inf"
-    text = repr(value)
-    return text[:-2] if text.endswith(".0") else text
+    # Go's strconv.FormatFloat(v, 'g', -1, 64): the shortest digits that round-trip (Python's
+    # repr finds the same ones), in exponent form when the exponent is < -4 or >= 6.
+    sign, digits, exponent = Decimal(repr(value)).as_tuple()
+    assert isinstance(exponent, int)  # finite here
+    text = "".join(map(str, digits)).rstrip("0") or "0"
+    point = len(digits) + exponent  # digits before the decimal point
+    prefix = "-" if sign else ""
+    if text == "0":
+        return prefix + "0"
+    if point - 1 < -4 or point - 1 >= 6:
+        mantissa = text[0] + ("." + text[1:] if len(text) > 1 else "")
+        return f"{prefix}{mantissa}e{point - 1:+03d}"
+    if point <= 0:
+        return f"{prefix}0.{'0' * -point}{text}"
+    whole, fraction = text[:point].ljust(point, "0"), text[point:]
+    return f"{prefix}{whole}.{fraction}" if fraction else f"{prefix}{whole}"
 
 
 def to_string(value: Any) -> str:
-    """``string(x)`` for scalars (and the library types that print themselves)."""
+    """``string(x)`` for scalars; a Quantity or Semver has no such overload, as in the scheduler."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
@@ -131,8 +152,6 @@ def to_string(value: Any) -> str:
             return value.decode("utf-8")
         except UnicodeDecodeError:
             raise EvalError("invalid UTF-8 in bytes, cannot convert to string") from None
-    if type_name(value) in ("Quantity", "kubernetes.Semver"):
-        return str(value)
     raise NoSuchOverload("string", value)
 
 
@@ -145,7 +164,7 @@ def to_bool(value: Any) -> bool:
             return True
         if value in ("0", "f", "F", "false", "FALSE", "False"):
             return False
-        raise EvalError(f"cannot convert {value!r} to bool")
+        raise EvalError(_CONVERSION.format("bool"))
     raise NoSuchOverload("bool", value)
 
 
@@ -192,19 +211,4 @@ MEMBER: dict[str, Function] = {
     "startsWith": starts_with,
     "endsWith": ends_with,
     "matches": matches,
-}
-
-RETURNS: dict[str, str] = {
-    "size": "int",
-    "contains": "bool",
-    "startsWith": "bool",
-    "endsWith": "bool",
-    "matches": "bool",
-    "int": "int",
-    "uint": "uint",
-    "double": "double",
-    "string": "string",
-    "bool": "bool",
-    "bytes": "bytes",
-    "type": "type",
 }

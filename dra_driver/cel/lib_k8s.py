@@ -85,13 +85,13 @@ def _operand(name: str, q: Quantity, other: Any) -> Quantity:
 def add(q: Any, other: Any) -> Quantity:
     """``q.add(q2)`` or ``q.add(int)``."""
     a = _quantity("add", q, other)
-    return Quantity(a.nanos + _operand("add", a, other).nanos)
+    return a.plus(_operand("add", a, other))
 
 
 def sub(q: Any, other: Any) -> Quantity:
     """``q.sub(q2)`` or ``q.sub(int)``."""
     a = _quantity("sub", q, other)
-    return Quantity(a.nanos - _operand("sub", a, other).nanos)
+    return a.minus(_operand("sub", a, other))
 
 
 def sign(q: Any) -> int:
@@ -123,19 +123,24 @@ def _semver(name: str, value: Any) -> Semver:
     return value
 
 
+def _int64(component: int) -> int:
+    # Version components are uint64 there, read as int64: values past 2^63 wrap negative.
+    return (component + 2**63) % 2**64 - 2**63
+
+
 def major(v: Any) -> int:
     """Major version."""
-    return _semver("major", v).major
+    return _int64(_semver("major", v).major)
 
 
 def minor(v: Any) -> int:
     """Minor version."""
-    return _semver("minor", v).minor
+    return _int64(_semver("minor", v).minor)
 
 
 def patch(v: Any) -> int:
     """Patch version."""
-    return _semver("patch", v).patch
+    return _int64(_semver("patch", v).patch)
 
 
 GLOBAL: dict[str, Function] = {
@@ -143,6 +148,7 @@ GLOBAL: dict[str, Function] = {
     "isQuantity": is_quantity_,
     "semver": semver,
     "isSemver": is_semver_,
+    "sign": sign,
 }
 
 MEMBER: dict[str, Function] = {
@@ -151,7 +157,6 @@ MEMBER: dict[str, Function] = {
     "isLessThan": is_less_than,
     "add": add,
     "sub": sub,
-    "sign": sign,
     "isInteger": is_integer,
     "asInteger": as_integer,
     "asApproximateFloat": as_approximate_float,
@@ -160,25 +165,4 @@ MEMBER: dict[str, Function] = {
     "patch": patch,
     "find": find,
     "findAll": find_all,
-}
-
-RETURNS: dict[str, str] = {
-    "quantity": "quantity",
-    "isQuantity": "bool",
-    "semver": "semver",
-    "isSemver": "bool",
-    "compareTo": "int",
-    "isGreaterThan": "bool",
-    "isLessThan": "bool",
-    "add": "quantity",
-    "sub": "quantity",
-    "sign": "int",
-    "isInteger": "bool",
-    "asInteger": "int",
-    "asApproximateFloat": "double",
-    "major": "int",
-    "minor": "int",
-    "patch": "int",
-    "find": "string",
-    "findAll": "list",
 }

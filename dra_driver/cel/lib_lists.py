@@ -116,10 +116,36 @@ def sort(items: Any) -> list[Any]:
     return sorted(values, key=cmp_to_key(lambda a, b: cel_compare("sort", a, b)))
 
 
+def sort_by_keys(items: Any, keys: list[Any]) -> list[Any]:
+    """``list.sortBy(x, key)``: the list ordered by the keys (a stable sort)."""
+    from functools import cmp_to_key
+
+    values = _list("sortBy", items)
+
+    def by_key(a: tuple[Any, Any], b: tuple[Any, Any]) -> int:
+        return cel_compare("sortBy", a[0], b[0])
+
+    pairs = sorted(zip(keys, values, strict=True), key=cmp_to_key(by_key))
+    return [value for _, value in pairs]
+
+
+def includes(items: Any, item: Any) -> bool:
+    """``list.includes(x)``: membership where incomparable values are simply not equal."""
+    for value in _list("includes", items):
+        try:
+            if cel_eq(value, item):
+                return True
+        except NoSuchOverload:
+            continue
+    return False
+
+
 def lists_range(count: Any) -> list[int]:
     """``lists.range(n)``: ``[0, 1, ..., n-1]``."""
     if type(count) is not int:
         raise NoSuchOverload("lists.range", count)
+    if count < 0:
+        raise EvalError(f"lists.range: size must be non-negative, got {count}")
     return list(range(count))
 
 
@@ -156,6 +182,7 @@ MEMBER: dict[str, Function] = {
     "distinct": distinct,
     "reverse": reverse,
     "sort": sort,
+    "includes": includes,
 }
 
 GLOBAL: dict[str, Function] = {
@@ -163,17 +190,4 @@ GLOBAL: dict[str, Function] = {
     "sets.contains": sets_contains,
     "sets.equivalent": sets_equivalent,
     "sets.intersects": sets_intersects,
-}
-
-RETURNS: dict[str, str] = {
-    "isSorted": "bool",
-    "slice": "list",
-    "flatten": "list",
-    "distinct": "list",
-    "reverse": "list",
-    "sort": "list",
-    "lists.range": "list",
-    "sets.contains": "bool",
-    "sets.equivalent": "bool",
-    "sets.intersects": "bool",
 }

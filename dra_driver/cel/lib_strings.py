@@ -40,19 +40,33 @@ def index_of(text: Any, part: Any, offset: Any = 0) -> int:
     s = _text("indexOf", text, part)
     p = _text("indexOf", part, text)
     start = _int("indexOf", offset, text, part)
-    if not 0 <= start <= len(s):
+    # The strings extension's rules: a negative offset is an error; the empty string is found
+    # at the offset clamped to the end; an offset at or past the end finds nothing.
+    if start < 0:
         raise EvalError(f"index out of range: {start}")
-    return s.find(p, start)
+    if not p:
+        return min(start, len(s))
+    return -1 if start >= len(s) else s.find(p, start)
 
 
 def last_index_of(text: Any, part: Any, offset: Any = None) -> int:
     """Last index of ``part`` starting at or before ``offset`` (default: the end), or -1."""
     s = _text("lastIndexOf", text, part)
     p = _text("lastIndexOf", part, text)
-    end = len(s) if offset is None else _int("lastIndexOf", offset, text, part)
-    if not 0 <= end <= len(s):
+    if offset is None:
+        if not p:
+            return len(s)
+        if len(s.encode()) < len(p.encode()):
+            return -1
+        offset = len(s) - 1
+    end = _int("lastIndexOf", offset, text, part)
+    if end < 0:
         raise EvalError(f"index out of range: {end}")
-    return s.rfind(p, 0, end + len(p))
+    if not p:
+        return min(end, len(s))
+    if end >= len(s):
+        return -1
+    return s.rfind(p, 0, min(end, len(s) - len(p)) + len(p))
 
 
 def lower_ascii(text: Any) -> str:
@@ -125,27 +139,57 @@ def quote(text: Any) -> str:
     return format_value(_text("strings.quote", text))
 
 
-_VERB = re.compile(r"%(?:\.(\d+))?([sdfeboxX%])")
-
-
 def format_string(text: Any, args: Any) -> str:
-    """``"...".format([args])`` with the verbs %s %d %f %e %b %o %x %X and %%."""
+    """``"...".format([args])`` with the clauses %s %d %f %e %b %o %x %X and %%, and the
+    strings extension's rules for which types each clause takes."""
     s = _text("format", text)
     if not isinstance(args, list | tuple):
         raise NoSuchOverload("format", text, args)
-    values = iter(args)
-
-    def one(match: re.Match[str]) -> str:
+    out: list[str] = []
+    used = 0
+    i = 0
+    while i < len(s):
+        c = s[i]
+        i += 1
+        if c != "%":
+            out.append(c)
+            continue
+        match = _CLAUSE.match(s, i)
+        if i >= len(s):
+            raise EvalError("unexpected end of string")
+        if match is None:
+            raise EvalError(
+                f'could not parse formatting clause: unrecognized formatting clause "{s[i]}"'
+            )
+        i = match.end()
         precision, verb = match.group(1), match.group(2)
         if verb == "%":
-            return "%"
-        try:
-            value = next(values)
-        except StopIteration:
-            raise EvalError(f"format: not enough arguments for {s!r}") from None
-        return _format_one(verb, precision, value)
+            out.append("%")
+            continue
+        if used >= len(args):
+            raise EvalError(f"index {used} out of range")
+        out.append(_format_one(verb, precision, args[used]))
+        used += 1
+    if used < len(args):
+        raise EvalError(
+            f"too many arguments supplied to string.format (expected {used}, got {len(args)})"
+        )
+    return "".join(out)
 
-    return _VERB.sub(one, s)
+
+_CLAUSE = re.compile(r"(?:\.(\d+))?([sdfeboxX%])")
+_TEXT_KINDS = (
+    "string",
+    "bool",
+    "bytes",
+    "int",
+    "uint",
+    "double",
+    "list",
+    "map",
+    "type",
+    "null_type",
+)
 
 
 def _format_one(verb: str, precision: str | None, value: Any) -> str:
@@ -153,22 +197,44 @@ def _format_one(verb: str, precision: str | None, value: Any) -> str:
 
     kind = type_name(value)
     if verb == "s":
-        return to_string(value) if kind not in ("list", "map") else format_value(value)
-    if verb == "d" and kind in ("int", "uint"):
+        if kind not in _TEXT_KINDS:
+            raise EvalError(
+                "error during formatting: string clause can only be used on strings, bools, "
+                "bytes, ints, doubles, maps, lists, types, durations, and timestamps, "
+                f"was given {kind}"
+            )
+        if kind in ("list", "map"):
+            return format_value(value)
+        if kind == "null_type":
+            return "null"
+        return str(value) if kind == "type" else to_string(value)
+    if verb == "d":
+        if kind not in ("int", "uint"):
+            raise EvalError(
+                "error during formatting: decimal clause can only be used on integers, "
+                f"was given {kind}"
+            )
         return str(int(value))
-    if verb in "fe" and kind in ("double", "int", "uint"):
+    if verb in "fe":
+        if kind != "double":
+            clause = "fixed-point" if verb == "f" else "scientific"
+            raise EvalError(
+                f"error during formatting: {clause} clause can only be used on doubles, "
+                f"was given {kind}"
+            )
         digits = 6 if precision is None else int(precision)
-        number = float(value)
-        if math.isnan(number) or math.isinf(number):
-            return "NaN" if math.isnan(number) else ("+Inf" if number > 0 else "-Inf")
-        return f"{number:.{digits}{verb}}"
+        if math.isnan(value) or math.isinf(value):
+            return "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
+        return f"{value:.{digits}{verb}}"
+    if verb in "bo" and kind == "bool":
+        return "1" if value else "0"
     if verb in "boxX" and kind in ("int", "uint"):
         return format(int(value), verb)
     if verb in "xX" and kind in ("string", "bytes"):
         data = value.encode() if isinstance(value, str) else value
         hexed = data.hex()
         return hexed.upper() if verb == "X" else hexed
-    raise EvalError(f"format: %{verb} does not accept a {kind}")
+    raise EvalError(f"error during formatting: clause %{verb} cannot format a {kind}")
 
 
 MEMBER: dict[str, Function] = {
@@ -186,16 +252,3 @@ MEMBER: dict[str, Function] = {
 }
 
 GLOBAL: dict[str, Function] = {"strings.quote": quote}
-
-RETURNS: dict[str, str] = {
-    "charAt": "string",
-    "lowerAscii": "string",
-    "upperAscii": "string",
-    "replace": "string",
-    "split": "list",
-    "substring": "string",
-    "trim": "string",
-    "join": "string",
-    "format": "string",
-    "strings.quote": "string",
-}

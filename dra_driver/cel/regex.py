@@ -1,30 +1,39 @@
 """Regular expressions: ``matches``, and the Kubernetes ``find`` / ``findAll`` functions.
 
-Patterns are compiled once and cached. Python's ``re`` stands in for RE2; the two agree on the
-syntax selectors use (classes, anchors, repetition, groups); RE2-only rejections such as
-backreferences are reported as errors here too.
+The scheduler uses Go's RE2 syntax and semantics, so patterns run on RE2 itself (the
+``google-re2`` bindings), not Python's ``re``: ``$`` does not match before a trailing newline,
+``\\w`` and ``\\d`` are ASCII, POSIX classes, ``\\pL``, ``\\Q...\\E`` and ``\\z`` work, and
+backtracking-only syntax (backreferences, lookaround, possessive ``a++``) is rejected.
 """
 
 from __future__ import annotations
 
-import re
 from functools import lru_cache
 from typing import Any
 
+import re2  # type: ignore[import-untyped]  # the bindings ship no type information
+
 from dra_driver.cel.errors import EvalError, NoSuchOverload
+
+_OPTIONS = re2.Options()
+_OPTIONS.log_errors = False  # errors are reported as values, not on stderr
 
 
 @lru_cache(maxsize=512)
-def compiled(pattern: str) -> re.Pattern[str]:
+def compiled(pattern: str) -> Any:
     """The compiled pattern, or an :class:`EvalError` naming the bad pattern."""
-    if re.search(r"\\[1-9]|\(\?[=!<]|\(\?P=", pattern):
-        raise EvalError(
-            f"invalid regular expression (RE2 has no lookaround/backreferences): {pattern!r}"
-        )
     try:
-        return re.compile(pattern)
-    except re.error as exc:
-        raise EvalError(f"invalid regular expression {pattern!r}: {exc}") from None
+        return re2.compile(pattern, _OPTIONS)
+    except re2.error as exc:
+        reason = exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else exc
+        raise EvalError(f"error parsing regexp: {reason}: `{pattern}`") from None
+
+
+@lru_cache(maxsize=65536)
+def search(pattern: str, text: str) -> bool:
+    """Whether ``pattern`` matches anywhere in ``text``; cached because devices of one product
+    share their strings and RE2's bindings cost microseconds a call."""
+    return compiled(pattern).search(text) is not None
 
 
 def find(text: Any, pattern: Any) -> str:
@@ -32,7 +41,7 @@ def find(text: Any, pattern: Any) -> str:
     if type(text) is not str or type(pattern) is not str:
         raise NoSuchOverload("find", text, pattern)
     match = compiled(pattern).search(text)
-    return match.group(0) if match else ""
+    return str(match.group(0)) if match else ""
 
 
 def find_all(text: Any, pattern: Any, limit: Any = -1) -> list[str]:
@@ -41,5 +50,5 @@ def find_all(text: Any, pattern: Any, limit: Any = -1) -> list[str]:
         raise NoSuchOverload("findAll", text, pattern, limit)
     if limit == 0:
         return []
-    found = [m.group(0) for m in compiled(pattern).finditer(text)]
+    found = [str(m.group(0)) for m in compiled(pattern).finditer(text)]
     return found if limit < 0 else found[:limit]

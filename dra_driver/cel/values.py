@@ -55,6 +55,10 @@ def cel_eq(a: Any, b: Any) -> bool:
         return bool(a == b)
     if _is_number(a) and _is_number(b):
         return bool(a == b)
+    if b is not None and type(a) is not type(b) and type_name(a) in _OPAQUE:
+        # The left operand's type decides: a Quantity or Semver compared with another
+        # kind is the scheduler's "no such overload" (null is always just unequal).
+        raise NoSuchOverload("_==_", a, b)
     if isinstance(a, bool) or isinstance(b, bool):
         return False
     if isinstance(a, list | tuple) and isinstance(b, list | tuple):
@@ -70,6 +74,9 @@ def cel_eq(a: Any, b: Any) -> bool:
     if type_name(a) != type_name(b):
         return False
     return bool(a == b)
+
+
+_OPAQUE = frozenset(("kubernetes.Quantity", "kubernetes.Semver"))
 
 
 _MISSING = object()
@@ -98,9 +105,11 @@ def is_missing(value: object) -> bool:
 def cel_compare(op: str, a: Any, b: Any) -> int:
     """-1, 0 or 1 for ordered types; numbers compare across int/uint/double."""
     ta = type(a)
-    if ta is type(b) and ta in (str, int, float, bytes, bool, Uint):
+    if ta is type(b) and ta in (str, int, bytes, bool, Uint):
         return int(a > b) - int(a < b)
     if _is_number(a) and _is_number(b):
+        if a != a or b != b:
+            raise EvalError("NaN values cannot be ordered")
         return int(a > b) - int(a < b)
     raise NoSuchOverload(op, a, b)
 
