@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from dra_driver import logs
-from dra_driver.cel.commands import EXPLAIN_CLAIM, MATCH
+from dra_driver.cel_commands import EXPLAIN_CLAIM, MATCH
 from dra_driver.command import Command
 from dra_driver.gpu.discovery.base import DiscoveryError
 from dra_driver.gpu.discovery.factory import make_discovery

@@ -452,12 +452,20 @@ async def test_concurrent_requests_share_a_bounded_pool_beside_a_stream() -> Non
 # ------------------------------------------------------------------------------ the agent
 
 
-def test_agent_does_not_import_the_generated_client() -> None:
-    """The generated client costs tens of MiB at import; the agent must not load it."""
+@pytest.mark.parametrize(
+    "prefixes",
+    [
+        # The generated client costs tens of MiB at import.
+        ("kubernetes.aio.client", "kubernetes.client"),
+        # The CEL engine (the match and explain-claim commands) costs about 7 MiB and a third
+        # of a second of start-up under load.
+        ("dra_driver.cel.", "lark", "celpy"),
+    ],
+)
+def test_agent_does_not_import_what_it_does_not_use(prefixes: tuple[str, ...]) -> None:
     code = (
         "import sys, dra_driver.agent, dra_driver.cli\n"
-        "bad = sorted(m for m in sys.modules\n"
-        "    if m.startswith(('kubernetes.aio.client', 'kubernetes.client')))\n"
+        f"bad = sorted(m for m in sys.modules if m.startswith({prefixes!r}))\n"
         "print(','.join(bad))\n"
     )
     out = subprocess.run(
