@@ -36,9 +36,11 @@ from dra_driver.gpu.sharing.factory import make_sharing_backend
 from dra_driver.gpu.sharing.shared_gpus import parse_selection, shared_uuids
 from dra_driver.gpu.state.checkpoint import read_boot_id
 from dra_driver.gpu.state.device_state import DeviceState
+from dra_driver.gpu.state.evidence import NO_EVIDENCE, Evidence, claims_in_use
 from dra_driver.kube import KubeClient
 from dra_driver.kubeletplugin.claims import KubeClaimFetcher
 from dra_driver.kubeletplugin.liveness import serve_liveness
+from dra_driver.kubeletplugin.node_service import error_text
 from dra_driver.kubeletplugin.plugin import Plugin, PluginConfig
 from dra_driver.resourceslice.controller import SliceController
 from dra_driver.settings import Settings
@@ -70,11 +72,29 @@ def build_mig(settings: Settings, inventory: Inventory) -> MigBackend | None:
     )
 
 
+async def ask_api(client: KubeClient, settings: Settings) -> Evidence:
+    """What the API server says is allocated from this node's pool, as start-up's evidence;
+    without an answer, start-up destroys nothing no checkpoint record names."""
+    try:
+        items = await KubeClaimFetcher(client).list_claims()
+    except Exception as exc:  # any failure: no proof, so nothing is taken apart
+        log.warning(
+            "cannot list ResourceClaims: start-up keeps what it cannot prove unused",
+            error=error_text(exc),
+        )
+        return NO_EVIDENCE
+    claims = claims_in_use(items, driver=settings.driver_name, pool=settings.node_name)
+    return Evidence(specs={}, api=claims)
+
+
 def build_state(
-    settings: Settings, inventory: Inventory, mig: MigBackend | None = None
+    settings: Settings,
+    inventory: Inventory,
+    mig: MigBackend | None = None,
+    evidence: Evidence = NO_EVIDENCE,
 ) -> DeviceState:
     """The node's claim state (blocking: reads and may rewrite the checkpoint; with dynamic
-    MIG it also destroys MIG devices no prepared claim uses)."""
+    MIG it also destroys MIG devices that ``evidence`` and the checkpoint prove unused)."""
     real = settings.backend == "nvml"
     return DeviceState(
         inventory=inventory,
@@ -93,6 +113,7 @@ def build_state(
             state_dir=state_dir(settings),
             driver_root=settings.driver_root,
         ),
+        evidence=evidence,
     )
 
 
@@ -215,7 +236,16 @@ class NodeAgent:
                 kind="Node",
                 name=self.node,
                 reason="CheckpointCorrupt",
-                message=str(self.state.corrupt),
+                message=f"{self.state.corrupt}; rebuilt from the claims' CDI specs",
+            )
+        metrics.KEPT_DEVICES.set(len(self.state.kept))
+        if self.state.kept:
+            await post_event(
+                self.client,
+                kind="Node",
+                name=self.node,
+                reason="DevicesKept",
+                message="kept, since nothing proves them unused: " + ", ".join(self.state.kept),
             )
         await self.publish()
         liveness = None
@@ -308,7 +338,8 @@ async def run_agent(settings: Settings) -> int:
         inventory = await discover_async(discovery)
         await asyncio.to_thread(sweep_temp_files_of, settings)
         mig = await asyncio.to_thread(build_mig, settings, inventory)
-        state = await asyncio.to_thread(build_state, settings, inventory, mig)
+        evidence = await ask_api(client, settings)
+        state = await asyncio.to_thread(build_state, settings, inventory, mig, evidence)
         if settings.metrics_port:
             metrics.serve(settings.metrics_port, settings.driver_name)
         await NodeAgent(settings, inventory, state, client, mig).run(stop)

@@ -31,6 +31,10 @@ PREPARED_CLAIMS = Gauge("dra_driver_prepared_claims", "Claims prepared on this n
 PUBLISHED_DEVICES = Gauge("dra_driver_published_devices", "Devices in this node's pool.")
 PUBLISHED_SLICES = Gauge("dra_driver_published_slices", "ResourceSlices in this node's pool.")
 UNHEALTHY_DEVICES = Gauge("dra_driver_unhealthy_devices", "Devices tainted as unhealthy.")
+KEPT_DEVICES = Gauge(
+    "dra_driver_kept_devices",
+    "MIG devices start-up kept because nothing proved them unused (see the node's Events).",
+)
 API_REQUESTS = Counter(
     "dra_driver_api_requests_total",
     "Requests to the Kubernetes API server, by verb and HTTP status code.",

@@ -13,30 +13,54 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dra_driver.errors import PrepareError
 
 API_GROUP_VERSION = "gpu.dra.dev/v1alpha1"
 
 # A memory quantity as Kubernetes writes it; kept as text and converted to MPS's own units.
-_QUANTITY = re.compile(r"^(\d+)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
+_QUANTITY = re.compile(r"(\d{1,16})(Ki|Mi|Gi|Ti|k|M|G|T)?")
 _FACTORS: dict[str | None, int] = {
     **{None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12},
     **{"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40},
 }
+# MPS takes limits in whole MiB; no GPU has anywhere near 4 TiB, so more is a typo.
+MIN_LIMIT = 2**20
+MAX_LIMIT = 4 * 2**40
+# The API server caps opaque parameters at 10 KiB of JSON; a config this driver understands is
+# four levels deep. Checked before parsing, so a hostile object cannot exhaust the stack.
+MAX_DEPTH = 16
+MAX_NODES = 2048
+# Values quoted in error messages (and so in logs and Events) are cut to this length.
+QUOTE_LIMIT = 64
+
+
+def quote(value: object) -> str:
+    """``repr`` of a user's value, cut short: a huge field must not flood logs and Events."""
+    text = repr(value)
+    return text if len(text) <= QUOTE_LIMIT else f"{text[:QUOTE_LIMIT]}...({len(text)} chars)"
 
 
 def memory_bytes(text: str) -> int:
     """Parse a whole-number memory quantity such as ``10Gi`` or ``512M`` into bytes."""
-    match = _QUANTITY.match(text)
+    match = _QUANTITY.fullmatch(text)
     if not match:
-        raise ValueError(f"{text!r} is not a memory quantity such as 10Gi or 512Mi")
+        raise ValueError(f"{quote(text)} is not a memory quantity such as 10Gi or 512Mi")
     return int(match.group(1)) * _FACTORS[match.group(2)]
 
 
+def _memory_limit(text: str) -> str:
+    """Check a pinned-memory limit: a quantity between 1Mi and 4Ti."""
+    value = memory_bytes(text)
+    if not MIN_LIMIT <= value <= MAX_LIMIT:
+        raise ValueError(f"{quote(text)} is outside the allowed range 1Mi to 4Ti")
+    return text
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # strict: no coercion, so `true` is not 1 and "50" is not 50.
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
 
 
 class TimeSlicingConfig(_Strict):
@@ -62,16 +86,29 @@ class MpsConfig(_Strict):
     @field_validator("default_pinned_device_memory_limit")
     @classmethod
     def _check_limit(cls, value: str | None) -> str | None:
-        if value is not None:
-            memory_bytes(value)
-        return value
+        return None if value is None else _memory_limit(value)
 
     @field_validator("default_per_device_pinned_memory_limit")
     @classmethod
     def _check_limits(cls, value: dict[str, str]) -> dict[str, str]:
-        for limit in value.values():
-            memory_bytes(limit)
+        for key, limit in value.items():
+            if not key:
+                raise ValueError("a device key must be a device index or UUID, not empty")
+            _memory_limit(limit)
         return value
+
+    def device_keys(self) -> frozenset[str]:
+        """The device indexes and UUIDs the per-device limits name."""
+        return frozenset(self.default_per_device_pinned_memory_limit)
+
+
+def _only_own_fields(sharing: GpuSharing | MigSharing) -> None:
+    """A strategy's settings under another strategy are a mistake, never silently dropped."""
+    time_slicing = getattr(sharing, "time_slicing_config", None)
+    if sharing.strategy == "MPS" and time_slicing is not None:
+        raise ValueError("timeSlicingConfig is set but the strategy is MPS; remove one")
+    if sharing.strategy == "TimeSlicing" and sharing.mps_config is not None:
+        raise ValueError("mpsConfig is set but the strategy is TimeSlicing; remove one")
 
 
 class GpuSharing(_Strict):
@@ -81,12 +118,22 @@ class GpuSharing(_Strict):
     time_slicing_config: TimeSlicingConfig | None = Field(default=None, alias="timeSlicingConfig")
     mps_config: MpsConfig | None = Field(default=None, alias="mpsConfig")
 
+    @model_validator(mode="after")
+    def _one_strategy(self) -> GpuSharing:
+        _only_own_fields(self)
+        return self
+
 
 class MigSharing(_Strict):
     """Sharing of a MIG device; MIG has no time-slice interval to set."""
 
     strategy: Literal["TimeSlicing", "MPS"]
     mps_config: MpsConfig | None = Field(default=None, alias="mpsConfig")
+
+    @model_validator(mode="after")
+    def _one_strategy(self) -> MigSharing:
+        _only_own_fields(self)
+        return self
 
 
 class GpuConfig(_Strict):
@@ -122,21 +169,58 @@ def parse_config(parameters: Any, *, where: str) -> DeviceConfig:
     """Parse one opaque parameters object strictly; ``where`` names the claim and request."""
     if not isinstance(parameters, Mapping):
         raise ConfigError(f"{where}: opaque parameters must be an object")
+    _check_shape(parameters, where)
     api_version = parameters.get("apiVersion")
     if api_version != API_GROUP_VERSION:
-        raise ConfigError(f"{where}: apiVersion {api_version!r} is not {API_GROUP_VERSION!r}")
+        raise ConfigError(f"{where}: apiVersion {quote(api_version)} is not {API_GROUP_VERSION!r}")
     model = _KINDS.get(str(parameters.get("kind")))
     if model is None:
         raise ConfigError(
-            f"{where}: kind {parameters.get('kind')!r} is not one of {', '.join(_KINDS)}"
+            f"{where}: kind {quote(parameters.get('kind'))} is not one of {', '.join(_KINDS)}"
         )
     try:
         return model.model_validate(parameters)
     except ValidationError as exc:
-        err = exc.errors()[0]
+        err = exc.errors(include_input=False, include_url=False)[0]
         field = ".".join(str(p) for p in err["loc"])
         detail = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
         raise ConfigError(f"{where}: field {field!r}: {detail}") from None
+
+
+def _check_shape(parameters: Mapping[str, Any], where: str) -> None:
+    """Refuse objects nested deeper or larger than any valid config, without recursion."""
+    stack: list[tuple[Any, int]] = [(parameters, 1)]
+    nodes = 0
+    while stack:
+        value, depth = stack.pop()
+        nodes += 1
+        if depth > MAX_DEPTH:
+            raise ConfigError(f"{where}: opaque parameters are nested deeper than {MAX_DEPTH}")
+        if nodes > MAX_NODES:
+            raise ConfigError(f"{where}: opaque parameters have more than {MAX_NODES} values")
+        if isinstance(value, Mapping):
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
+
+
+def check_device_keys(
+    config: DeviceConfig | None, *, devices: int, uuids: Iterable[str], where: str
+) -> None:
+    """Every per-device limit must name one of the claim's devices: its index among the
+    claim's ``devices`` or its UUID. A key naming nothing is a typo that would silently
+    leave a device unlimited."""
+    sharing = config.sharing if config else None
+    mps = sharing.mps_config if sharing else None
+    if mps is None:
+        return
+    known = set(uuids) | {str(i) for i in range(devices)}
+    unknown = sorted(mps.device_keys() - known)
+    if unknown:
+        raise ConfigError(
+            f"{where}: defaultPerDevicePinnedMemoryLimit names no device of the claim: "
+            f"{', '.join(quote(k) for k in unknown)} (use an index 0..{devices - 1} or a UUID)"
+        )
 
 
 @dataclass(frozen=True)

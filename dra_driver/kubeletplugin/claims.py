@@ -54,7 +54,15 @@ class KubeClaimFetcher:
                 f"reading ResourceClaim {namespace}/{name}: HTTP {response.status}: "
                 f"{_api_message(response.body)}"
             )
-        claim = response.json()
+        try:
+            claim = response.json()
+        except RecursionError:
+            # The API server accepts objects nested thousands deep in opaque parameters;
+            # no driver config is, and Python's decoder stops near a thousand.
+            raise PrepareError(
+                f"ResourceClaim {namespace}/{name} is nested too deeply to read: its opaque "
+                "parameters must be a driver config a few levels deep"
+            ) from None
         if not isinstance(claim, dict):
             raise PrepareError(f"reading ResourceClaim {namespace}/{name}: unexpected response")
         return claim

@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import structlog
@@ -90,3 +90,18 @@ def _open_lock_file(path: Path) -> int:
     except FileNotFoundError:
         path.parent.mkdir(parents=True, exist_ok=True)
         return os.open(path, flags, 0o600)
+
+
+@contextmanager
+def hold_file_lock(path: Path) -> Iterator[None]:
+    """Hold the node lock file from blocking code (start-up, before the plugin serves).
+
+    Takes the same ``flock`` as :class:`NodeLock`, so recovery never runs while another agent
+    of the node (a surge update) is half-way through a prepare.
+    """
+    fd = _open_lock_file(path)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

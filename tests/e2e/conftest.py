@@ -370,3 +370,4 @@ def wait_until_fixture() -> Callable[..., Any]:
 
 # Fixtures of the driver's own end-to-end tests (GPU nodes, the DeviceClass).
 from tests.e2e.gpu import gpu_class, gpu_node  # noqa: E402, F401
+from tests.e2e.mig import device_classes, mig_node, profile  # noqa: E402, F401

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,64 +15,14 @@ from devenv.simnode import GpuNode, start_driver
 from dra_driver import faults
 from dra_driver.gpu.mig.simulated import SIMULATED_STATE_FILE
 from tests.e2e.conftest import gone, raw, wait_until
-from tests.e2e.gpu import apply, claim_of, published_devices
+from tests.e2e.gpu import apply, claim_of
+from tests.e2e.mig import DYNAMIC
 from tests.e2e.test_crash import check_node_consistent
 
 pytestmark = pytest.mark.e2e
 
 DRIVER = "gpu.dra.dev"
 MIG_CLASS = "mig.gpu.dra.dev"
-DYNAMIC = ["--dynamic-mig=true"]
-SINGLE_H100 = """\
-driverVersion: "580.95.05"
-cudaDriverVersion: "13.0"
-gpus:
-  - {product: NVIDIA H100 80GB HBM3, pciBusId: "0000:1b:00.0", pcieRoot: pci0000:15, numaNode: 0}
-"""
-
-
-@pytest.fixture
-def profile(tmp_path: Path) -> str:
-    path = tmp_path / "single-h100.yaml"
-    path.write_text(SINGLE_H100)
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def device_classes(kube_api: Any) -> None:
-    from kubernetes import client as k
-
-    api = k.ResourceV1Api(kube_api)
-    for name, kind in ((DRIVER, "gpu"), (MIG_CLASS, "mig")):
-        expr = f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "{kind}"'
-        body: Any = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": name},
-            "spec": {"selectors": [{"cel": {"expression": expr}}]},
-        }
-        try:
-            api.create_device_class(body)
-        except k.exceptions.ApiException as exc:
-            if exc.status != 409:
-                raise
-
-
-@pytest.fixture
-def mig_node(
-    gpu_node: Callable[..., GpuNode], kube_api: Any, profile: str
-) -> Callable[..., GpuNode]:
-    """``mig_node(points="")``: a node with one H100 and the driver in dynamic MIG mode."""
-
-    def make(points: str = "") -> GpuNode:
-        env = {faults.ENV: points} if points else {}
-        node = gpu_node(profile, prefix="mig", extra=DYNAMIC, env=env)
-        wait_until(
-            lambda: len(published_devices(kube_api, node.name)) == 26, 30, "placements published"
-        )
-        return node
-
-    return make
 
 
 def pod(name: str, node: str, device_class: str, selector: str = "") -> str:

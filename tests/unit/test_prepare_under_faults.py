@@ -37,16 +37,8 @@ from tests.unit.kubeletplugin.helpers import (
 INVENTORY = SimulatedDiscovery("mixed", NODE).discover()
 DEVICES = ["gpu-2", "gpu-3"]
 # Two claims make about a dozen calls of each operation; a fault lands in each of them.
-# The last claim's PrepareCompleted checkpoint write (and the CDI directory sync before it):
-# the state keeps the claim completed in memory only, answers the retry from memory without
-# writing again, and a restart drops the claim. A defect of gpu/state.py, fixed there.
-_LOST_ON_RETRY = {("create", 6), ("write", 6), ("rename", 6), ("fsync", 10), ("fsync", 11)}
-_STATE_DEFECT = pytest.mark.xfail(
-    strict=True, reason="gpu state: a failed PrepareCompleted write is answered from memory on retry"
-)
 POINTS = [
-    pytest.param(op, kind, nth, marks=[_STATE_DEFECT] if (op, nth) in _LOST_ON_RETRY and kind != "short" else [],
-    )
+    pytest.param(op, kind, nth)
     for op, kinds, last in [
         ("create", ("ENOSPC", "EIO"), 6),
         ("write", ("ENOSPC", "EIO", "short"), 6),

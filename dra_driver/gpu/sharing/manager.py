@@ -16,7 +16,7 @@ no hardware step is taken.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 
 import structlog
@@ -127,13 +127,21 @@ class SharingManager:
         if errors:
             raise SharingError(errors[0])
 
-    def sweep(self, claims: Iterable[ClaimRecord]) -> None:
-        """Start-up: stop daemons no prepared claim uses; restart used ones that died."""
+    def sweep(self, claims: Iterable[ClaimRecord], keep: Collection[str] = ()) -> None:
+        """Start-up: stop daemons no prepared claim uses; restart used ones that died.
+
+        ``keep``: daemons some claim's CDI spec mounts into containers; in use even when no
+        record names them (a rebuilt checkpoint has no daemon records), so never stopped."""
         if self.backend is None:
             return
         in_use = mpsplan.daemons_in_use(claims)
         for daemon_id in self.backend.list_mps():
             if daemon_id in in_use:
+                continue
+            if daemon_id in keep:
+                log.warning(
+                    "kept MPS daemon a CDI spec mounts: no record names it", daemon=daemon_id
+                )
                 continue
             try:
                 self.backend.stop_mps(daemon_id, self.mps_root / daemon_id / "pipe")

@@ -3,6 +3,10 @@
 Every step is recorded in the checkpoint before it is taken (see :mod:`.device_state`), so a
 restart recognises what a crash left behind and :meth:`Carver.destroy_orphans` removes it.
 Without a MIG backend (dynamic MIG off) there is nothing to carve.
+
+A MIG device is destroyed by the GPU instance id recorded when it was made, never by its
+placement alone, and only when no other claim's record names it: an admin-access claim and a
+regular claim on one placement share one device, whichever came first.
 """
 
 from __future__ import annotations
@@ -13,10 +17,11 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 import structlog
 
 from dra_driver import faults
-from dra_driver.gpu.inventory import Gpu
-from dra_driver.gpu.mig.backend import MigBackend, MigError
+from dra_driver.gpu.inventory import Gpu, MigDevice
+from dra_driver.gpu.mig.backend import Instance, MigBackend, MigError
 from dra_driver.gpu.publish.partitions import PlacementSpec
 from dra_driver.gpu.state.checkpoint import ClaimRecord, DeviceRecord, MigRecord
+from dra_driver.gpu.state.evidence import Evidence
 from dra_driver.gpu.state.planner import Plan
 from dra_driver.kubeletplugin.interfaces import ClaimRef
 
@@ -60,7 +65,8 @@ class Carver:
             if not self._mig.mig_enabled(spec.gpu):
                 self._mig.set_mig_mode(spec.gpu, True)
                 faults.point("prepare.mig-enabled")
-            created = self._mig.create(spec.gpu, spec.profile, spec.placement.start)
+            existing = self._existing(spec)
+            created = existing or self._mig.create(spec.gpu, spec.profile, spec.placement.start)
             faults.point("prepare.mig-created")
             assert rec.mig is not None
             rec.mig.gpu_instance_id = created.gpu_instance_id
@@ -68,7 +74,7 @@ class Carver:
             rec.uuid = created.uuid
             devices[i] = dataclasses.replace(device, mig=created)
             log.info(
-                "created MIG device",
+                "using existing MIG device" if existing else "created MIG device",
                 claim=str(plan.ref),
                 device=device.device_name,
                 uuid=created.uuid,
@@ -76,44 +82,76 @@ class Carver:
             )
         return dataclasses.replace(plan, devices=tuple(devices))
 
-    def undo(self, ref: ClaimRef, records: Sequence[DeviceRecord]) -> None:
+    def _existing(self, spec: PlacementSpec) -> MigDevice | None:
+        """The MIG device that already exists at the placement (another claim's, or one a
+        restart kept): used, never created twice."""
+        assert self._mig is not None
+        for inst in self._mig.list(spec.gpu):
+            if (
+                inst.device is not None
+                and inst.profile_id == spec.profile.profile_id
+                and inst.placement.start == spec.placement.start
+            ):
+                return inst.device
+        return None
+
+    def find(self, gpu: Gpu, uuid: str) -> Instance | None:
+        """The GPU instance whose MIG device has ``uuid``, if it exists."""
+        if self._mig is None:
+            return None
+        return next((i for i in self._mig.list(gpu) if i.device and i.device.uuid == uuid), None)
+
+    def undo(
+        self, ref: ClaimRef, records: Sequence[DeviceRecord], others: Collection[DeviceRecord]
+    ) -> None:
         """Best effort: destroy what a failed prepare created (a restart sweeps the rest)."""
         for rec in records:
             if rec.mig is not None:
                 try:
-                    self.destroy(rec.mig)
+                    self.destroy(rec.mig, others)
                 except MigError as exc:
                     log.error("destroying MIG device failed", claim=str(ref), error=str(exc))
 
-    def destroy(self, mig: MigRecord) -> None:
-        """Destroy the MIG device recorded for a claim, if it (still) exists."""
+    def destroy(self, mig: MigRecord, others: Collection[DeviceRecord]) -> None:
+        """Destroy the MIG device ``mig`` records, if it still exists and none of ``others``
+        (the other claims' records) names it."""
         assert self._mig is not None
         gpu = self._gpus.get(mig.gpu_uuid)
         if gpu is None:
             return
         for inst in self._mig.list(gpu):
-            if inst.profile_id == mig.profile_id and inst.placement.start == mig.start:
-                self._mig.destroy(gpu, inst.gpu_instance_id)
-                log.info("destroyed MIG device", gpu=gpu.uuid, profile=mig.profile, start=mig.start)
+            if not names(mig, inst):
+                continue
+            if referenced(inst, gpu.uuid, others):
+                log.info("MIG device stays: another claim uses it", gpu=gpu.uuid)
+                continue
+            self._mig.destroy(gpu, inst.gpu_instance_id)
+            log.info(
+                "destroyed MIG device",
+                gpu=gpu.uuid,
+                profile=mig.profile,
+                start=mig.start,
+                gpu_instance=inst.gpu_instance_id,
+            )
 
     def destroy_orphans(
-        self, claims: Collection[ClaimRecord], placements: Iterable[PlacementSpec]
-    ) -> None:
-        """Destroy MIG devices no prepared claim uses (dynamic MIG owns the GPUs' layout).
+        self,
+        claims: Collection[ClaimRecord],
+        placements: Iterable[PlacementSpec],
+        evidence: Evidence,
+    ) -> list[str]:
+        """Destroy MIG devices nothing uses (dynamic MIG owns the GPUs' layout); return those
+        kept because nothing proves them unused.
 
-        Covers instances left by a crash mid-prepare (their claim was just dropped) and
-        MIG devices made before the driver started; a claim's devices are recognised by the
-        placement recorded for them, or by the device name (claims prepared statically).
+        Covers instances left by a crash mid-prepare and MIG devices made before the driver
+        started. An instance a record names is kept; any other is destroyed only when the
+        API server and the CDI specs prove it unused (:meth:`Evidence.may_destroy`).
         """
         assert self._mig is not None
-        kept_names = {d.device_name for rec in claims for d in rec.devices}
-        kept = {
-            (d.mig.gpu_uuid, d.mig.profile_id, d.mig.start)
-            for rec in claims
-            for d in rec.devices
-            if d.mig is not None
-        }
+        records = [d for rec in claims for d in rec.devices]
+        names_held = {d.device_name for d in records}
         placements = list(placements)
+        kept: list[str] = []
         for gpu in self._gpus.values():
             if not gpu.mig.capable:
                 continue
@@ -129,12 +167,36 @@ class Carver:
                     None,
                 )
                 name = spec.device_name if spec else ""
-                if (gpu.uuid, inst.profile_id, inst.placement.start) in kept or name in kept_names:
+                if name in names_held or referenced(inst, gpu.uuid, records):
+                    continue
+                device = name or f"gi{inst.gpu_instance_id}"
+                uuid = inst.device.uuid if inst.device else None
+                if not evidence.may_destroy(name, uuid):
+                    kept.append(f"MIG device {device} on GPU {gpu.uuid}")
+                    log.warning(
+                        "kept MIG device no record names: cannot prove it unused",
+                        gpu=gpu.uuid,
+                        device=device,
+                        uuid=uuid,
+                        api_answered=evidence.api is not None,
+                    )
                     continue
                 self._mig.destroy(gpu, inst.gpu_instance_id)
                 log.info(
-                    "destroyed MIG device no claim uses",
-                    gpu=gpu.uuid,
-                    device=name or f"gi{inst.gpu_instance_id}",
-                    uuid=inst.device.uuid if inst.device else None,
+                    "destroyed MIG device no claim uses", gpu=gpu.uuid, device=device, uuid=uuid
                 )
+        return kept
+
+
+def names(mig: MigRecord, inst: Instance) -> bool:
+    """Whether a record names this GPU instance: by the id recorded when it was created, or
+    by its placement while no id is recorded (a crash between recording and creating)."""
+    same_place = mig.profile_id == inst.profile_id and mig.start == inst.placement.start
+    return same_place and mig.gpu_instance_id in (None, inst.gpu_instance_id)
+
+
+def referenced(inst: Instance, gpu_uuid: str, records: Iterable[DeviceRecord]) -> bool:
+    """Whether any of ``records`` names this instance of GPU ``gpu_uuid``."""
+    return any(
+        r.mig is not None and r.mig.gpu_uuid == gpu_uuid and names(r.mig, inst) for r in records
+    )

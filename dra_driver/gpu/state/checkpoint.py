@@ -182,12 +182,12 @@ def migrate(body: dict[str, Any]) -> dict[str, Any]:
 def load(path: Path, boot_id: str) -> CheckpointData:
     """Read the checkpoint; a missing file is an empty one.
 
-    Raises :class:`CorruptCheckpoint` after moving an unreadable file aside, so the agent
-    starts with an empty state instead of crash-looping on it, and :class:`CheckpointTooNew`
-    (leaving the file alone) for a version this agent does not know.
+    Raises :class:`CorruptCheckpoint` after moving an unreadable file aside (start-up then
+    rebuilds the records from the CDI specs instead of crash-looping on it), and
+    :class:`CheckpointTooNew` (leaving the file alone) for a version this agent does not know.
     """
     try:
-        raw = path.read_text()
+        raw = path.read_bytes()
     except FileNotFoundError:
         return CheckpointData(boot_id=boot_id)
     try:
@@ -199,9 +199,62 @@ def load(path: Path, boot_id: str) -> CheckpointData:
         if envelope.get("checksum") != _checksum(body):
             raise ValueError("checksum mismatch")
         data = CheckpointData.model_validate(migrate(body))
-    except (ValueError, KeyError, TypeError, AttributeError, ValidationError) as exc:
+    except (
+        ValueError,
+        KeyError,
+        TypeError,
+        AttributeError,
+        RecursionError,
+        ValidationError,
+    ) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         moved = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
         path.replace(moved)
         raise CorruptCheckpoint(reason, moved) from None
     return data
+
+
+class CheckpointFile:
+    """The node's checkpoint file, shared by the node's agents under the node lock.
+
+    Remembers the file as this agent last read or wrote it (inode, size, mtime): every write
+    renames a new file into place, so another agent's write always shows, and an unchanged
+    file is not read again.
+    """
+
+    def __init__(self, path: Path, boot_id: str) -> None:
+        self.path = path
+        self.boot_id = boot_id
+        self._seen: tuple[int, int, int] | None = None
+
+    def _stamp(self) -> tuple[int, int, int] | None:
+        try:
+            st = self.path.stat()
+        except OSError:
+            return None
+        return st.st_ino, st.st_size, st.st_mtime_ns
+
+    def read(self) -> CheckpointData:
+        """Read the file (see :func:`load`) and remember it."""
+        data = load(self.path, self.boot_id)
+        self._seen = self._stamp()
+        return data
+
+    def reread(self) -> CheckpointData | None:
+        """The file's records if it changed since this agent last saw it, else ``None``."""
+        if self._seen is not None and self._stamp() == self._seen:
+            return None
+        try:
+            data = self.read()
+        finally:
+            self._seen = self._stamp()
+        return data if data.boot_id == self.boot_id else None
+
+    def write(self, data: CheckpointData) -> None:
+        """Save ``data`` durably (raises ``OSError``, the file left as it was) and remember it."""
+        save(self.path, data)
+        self._seen = self._stamp()
+
+    def distrust(self) -> None:
+        """A write failed: memory is ahead of the file, so read the file again next time."""
+        self._seen = None

@@ -5,7 +5,9 @@ checkpoint (:mod:`.checkpoint`) and takes the steps in order: MIG devices (:mod:
 sharing (:mod:`dra_driver.gpu.sharing.manager`), the CDI spec. Start-up is :mod:`.recovery`.
 
 All methods block (fsync) and are meant to run in a worker thread. Calls are serialised by the
-kubelet plugin's node-wide lock; the internal lock only guards against misuse.
+kubelet plugin's node-wide lock file, which start-up takes too: two agents of one node (a
+surge update) never interleave, and each re-reads the checkpoint the other may have written.
+The internal lock only guards against misuse within the process.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import shutil
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -41,11 +44,13 @@ from dra_driver.gpu.state.checkpoint import (
     ClaimState,
     DeviceRecord,
 )
+from dra_driver.gpu.state.evidence import NO_EVIDENCE, Evidence, read_specs
 from dra_driver.gpu.state.planner import (
     ClaimError,
     Plan,
     check_free,
     check_gpu_free,
+    check_within,
     device_records,
     holders,
     is_share,
@@ -60,10 +65,13 @@ from dra_driver.kubeletplugin.interfaces import (
     PrepareResult,
     UnprepareResult,
 )
+from dra_driver.kubeletplugin.lock import hold_file_lock
+from dra_driver.kubeletplugin.sockets import LOCK_FILE_NAME
 
 log = structlog.get_logger(__name__)
 
 CHECKPOINT_FILE = "checkpoint.json"
+SPEC_PREFIX = spec_file_name(CDI_VENDOR, CDI_CLASS, "").removesuffix(".json")
 
 
 class DeviceState:
@@ -84,12 +92,16 @@ class DeviceState:
         mig: MigBackend | None = None,
         sharing: SharingBackend | None = None,
         shared_gpus: frozenset[str] = frozenset(),
+        evidence: Evidence = NO_EVIDENCE,
     ) -> None:
         """``mig`` turns on dynamic MIG: MIG devices are created when a claim for one of the
         published placements is prepared and destroyed when it is unprepared. ``sharing``
         applies time-slicing and runs MPS daemons (without it, only the CDI spec carries
         the sharing settings). ``shared_gpus``: UUIDs of GPUs published as shared GPUs, whose
-        allocations are shares (several claims, each limited by what the scheduler counted)."""
+        allocations are shares (several claims, each limited by what the scheduler counted).
+        ``evidence``: the claims the API server says hold devices of the node (its ``specs``
+        are read from ``cdi_root`` here); without the API's word start-up destroys nothing
+        that no checkpoint record names."""
         self.driver_name = driver_name
         self.node_name = node_name
         self.cdi_root = cdi_root
@@ -101,21 +113,21 @@ class DeviceState:
         self._catalog = build_catalog(inventory, dynamic=mig is not None, shared=shared_gpus)
         self._sharing = SharingManager(sharing, state_dir / "mps")
         self._carver = Carver(mig, {g.uuid: g for g in inventory.gpus})
-        self._path = state_dir / CHECKPOINT_FILE
+        self._file = checkpoint.CheckpointFile(state_dir / CHECKPOINT_FILE, boot_id)
         state_dir.mkdir(parents=True, exist_ok=True)
-        data, self.corrupt = recovery.load(self._path, boot_id, node_name)
-        dropped = recovery.recover(
-            data,
-            boot_id,
-            node_name=node_name,
-            sharing=self._sharing,
-            remove_artifacts=self._remove_artifacts,
-        )
-        if dropped or not self._path.exists():
-            checkpoint.save(self._path, data)
-        if mig is not None:
-            self._carver.destroy_orphans(data.claims.values(), self._catalog.placements())
-        self._data = data
+        with hold_file_lock(state_dir / LOCK_FILE_NAME):
+            start = recovery.start(
+                self._file,
+                evidence.with_specs(read_specs(cdi_root, SPEC_PREFIX)),
+                node_name=node_name,
+                catalog=self._catalog,
+                carver=self._carver,
+                sharing=self._sharing,
+                remove_artifacts=self._remove_artifacts,
+            )
+        self._data = start.data
+        #: The corruption start-up found, and what it kept for want of proof it is unused.
+        self.corrupt, self.kept = start.corrupt, start.kept
 
     # --- paths ----------------------------------------------------------------------------
 
@@ -153,15 +165,52 @@ class DeviceState:
         """How many claims are prepared (or being prepared)."""
         return len(self._data.claims)
 
+    # --- the checkpoint under the node lock --------------------------------------------
+
+    def _refresh(self) -> None:
+        """Take up what another agent of the node wrote since this one last did (a surge
+        update runs two); an unchanged file is not read again."""
+        try:
+            data = self._file.reread()
+        except checkpoint.CorruptCheckpoint as exc:
+            # Keep what this agent knows; its next write replaces the unreadable file.
+            log.error("checkpoint corrupt: keeping the records in memory", reason=exc.reason)
+            return
+        if data is not None:
+            self._data = data
+
+    def _record(
+        self, claims: Mapping[str, str], out: dict[str, Any], what: str, sync_cdi: bool = False
+    ) -> bool:
+        """Write the checkpoint (after one fsync of the CDI directory for the batch's specs,
+        with ``sync_cdi``). When that fails, ``claims`` (UID -> name) fail with a clear
+        error, and the next call starts again from the file, which a failed write leaves
+        as it was: the kubelet's retry then redoes what is not recorded."""
+        try:
+            if sync_cdi:
+                self._sync_cdi_root()
+            self._file.write(self._data)
+        except OSError as exc:
+            log.error(
+                "writing the checkpoint failed", error=str(exc), claims=sorted(claims.values())
+            )
+            for uid, name in claims.items():
+                out[uid] = ClaimError(f"claim {name}: cannot record {what}: {exc}")
+            self._file.distrust()
+            return False
+        return True
+
     # --- prepare --------------------------------------------------------------------------
 
     def prepare(self, claims: Sequence[ClaimToPrepare]) -> dict[str, PrepareResult]:
         """Prepare a batch of claims; one result per claim UID, errors per claim.
 
         The checkpoint is written twice per batch, not per claim: once with every new claim
-        marked PrepareStarted, once after their CDI specs exist.
+        marked PrepareStarted, once after their CDI specs exist. A claim is answered
+        prepared only once the second write succeeded.
         """
         with self._lock:
+            self._refresh()
             out: dict[str, PrepareResult] = {}
             plans: list[Plan] = []
             held = holders(self._data.claims)
@@ -186,6 +235,7 @@ class DeviceState:
                     )
                     records = record.devices
                     self._sharing.annotate(uid, plan.devices, record)
+                    check_within(claim.ref, records, self._catalog)
                     check_free(claim.ref, records, held, shared, self._data.claims)
                     if self._carver.enabled:
                         check_gpu_free(claim.ref, records, others, self._catalog, self._data.claims)
@@ -222,13 +272,13 @@ class DeviceState:
                 others += [(uid, r) for r in records]
                 self._data.claims[uid] = record
                 plans.append(plan)
-            if plans:
-                checkpoint.save(self._path, self._data)
+            batch = {plan.ref.uid: str(plan.ref) for plan in plans}
+            if plans and self._record(batch, out, "that its prepare started"):
                 faults.point("prepare.started-recorded")
                 out.update({plan.ref.uid: self._finish(plan) for plan in plans})
-                self._sync_cdi_root()
-                checkpoint.save(self._path, self._data)
-                faults.point("prepare.completed-recorded")
+                ready = {uid: name for uid, name in batch.items() if isinstance(out[uid], list)}
+                if self._record(ready, out, "that it is prepared", sync_cdi=True):
+                    faults.point("prepare.completed-recorded")
             return out
 
     def _finish(self, plan: Plan) -> PrepareResult:
@@ -263,9 +313,13 @@ class DeviceState:
             log.error("undoing sharing failed", claim=str(ref), error=str(exc))
 
     def _undo_carve(self, ref: ClaimRef, records: Sequence[DeviceRecord]) -> None:
-        """Forget the claim and destroy what its failed prepare created."""
+        """Forget the claim and destroy what its failed prepare created (MIG devices other
+        claims also use stay)."""
         self._data.claims.pop(ref.uid, None)
-        self._carver.undo(ref, records)
+        self._carver.undo(ref, records, self._other_records(ref.uid))
+
+    def _other_records(self, uid: str) -> list[DeviceRecord]:
+        return [d for u, r in self._data.claims.items() if u != uid for d in r.devices]
 
     def _write_spec(self, plan: Plan) -> PrepareResult:
         uid = plan.ref.uid
@@ -310,8 +364,9 @@ class DeviceState:
     def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, UnprepareResult]:
         """Unprepare a batch; unknown claims succeed (the kubelet may repeat itself)."""
         with self._lock:
+            self._refresh()
             out: dict[str, UnprepareResult] = {}
-            changed = False
+            changed: dict[str, str] = {}
             for ref in refs:
                 if not usable_uid(ref.uid):
                     out[ref.uid] = None  # never prepared: nothing can exist under that name
@@ -321,7 +376,8 @@ class DeviceState:
                 if rec is not None and migs and rec.state is not ClaimState.UNPREPARE_STARTED:
                     # Recorded first: a restart finishes what this unprepare starts.
                     rec.state = ClaimState.UNPREPARE_STARTED
-                    checkpoint.save(self._path, self._data)
+                    if not self._record({ref.uid: str(ref)}, out, "that its unprepare started"):
+                        return out
                     faults.point("unprepare.started-recorded")
                 if rec is not None:
                     try:
@@ -340,20 +396,18 @@ class DeviceState:
                 faults.point("unprepare.cdi-removed")
                 try:
                     for mig in migs:
-                        self._carver.destroy(mig)
+                        self._carver.destroy(mig, self._other_records(ref.uid))
                 except MigError as exc:
                     out[ref.uid] = ClaimError(f"claim {ref}: cannot destroy MIG device: {exc}")
                     continue
                 if migs:
                     faults.point("unprepare.mig-destroyed")
                 if self._data.claims.pop(ref.uid, None) is not None:
-                    changed = True
+                    changed[ref.uid] = str(ref)
                     log.info(
                         "claim unprepared", claim=str(ref), claim_uid=ref.uid, node=self.node_name
                     )
                 out[ref.uid] = None
-            self._sync_cdi_root()
-            if changed:
-                checkpoint.save(self._path, self._data)
+            if changed and self._record(changed, out, "that it is unprepared", sync_cdi=True):
                 faults.point("unprepare.recorded")
             return out

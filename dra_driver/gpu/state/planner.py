@@ -12,7 +12,7 @@ from typing import Any
 
 from dra_driver.errors import PrepareError
 from dra_driver.gpu.allocation import AllocatedDevice, with_share
-from dra_driver.gpu.config import parse_allocation_config, resolve_config
+from dra_driver.gpu.config import check_device_keys, parse_allocation_config, resolve_config
 from dra_driver.gpu.container.claim_spec import cdi_device_id
 from dra_driver.gpu.inventory import Placement
 from dra_driver.gpu.mig.backend import overlaps
@@ -85,6 +85,10 @@ def plan_claim(claim: ClaimToPrepare, catalog: Catalog, driver_name: str) -> Pla
             share = share_of(str(result["shareID"]), result.get("consumedCapacity"))
             device = with_share(device, share)
         devices.append(device)
+    uuids = [d.uuid for d in devices]
+    for device in devices:
+        where = f"claim {ref}, request {device.requests[0]}"
+        check_device_keys(device.config, devices=len(devices), uuids=uuids, where=where)
     return Plan(
         ref=ref,
         devices=tuple(devices),
@@ -150,6 +154,35 @@ def footprint(rec: DeviceRecord, catalog: Catalog) -> Footprint | None:
     return entry.gpu.uuid, entry.mig.placement if entry.mig else None
 
 
+def check_within(ref: ClaimRef, records: Sequence[DeviceRecord], catalog: Catalog) -> None:
+    """One claim holds no device twice, nor a whole GPU beside a MIG device of it, nor
+    overlapping MIG devices: the API server accepts such a status, the GPU cannot."""
+    for i, rec in enumerate(records):
+        for other in records[:i]:
+            if is_share(rec) and is_share(other) and rec.share_id != other.share_id:
+                continue  # two shares of one shared GPU: distinct CDI devices, by design
+            if rec.device_name == other.device_name:
+                raise ClaimError(
+                    f"claim {ref}: device {rec.device_name} is allocated to it twice; a device "
+                    "can be prepared once per claim: delete the pod so the claim is allocated "
+                    "again"
+                )
+            mine, theirs = footprint(rec, catalog), footprint(other, catalog)
+            if _clash(mine, theirs):
+                raise ClaimError(
+                    f"claim {ref}: devices {other.device_name} and {rec.device_name} are parts "
+                    f"of the same GPU {mine[0] if mine else ''} and cannot be used together (a "
+                    "whole GPU and its MIG devices exclude each other)"
+                )
+
+
+def _clash(mine: Footprint | None, theirs: Footprint | None) -> bool:
+    """Whether two footprints take the same part of one GPU."""
+    if mine is None or theirs is None or mine[0] != theirs[0]:
+        return False
+    return mine[1] is None or theirs[1] is None or overlaps(mine[1], theirs[1])
+
+
 def check_gpu_free(
     ref: ClaimRef,
     records: Sequence[DeviceRecord],
@@ -174,9 +207,7 @@ def check_gpu_free(
         if mine is None or rec.sharing == "admin" or is_share(rec):
             continue
         for uid, other, theirs in taken:
-            if uid == ref.uid or theirs is None or theirs[0] != mine[0]:
-                continue
-            if mine[1] is None or theirs[1] is None or overlaps(mine[1], theirs[1]):
+            if uid != ref.uid and _clash(mine, theirs):
                 holder = claims.get(uid)
                 owner = f"{holder.namespace}/{holder.name}" if holder else uid
                 raise ClaimError(

@@ -1,31 +1,192 @@
-"""Start-up: read the checkpoint and undo what a reboot or a crash left half done."""
+"""Start-up: read the checkpoint (or rebuild a lost one) and undo what a reboot or a crash
+left half done.
+
+A corrupt or missing checkpoint is rebuilt from the claims' CDI specs and the API server's
+claims (:mod:`.evidence`), never replaced by an empty one: an empty record would let start-up
+take apart every device the node's pods use.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
+from dra_driver.gpu.container.claim_spec import cdi_device_id
+from dra_driver.gpu.publish.catalog import Catalog
 from dra_driver.gpu.sharing.backend import SharingError
 from dra_driver.gpu.sharing.manager import SharingManager
 from dra_driver.gpu.state import checkpoint
-from dra_driver.gpu.state.checkpoint import CheckpointData, ClaimState, CorruptCheckpoint
+from dra_driver.gpu.state.carving import Carver
+from dra_driver.gpu.state.checkpoint import (
+    CheckpointData,
+    ClaimRecord,
+    ClaimState,
+    CorruptCheckpoint,
+    DeviceRecord,
+)
+from dra_driver.gpu.state.evidence import Evidence, SpecOnDisk, device_of
+from dra_driver.gpu.state.planner import mig_record
+from dra_driver.kubeletplugin.interfaces import ClaimRef
 
 log = structlog.get_logger(__name__)
 
 
+@dataclass(frozen=True)
+class Start:
+    """What start-up found: the records, the corruption seen, and what was kept for want
+    of proof that it is unused."""
+
+    data: CheckpointData
+    corrupt: CorruptCheckpoint | None
+    kept: list[str]
+
+
+def start(
+    file: checkpoint.CheckpointFile,
+    evidence: Evidence,
+    *,
+    node_name: str,
+    catalog: Catalog,
+    carver: Carver,
+    sharing: SharingManager,
+    remove_artifacts: Callable[[str], None],
+) -> Start:
+    """Load or rebuild the checkpoint, finish what a crash interrupted, and take apart only
+    what is proven unused. The caller holds the node lock."""
+    data, corrupt = load(file, node_name, evidence)
+    if data is None:
+        evidence = drop_gone(evidence, remove_artifacts)
+        data = rebuild(
+            evidence, catalog=catalog, carver=carver, node_name=node_name, boot_id=file.boot_id
+        )
+    dropped = recover(
+        data,
+        file.boot_id,
+        node_name=node_name,
+        sharing=sharing,
+        remove_artifacts=remove_artifacts,
+        keep_daemons=daemons_in_specs(evidence, sharing.mps_root),
+    )
+    evidence = evidence.without(dropped)
+    if dropped or not file.path.exists():
+        file.write(data)
+    kept: list[str] = []
+    if carver.enabled:
+        remaining = [d for rec in data.claims.values() for d in rec.devices]
+        for uid, rec in dropped.items():
+            if rec.state is ClaimState.UNPREPARE_STARTED:
+                carver.undo(ClaimRef(rec.namespace, rec.name, uid), rec.devices, remaining)
+        kept = carver.destroy_orphans(data.claims.values(), catalog.placements(), evidence)
+    return Start(data=data, corrupt=corrupt, kept=kept)
+
+
 def load(
-    path: Path, boot_id: str, node_name: str
-) -> tuple[CheckpointData, CorruptCheckpoint | None]:
-    """The checkpoint at ``path``; a corrupt one is moved aside and an empty state returned."""
+    file: checkpoint.CheckpointFile, node_name: str, evidence: Evidence
+) -> tuple[CheckpointData | None, CorruptCheckpoint | None]:
+    """The checkpoint, or ``None`` when it must be rebuilt: it is corrupt (and moved
+    aside) or missing while claims' CDI specs exist."""
     try:
-        return checkpoint.load(path, boot_id), None
+        if file.path.exists() or not evidence.specs:
+            return file.read(), None
+        log.error(
+            "checkpoint missing while CDI specs exist: rebuilding it",
+            specs=len(evidence.specs),
+            node=node_name,
+        )
+        return None, None
     except CorruptCheckpoint as exc:
         log.error(
-            "checkpoint corrupt", reason=exc.reason, moved_to=str(exc.moved_to), node=node_name
+            "checkpoint corrupt: rebuilding it from the CDI specs and the API server",
+            reason=exc.reason,
+            moved_to=str(exc.moved_to),
+            node=node_name,
         )
-        return CheckpointData(boot_id=boot_id), exc
+        return None, exc
+
+
+def drop_gone(evidence: Evidence, remove_artifacts: Callable[[str], None]) -> Evidence:
+    """Remove the CDI specs of claims the API server proves gone; the evidence without them."""
+    gone = [uid for uid in evidence.specs if evidence.claim_gone(uid)]
+    for uid in gone:
+        log.info("removing CDI spec of a claim that no longer exists", claim_uid=uid)
+        with contextlib.suppress(OSError):
+            remove_artifacts(uid)
+    return evidence.without(gone)
+
+
+def rebuild(
+    evidence: Evidence, *, catalog: Catalog, carver: Carver, node_name: str, boot_id: str
+) -> CheckpointData:
+    """A checkpoint with a prepared record for every claim whose CDI spec exists."""
+    data = CheckpointData(boot_id=boot_id)
+    for uid, spec in evidence.specs.items():
+        api = evidence.api.get(uid) if evidence.api is not None else None
+        devices = _device_records(uid, spec, evidence, catalog, carver, node_name)
+        data.claims[uid] = ClaimRecord(
+            state=ClaimState.PREPARE_COMPLETED,
+            namespace=api.namespace if api else "",
+            name=api.name if api else "",
+            devices=devices,
+        )
+        log.warning(
+            "claim recovered from its CDI spec",
+            claim=f"{api.namespace}/{api.name}" if api else "",
+            claim_uid=uid,
+            devices=[d.device_name for d in devices],
+        )
+    return data
+
+
+def _device_records(
+    uid: str,
+    spec: SpecOnDisk,
+    evidence: Evidence,
+    catalog: Catalog,
+    carver: Carver,
+    node_name: str,
+) -> list[DeviceRecord]:
+    api = evidence.api.get(uid) if evidence.api is not None else None
+    records = []
+    for i, cdi_name in enumerate(spec.cdi_names):
+        found = device_of(cdi_name, uid, catalog.entries)
+        if found is None:
+            continue
+        name, share_id = found
+        entry = catalog.entries[name]
+        alloc = next((r for r in api.results if r.device == name), None) if api else None
+        uuid = spec.uuids[i] if i < len(spec.uuids) else ""
+        mig = mig_record(entry.placement) if entry.placement else None
+        inst = carver.find(entry.gpu, uuid) if mig else None
+        if mig is not None and inst is not None and inst.device is not None:
+            mig.gpu_instance_id = inst.gpu_instance_id
+            mig.compute_instance_id = inst.device.compute_instance_id
+        records.append(
+            DeviceRecord(
+                request_names=[alloc.request] if alloc else [],
+                pool_name=node_name,
+                device_name=name,
+                cdi_device_ids=[cdi_device_id(uid, name, share_id)],
+                share_id=share_id,
+                uuid=uuid,
+                sharing="admin" if alloc and alloc.admin else None,
+                mig=mig,
+            )
+        )
+    return records
+
+
+def daemons_in_specs(evidence: Evidence, mps_root: Path) -> frozenset[str]:
+    """MPS daemons whose pipe directory (``<mps_root>/<daemon>/pipe``) a claim's CDI spec
+    mounts into containers."""
+    return frozenset(
+        Path(path).parent.name
+        for path in evidence.paths_in_specs()
+        if Path(path).parent.parent == mps_root
+    )
 
 
 def recover(
@@ -35,11 +196,13 @@ def recover(
     node_name: str,
     sharing: SharingManager,
     remove_artifacts: Callable[[str], None],
-) -> bool:
+    keep_daemons: Collection[str] = (),
+) -> dict[str, ClaimRecord]:
     """Drop what a reboot made stale and undo prepares a crash interrupted (in ``data``);
-    True if a claim was dropped.
+    return the dropped claims' records. ``keep_daemons`` are never stopped.
 
-    Undone claims' MIG devices are left to :meth:`.Carver.destroy_orphans`.
+    MIG devices are left to the caller: an interrupted unprepare's go (the kubelet asked for
+    it), an interrupted prepare's stay while the API server says the claim holds them.
     """
     stale: list[str] = []
     if data.boot_id != boot_id:
@@ -55,7 +218,7 @@ def recover(
         sharing.release(dropped, data.claims.values())
     except SharingError as exc:
         log.error("undoing sharing of dropped claims failed", error=str(exc))
-    sharing.sweep(data.claims.values())
+    sharing.sweep(data.claims.values(), keep=keep_daemons)
     for uid, rec in zip(stale, dropped, strict=True):
         remove_artifacts(uid)
         # An interrupted unprepare is finished, an interrupted prepare undone: either way
@@ -68,4 +231,4 @@ def recover(
             claim_uid=uid,
         )
     data.boot_id = boot_id
-    return bool(stale)
+    return dict(zip(stale, dropped, strict=True))

@@ -10,6 +10,7 @@ from dra_driver.gpu.config import (
     ConfigError,
     GpuConfig,
     MigDeviceConfig,
+    check_device_keys,
     memory_bytes,
     parse_allocation_config,
     parse_config,
@@ -121,3 +122,76 @@ def test_unnamed_config_of_other_kind_is_skipped() -> None:
 @pytest.mark.parametrize(("text", "value"), [("10Gi", 10 * 2**30), ("512Mi", 512 * 2**20), ("1G", 10**9), ("1024", 1024)])
 def test_memory_bytes(text: str, value: int) -> None:
     assert memory_bytes(text) == value
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        # One strategy's settings under the other are refused, not dropped.
+        (_gpu("MPS", timeSlicingConfig={"interval": "Long"}), "timeSlicingConfig is set but the strategy is MPS"),
+        (_gpu(mpsConfig={"defaultActiveThreadPercentage": 50}), "mpsConfig is set but the strategy is TimeSlicing"),
+        (
+            {"apiVersion": "gpu.dra.dev/v1alpha1", "kind": "MigDeviceConfig", "sharing": {"strategy": "TimeSlicing", "mpsConfig": {}}},
+            "mpsConfig is set but the strategy is TimeSlicing",
+        ),
+        # No coercion.
+        (_gpu("MPS", mpsConfig={"defaultActiveThreadPercentage": True}), "defaultActiveThreadPercentage"),
+        (_gpu("MPS", mpsConfig={"defaultActiveThreadPercentage": "50"}), "defaultActiveThreadPercentage"),
+        (_gpu("MPS", mpsConfig={"defaultActiveThreadPercentage": 50.0}), "defaultActiveThreadPercentage"),
+        # Limits: whole text, within bounds.
+        (_gpu("MPS", mpsConfig={"defaultPinnedDeviceMemoryLimit": "0"}), "outside the allowed range"),
+        (_gpu("MPS", mpsConfig={"defaultPinnedDeviceMemoryLimit": "1024"}), "outside the allowed range"),
+        (_gpu("MPS", mpsConfig={"defaultPinnedDeviceMemoryLimit": "10Gi\n"}), "not a memory quantity"),
+        (_gpu("MPS", mpsConfig={"defaultPinnedDeviceMemoryLimit": "1000Ti"}), "outside the allowed range"),
+        (_gpu("MPS", mpsConfig={"defaultPinnedDeviceMemoryLimit": "9" * 4000}), "not a memory quantity"),
+        (_gpu("MPS", mpsConfig={"defaultPerDevicePinnedMemoryLimit": {"0": "0Mi"}}), "outside the allowed range"),
+        (_gpu("MPS", mpsConfig={"defaultPerDevicePinnedMemoryLimit": {"": "1Gi"}}), "not empty"),
+        (_gpu("MPS", mpsConfig={"defaultPerDevicePinnedMemoryLimit": {"0": 5}}), "defaultPerDevicePinnedMemoryLimit"),
+    ],
+)
+def test_strict_config(params: Any, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(params, where="claim ns/c")
+    assert message in str(info.value), str(info.value)
+
+
+def test_limits_at_the_bounds_are_accepted() -> None:
+    for limit in ("1Mi", "4Ti", "1048576", "80Gi"):
+        config = parse_config(_gpu("MPS", mpsConfig={"defaultPinnedDeviceMemoryLimit": limit}), where="c")
+        assert config.sharing is not None and config.sharing.mps_config is not None
+        assert config.sharing.mps_config.default_pinned_device_memory_limit == limit
+
+
+def test_huge_values_are_quoted_short() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(_gpu("MPS", mpsConfig={"defaultPinnedDeviceMemoryLimit": "x" * 3_000_000}), where="c")
+    assert len(str(info.value)) < 300
+    with pytest.raises(ConfigError) as info:
+        parse_config({"apiVersion": "y" * 3_000_000, "kind": "GpuConfig"}, where="c")
+    assert len(str(info.value)) < 300
+
+
+@pytest.mark.parametrize("depth", [17, 1000, 3000])
+def test_deep_parameters_fail_before_parsing(depth: int) -> None:
+    nested: Any = "leaf"
+    for _ in range(depth):
+        nested = {"x": nested}
+    with pytest.raises(ConfigError, match="nested deeper than 16"):
+        parse_config({**_gpu(), "extra": nested}, where="c")
+
+
+def test_wide_parameters_fail_before_parsing() -> None:
+    with pytest.raises(ConfigError, match="more than 2048 values"):
+        parse_config({**_gpu(), "extra": list(range(5000))}, where="c")
+
+
+def _mps_config(per_device: dict[str, str]) -> Any:
+    return parse_config(_gpu("MPS", mpsConfig={"defaultPerDevicePinnedMemoryLimit": per_device}), where="c")
+
+
+def test_per_device_keys_must_name_a_device() -> None:
+    uuids = ["GPU-aaa", "GPU-bbb"]
+    check_device_keys(_mps_config({"0": "1Gi", "1": "1Gi", "GPU-bbb": "2Gi"}), devices=2, uuids=uuids, where="c")
+    check_device_keys(None, devices=1, uuids=[], where="c")
+    with pytest.raises(ConfigError, match=r"names no device of the claim: '2', 'GPU-zzz' \(use an index 0..1 or a UUID\)"):
+        check_device_keys(_mps_config({"2": "1Gi", "GPU-zzz": "1Gi"}), devices=2, uuids=uuids, where="c")

@@ -145,3 +145,18 @@ async def test_list_claims_failure_raises(api: tuple[FakeApiServer, KubeClient])
     server.json("GET", "/apis/resource.k8s.io/v1/resourceclaims", 403, {"message": "forbidden"})
     with pytest.raises(PrepareError, match="listing ResourceClaims: HTTP 403: forbidden"):
         await KubeClaimFetcher(client).list_claims()
+
+
+async def test_deeply_nested_claim_is_a_clear_error(api: tuple[FakeApiServer, KubeClient]) -> None:
+    from aiohttp import web
+
+    server, client = api
+    depth = 3000  # the API server accepts this much nesting in opaque parameters
+    body = '{"metadata":{"uid":"u1"},"x":' + '{"a":' * depth + "1" + "}" * depth + "}"
+
+    async def handler(_: web.Request) -> web.Response:
+        return web.Response(text=body, content_type="application/json")
+
+    server.routes[("GET", PATH)] = handler
+    with pytest.raises(PrepareError, match="nested too deeply to read"):
+        await KubeClaimFetcher(client).get_claim("ns", "c")

@@ -16,6 +16,7 @@ from dra_driver.gpu.mig.simulated import SIMULATED_STATE_FILE, SimulatedMig
 from dra_driver.gpu.publish.publisher import MigPublishing
 from dra_driver.gpu.state.checkpoint import ClaimState
 from dra_driver.gpu.state.device_state import ClaimError, DeviceState
+from dra_driver.gpu.state.evidence import Evidence
 from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare
 
 NODE = "node-1"
@@ -33,7 +34,14 @@ def _backend(tmp_path: Path, profile: str = SINGLE_H100) -> SimulatedMig:
     return SimulatedMig(tmp_path / "plugin" / SIMULATED_STATE_FILE, _inventory(profile))
 
 
-def _state(tmp_path: Path, profile: str = SINGLE_H100) -> DeviceState:
+# The API server answered and no claim holds a device of the node: start-up may take apart
+# what no record names.
+NOTHING_IN_USE = Evidence(specs={}, api={})
+
+
+def _state(
+    tmp_path: Path, profile: str = SINGLE_H100, evidence: Evidence = NOTHING_IN_USE
+) -> DeviceState:
     return DeviceState(
         inventory=_inventory(profile),
         driver_name=DRIVER,
@@ -42,6 +50,7 @@ def _state(tmp_path: Path, profile: str = SINGLE_H100) -> DeviceState:
         state_dir=tmp_path / "plugin",
         boot_id="boot-1",
         mig=_backend(tmp_path, profile),
+        evidence=evidence,
     )
 
 

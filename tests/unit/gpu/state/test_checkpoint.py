@@ -98,7 +98,8 @@ def test_a_newer_version_is_refused_and_left_in_place(tmp_path: Path) -> None:
             boot_id=BOOT,
         )
     assert path.read_text() == before
-    assert [p.name for p in path.parent.iterdir()] == ["checkpoint.json"]
+    # Nothing moved aside, nothing written: only the node lock file was taken.
+    assert sorted(p.name for p in path.parent.iterdir()) == ["checkpoint.json", "prepare.lock"]
 
 
 def test_migrations_run_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

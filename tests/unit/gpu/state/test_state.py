@@ -154,7 +154,9 @@ def test_corrupt_checkpoint_is_moved_aside(tmp_path: Path) -> None:
     state = _state(tmp_path)
     assert state.corrupt is not None and "checksum mismatch" in state.corrupt.reason
     assert state.corrupt.moved_to.exists()
-    assert state.prepared_claims() == {}
+    # Rebuilt from the claim's CDI spec: the claim is not forgotten.
+    rebuilt = state.prepared_claims()
+    assert list(rebuilt) == ["a"] and [d.device_name for d in rebuilt["a"].devices] == ["gpu-2"]
     path.write_text("{not json")
     assert _state(tmp_path).corrupt is not None
 

@@ -1,0 +1,343 @@
+"""Fault paths of the node state: nothing a pod may use is lost or destroyed.
+
+Two agents on one node (a surge update), lost and corrupt checkpoints with dynamic MIG,
+admin-access and regular claims on one MIG placement, and claims the API server accepts but
+the GPU cannot serve.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_driver import faults
+from dra_driver.gpu.config import ConfigError
+from dra_driver.gpu.discovery.simulated import build_inventory, load_profile
+from dra_driver.gpu.inventory import Inventory
+from dra_driver.gpu.mig.simulated import SIMULATED_STATE_FILE, SimulatedMig
+from dra_driver.gpu.state.device_state import ClaimError, DeviceState
+from dra_driver.gpu.state.evidence import Allocated, ClaimInUse, Evidence
+from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare
+
+NODE = "node-1"
+DRIVER = "gpu.dra.dev"
+SINGLE_H100 = str(Path(__file__).parents[3] / "data" / "single-h100.yaml")
+MIG_3G = "gpu-0-mig-3g40gb-9-4"
+MIG_4G = "gpu-0-mig-4g40gb-5-0"
+NOTHING_IN_USE = Evidence(specs={}, api={})
+API_DOWN = Evidence(specs={}, api=None)
+
+
+def _inventory(profile: str = SINGLE_H100) -> Inventory:
+    return build_inventory(load_profile(profile), NODE)
+
+
+def _state(
+    tmp_path: Path, evidence: Evidence = NOTHING_IN_USE, profile: str = SINGLE_H100
+) -> DeviceState:
+    return DeviceState(
+        inventory=_inventory(profile),
+        driver_name=DRIVER,
+        node_name=NODE,
+        cdi_root=tmp_path / "cdi",
+        state_dir=tmp_path / "plugin",
+        boot_id="boot-1",
+        mig=SimulatedMig(tmp_path / "plugin" / SIMULATED_STATE_FILE, _inventory(profile)),
+        evidence=evidence,
+    )
+
+
+def _static(tmp_path: Path) -> DeviceState:
+    """A node without dynamic MIG (the mixed profile: GPUs and MIG devices)."""
+    return DeviceState(
+        inventory=_inventory("mixed"),
+        driver_name=DRIVER,
+        node_name=NODE,
+        cdi_root=tmp_path / "cdi",
+        state_dir=tmp_path / "plugin",
+        boot_id="boot-1",
+    )
+
+
+def _claim(
+    uid: str, *devices: str, admin: bool = False, config: list[dict[str, Any]] | None = None
+) -> ClaimToPrepare:
+    results = tuple(
+        {"request": f"req{i}", "driver": DRIVER, "pool": NODE, "device": d}
+        | ({"adminAccess": True} if admin else {})
+        for i, d in enumerate(devices)
+    )
+    return ClaimToPrepare(
+        ref=ClaimRef("ns", f"claim-{uid}", uid),
+        claim={},
+        results=results,
+        config=tuple(config or ()),
+    )
+
+
+def _ref(uid: str) -> ClaimRef:
+    return ClaimRef("ns", f"claim-{uid}", uid)
+
+
+def _in_use(*claims: tuple[str, str]) -> Evidence:
+    """The API server's answer: these (uid, device) claims are allocated and reserved."""
+    return Evidence(
+        specs={},
+        api={
+            uid: ClaimInUse(
+                uid=uid,
+                namespace="ns",
+                name=f"claim-{uid}",
+                results=(Allocated(request="req0", device=device),),
+                reserved=True,
+            )
+            for uid, device in claims
+        },
+    )
+
+
+def _instances(tmp_path: Path) -> list[dict[str, Any]]:
+    state = json.loads((tmp_path / "plugin" / SIMULATED_STATE_FILE).read_text())
+    return [i for g in state["gpus"].values() for i in g["instances"]]
+
+
+def _checkpoint(tmp_path: Path) -> Path:
+    return tmp_path / "plugin" / "checkpoint.json"
+
+
+# -- two agents on one node ----------------------------------------------------------------
+
+
+def test_two_agents_interleaved_lose_no_claim(tmp_path: Path) -> None:
+    old = _state(tmp_path)
+    assert isinstance(old.prepare([_claim("a", MIG_3G)])["a"], list)
+    new = _state(tmp_path)  # the surge update's second agent starts beside the first
+    assert isinstance(new.prepare([_claim("b", "gpu-0-mig-1g10gb-19-0")])["b"], list)
+    assert isinstance(old.prepare([_claim("c", "gpu-0-mig-1g10gb-19-1")])["c"], list)
+    # Each agent sees the other's claims: an overlapping placement is refused by both.
+    for agent, uid in ((new, "d"), (old, "e")):
+        refused = agent.prepare([_claim(uid, "gpu-0-mig-2g20gb-14-0")])[uid]
+        assert isinstance(refused, ClaimError) and "is prepared for claim" not in str(refused)
+        assert "holds gpu-0-mig-1g10gb-19-" in str(refused)
+    assert sorted(old.prepared_claims()) == sorted(new.prepared_claims()) == ["a", "b", "c"]
+    # Unprepares cross over too: what one agent prepared, the other takes apart.
+    assert old.unprepare([_ref("b")]) == {"b": None}
+    assert new.unprepare([_ref("a"), _ref("c")]) == {"a": None, "c": None}
+    assert _state(tmp_path).prepared_claims() == {}
+    assert _instances(tmp_path) == []
+
+
+def test_second_agent_keeps_the_first_agents_claims_at_start(tmp_path: Path) -> None:
+    old = _state(tmp_path)
+    old.prepare([_claim("a", MIG_3G), _claim("b", "gpu-0-mig-1g10gb-19-0")])
+    uuids = sorted(i["uuid"] for i in _instances(tmp_path))
+    new = _state(tmp_path)
+    assert sorted(new.prepared_claims()) == ["a", "b"]
+    assert sorted(i["uuid"] for i in _instances(tmp_path)) == uuids
+    # The old agent stops; the new one serves the unprepare of the old one's claims.
+    assert new.unprepare([_ref("a"), _ref("b")]) == {"a": None, "b": None}
+    assert _instances(tmp_path) == []
+
+
+# -- admin access and a regular claim on one placement --------------------------------------
+
+
+@pytest.mark.parametrize("admin_first", [True, False])
+def test_admin_and_regular_claims_share_one_mig_device(tmp_path: Path, admin_first: bool) -> None:
+    state = _state(tmp_path)
+    order = [("adm", True), ("reg", False)] if admin_first else [("reg", False), ("adm", True)]
+    for uid, admin in order:
+        assert isinstance(state.prepare([_claim(uid, MIG_3G, admin=admin)])[uid], list)
+    assert len(_instances(tmp_path)) == 1
+    reg, adm = state.record("reg"), state.record("adm")
+    assert reg is not None and adm is not None
+    assert reg.devices[0].uuid == adm.devices[0].uuid == _instances(tmp_path)[0]["uuid"]
+    # Whichever goes first, the MIG device stays while the other claim holds it.
+    first, second = order[0][0], order[1][0]
+    assert state.unprepare([_ref(first)]) == {first: None}
+    assert len(_instances(tmp_path)) == 1
+    assert state.unprepare([_ref(second)]) == {second: None}
+    assert _instances(tmp_path) == []
+
+
+def test_failed_regular_prepare_keeps_the_admin_claims_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = _state(tmp_path)
+    state.prepare([_claim("adm", MIG_3G, admin=True)])
+
+    def fail(name: str) -> None:
+        if name == "cdi.before-rename":
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(faults, "point", fail)
+    out = state.prepare([_claim("reg", MIG_3G)])
+    monkeypatch.undo()
+    assert isinstance(out["reg"], ClaimError) and "No space left" in str(out["reg"])
+    assert state.record("reg") is None
+    adm = state.record("adm")
+    assert adm is not None and [i["uuid"] for i in _instances(tmp_path)] == [adm.devices[0].uuid]
+
+
+def test_destroy_goes_by_the_recorded_instance_not_the_placement(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    state.prepare([_claim("a", MIG_3G)])
+    gpu = _inventory().gpus[0]
+    backend = SimulatedMig(tmp_path / "plugin" / SIMULATED_STATE_FILE, _inventory())
+    # Someone replaces the claim's instance by another one at the same placement.
+    (inst,) = backend.list(gpu)
+    backend.destroy(gpu, inst.gpu_instance_id)
+    backend.create(gpu, {p.name: p for p in gpu.mig_profiles}["1g.10gb"], 0)
+    other = backend.create(gpu, {p.name: p for p in gpu.mig_profiles}["3g.40gb"], 4)
+    assert other.gpu_instance_id != inst.gpu_instance_id
+    assert state.unprepare([_ref("a")]) == {"a": None}
+    # Not the claim's instance: neither is destroyed.
+    assert len(_instances(tmp_path)) == 2
+
+
+# -- lost and corrupt checkpoints with dynamic MIG -----------------------------------------
+
+
+def _corrupt(path: Path, how: str) -> None:
+    if how == "deleted":
+        path.unlink()
+    elif how == "truncated":
+        path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
+    else:
+        path.write_bytes(b"\x00garbage\xff" * 40)
+
+
+@pytest.mark.parametrize("how", ["deleted", "truncated", "garbage"])
+@pytest.mark.parametrize("api", ["down", "up"])
+def test_lost_checkpoint_destroys_nothing_in_use(tmp_path: Path, how: str, api: str) -> None:
+    state = _state(tmp_path)
+    state.prepare([_claim("a", MIG_3G), _claim("b", "gpu-0-mig-1g10gb-19-0")])
+    before = sorted(i["uuid"] for i in _instances(tmp_path))
+    _corrupt(_checkpoint(tmp_path), how)
+    evidence = API_DOWN if api == "down" else _in_use(("a", MIG_3G), ("b", "gpu-0-mig-1g10gb-19-0"))
+    restarted = _state(tmp_path, evidence)
+    assert sorted(i["uuid"] for i in _instances(tmp_path)) == before
+    records = restarted.prepared_claims()
+    assert sorted(records) == ["a", "b"]
+    assert records["a"].devices[0].mig is not None
+    assert records["a"].devices[0].uuid in before
+    # The pods end: their claims unprepare cleanly and their devices go.
+    assert restarted.unprepare([_ref("a"), _ref("b")]) == {"a": None, "b": None}
+    assert _instances(tmp_path) == []
+    assert not list((tmp_path / "cdi").iterdir())
+
+
+def test_claim_the_api_proves_gone_is_cleaned_up(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    state.prepare([_claim("a", MIG_3G), _claim("b", "gpu-0-mig-1g10gb-19-0")])
+    _checkpoint(tmp_path).unlink()
+    restarted = _state(tmp_path, _in_use(("a", MIG_3G)))
+    assert list(restarted.prepared_claims()) == ["a"]
+    assert not restarted.spec_path("b").exists()
+    a = restarted.record("a")
+    assert a is not None and [i["uuid"] for i in _instances(tmp_path)] == [a.devices[0].uuid]
+
+
+def test_unproven_orphan_is_kept_and_reported(tmp_path: Path) -> None:
+    gpu = _inventory().gpus[0]
+    backend = SimulatedMig(tmp_path / "plugin" / SIMULATED_STATE_FILE, _inventory())
+    backend.set_mig_mode(gpu, True)
+    backend.create(gpu, {p.name: p for p in gpu.mig_profiles}["3g.40gb"], 4)
+    state = _state(tmp_path, API_DOWN)
+    assert len(_instances(tmp_path)) == 1
+    assert state.kept and MIG_3G in state.kept[0]
+    # A claim the API server says holds the placement keeps it too, even with no record.
+    state = _state(tmp_path, _in_use(("x", MIG_3G)))
+    assert len(_instances(tmp_path)) == 1
+    # Only when the API server answers that nothing holds it does it go.
+    _state(tmp_path, NOTHING_IN_USE)
+    assert _instances(tmp_path) == []
+
+
+def test_interrupted_prepare_of_a_live_claim_keeps_its_device_and_retry_uses_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Crash(BaseException):
+        pass
+
+    def crash(name: str) -> None:
+        if name == "prepare.mig-created":
+            raise Crash
+
+    state = _state(tmp_path)
+    monkeypatch.setattr(faults, "point", crash)
+    with pytest.raises(Crash):
+        state.prepare([_claim("a", MIG_3G)])
+    monkeypatch.undo()
+    (made,) = _instances(tmp_path)
+    restarted = _state(tmp_path, _in_use(("a", MIG_3G)))
+    assert [i["uuid"] for i in _instances(tmp_path)] == [made["uuid"]]
+    assert isinstance(restarted.prepare([_claim("a", MIG_3G)])["a"], list)
+    record = restarted.record("a")
+    assert record is not None and record.devices[0].uuid == made["uuid"]
+
+
+# -- claims the API server accepts but the GPU cannot serve --------------------------------
+
+
+def test_one_device_twice_in_one_claim_is_refused(tmp_path: Path) -> None:
+    state = _static(tmp_path)
+    out = state.prepare([_claim("a", "gpu-2", "gpu-2")])
+    assert isinstance(out["a"], ClaimError) and "allocated to it twice" in str(out["a"])
+    assert state.record("a") is None and not state.spec_path("a").exists()
+
+
+def test_whole_gpu_with_its_own_mig_placement_is_refused(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    out = state.prepare([_claim("a", "gpu-0", MIG_3G)])
+    assert isinstance(out["a"], ClaimError) and "parts of the same GPU" in str(out["a"])
+    out = state.prepare([_claim("b", MIG_3G, "gpu-0-mig-1g10gb-19-5")])
+    assert isinstance(out["b"], ClaimError) and "parts of the same GPU" in str(out["b"])
+    assert _instances(tmp_path) == [] and state.prepared_claims() == {}
+
+
+def test_per_device_limit_naming_no_device_is_refused(tmp_path: Path) -> None:
+    config = [
+        {
+            "source": "FromClaim",
+            "opaque": {
+                "driver": DRIVER,
+                "parameters": {
+                    "apiVersion": "gpu.dra.dev/v1alpha1",
+                    "kind": "GpuConfig",
+                    "sharing": {
+                        "strategy": "MPS",
+                        "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {"3": "1Gi"}},
+                    },
+                },
+            },
+        }
+    ]
+    out = _static(tmp_path).prepare([_claim("a", "gpu-2", config=config)])
+    assert isinstance(out["a"], ConfigError) and "names no device of the claim: '3'" in str(out["a"])
+
+
+def test_interrupted_unprepare_is_finished_while_the_api_still_lists_the_claim(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Crash(BaseException):
+        pass
+
+    def crash(name: str) -> None:
+        if name == "unprepare.started-recorded":
+            raise Crash
+
+    state = _state(tmp_path)
+    state.prepare([_claim("a", MIG_3G)])
+    monkeypatch.setattr(faults, "point", crash)
+    with pytest.raises(Crash):
+        state.unprepare([_ref("a")])
+    monkeypatch.undo()
+    # The pod is gone but its claim is still allocated until the kubelet's unprepare ends:
+    # the kubelet asked for the unprepare, so its MIG device goes all the same.
+    restarted = _state(tmp_path, _in_use(("a", MIG_3G)))
+    assert restarted.prepared_claims() == {} and _instances(tmp_path) == []
+    assert restarted.unprepare([_ref("a")]) == {"a": None}
