@@ -3,12 +3,19 @@
 # `make bench BENCH_FLAGS=--quick` is a 2-minute run for iterating; its figures are not the
 # recorded ones.
 BENCH_FLAGS ?=
+# The Go reference kubelet plugin (kubernetes-sigs/dra-example-driver's
+# dra-example-kubeletplugin, built outside this repository) to measure beside ours; without
+# it the benchmark measures this driver alone and says so. REFERENCE_VERSION is what it was
+# built from (recorded on the page).
+REFERENCE_BIN     ?=
+REFERENCE_VERSION ?= unknown
 BENCH_OUT   := bench/results
 
 .PHONY: bench
 bench: install testenv
 	@mkdir -p $(BENCH_OUT)
 	$(BIN)/python bench/bench_cel.py > $(BENCH_OUT)/cel.txt
-	$(BIN)/python bench/bench_node.py $(BENCH_FLAGS) --json $(BENCH_OUT)/node.json
+	$(BIN)/python bench/bench_node.py $(BENCH_FLAGS) --json $(BENCH_OUT)/node.json \
+		$(if $(REFERENCE_BIN),--reference-bin '$(REFERENCE_BIN)' --reference-version '$(REFERENCE_VERSION)')
 	$(BIN)/python bench/report.py $(BENCH_OUT)/node.json $(BENCH_OUT)/cel.txt > docs/performance.md
 	@echo "wrote docs/performance.md"

@@ -1,19 +1,26 @@
-"""Benchmark: the node agent as the kubelet and the API server see it.
+"""Benchmark: the node agent as the kubelet and the API server see it, beside the reference.
 
 Runs a local control plane (``devenv.localcluster``: kube-apiserver, scheduler, controller
-manager and ``kubelet-dra`` nodes) and the real agent process (``dra-driver run --backend
-simulated``), then measures:
+manager and a ``kubelet-dra`` node) and the real agent process (``dra-driver run --backend
+simulated``) and, given ``--reference-bin``, the Go reference kubelet plugin on the same node
+(see ``bench/contenders.py``). Both serve 72 GPUs. Every figure is taken in interleaved rounds
+(ours, reference, ours, reference) so both see the same load:
 
 * NodePrepareResources / NodeUnprepareResources latency (p50, p99) and throughput for 1-GPU
   claims at concurrency 1, 16 and 64, over the DRA socket with a client built from the protos;
   the claims are real ResourceClaim objects whose ``status.allocation`` is written through the
   status subresource, so every prepare reads its claim from the API server; fsyncs stay on;
-* start-up: process start until registered with kubelet-dra, and until the slices are published;
-* memory: resident set size idle and after 10,000 prepare/unprepare cycles, open descriptors;
-* publisher: API writes in a steady state (5 minutes; ``--quick`` makes it 30 s), time to
-  repair a deleted slice, and time to publish a node with 210 MIG devices.
+* start-up: process start until the registration socket exists, and until the slices are
+  published;
+* memory: process tree RSS and PSS idle and during 10,000 prepare/unprepare cycles, open
+  descriptors, API-server connections idle and after a burst; CPU per claim; fsyncs per
+  prepare+unprepare (strace);
+* the reference once more at its shipped client defaults (5 QPS, burst 10);
+* publisher (ours alone): API writes in a steady state (5 minutes; ``--quick`` makes it 30 s),
+  time to repair a deleted slice, and time to publish a node with 210 MIG devices.
 
-Run: ``.venv/bin/python bench/bench_node.py [--quick] [--json FILE]``. Numbers, not pass/fail.
+Run: ``.venv/bin/python bench/bench_node.py [--quick] [--reference-bin PATH] [--json FILE]``.
+Numbers, not pass/fail.
 """
 
 from __future__ import annotations
@@ -28,19 +35,28 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import grpc
 import yaml
+from contenders import (
+    OURS_DRIVER,
+    REFERENCE_CLIENT_FLAGS,
+    Contender,
+    SyscallCounter,
+    api_connections,
+    cpu_seconds,
+    ours,
+    reference,
+    usage,
+)
 
-from devenv.localcluster import LocalCluster, ManagedProcess, NodeHandle, pick_free_ports
-from devenv.simnode import start_driver
+from devenv.localcluster import LocalCluster, NodeHandle, pick_free_ports
 from dra_driver._proto.dra.v1 import api_pb2 as pb2
 from dra_driver._proto.dra.v1 import api_pb2_grpc as pb2_grpc
 
-DRIVER = "gpu.dra.dev"
 NAMESPACE = "bench"
 GPUS = 72  # enough for 64 concurrent claims on distinct devices
 MIG_GPUS = 30  # x 7 MIG devices = 210 devices
@@ -93,15 +109,6 @@ def pct(values: Sequence[float], p: float) -> float:
     return ordered[rank]
 
 
-def usage(pid: int) -> dict[str, int]:
-    """Resident set size (KiB) and open file descriptors of ``pid``."""
-    rss = 0
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            rss = int(line.split()[1])
-    return {"rss_kib": rss, "fds": len(os.listdir(f"/proc/{pid}/fd"))}
-
-
 def poll(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.01) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -141,19 +148,19 @@ class Api:
         self.core = k.CoreV1Api(self.client)
         self.resource = k.ResourceV1Api(self.client)
 
-    def slices(self, node: str) -> list[dict[str, Any]]:
+    def slices(self, node: str, driver: str = OURS_DRIVER) -> list[dict[str, Any]]:
         resp = self.resource.list_resource_slice(
-            field_selector=f"spec.nodeName={node}", _preload_content=False
+            field_selector=f"spec.nodeName={node},spec.driver={driver}", _preload_content=False
         )
         return list(json.loads(resp.data)["items"])
 
-    def device_count(self, node: str) -> int:
-        return sum(len(s["spec"].get("devices") or []) for s in self.slices(node))
+    def device_count(self, node: str, driver: str = OURS_DRIVER) -> int:
+        return sum(len(s["spec"].get("devices") or []) for s in self.slices(node, driver))
 
-    def delete_slices(self, node: str) -> None:
-        for s in self.slices(node):
+    def delete_slices(self, node: str, driver: str = OURS_DRIVER) -> None:
+        for s in self.slices(node, driver):
             self.resource.delete_resource_slice(s["metadata"]["name"])
-        poll(lambda: not self.slices(node), 30, "slices deleted", 0.05)
+        poll(lambda: not self.slices(node, driver), 30, "slices deleted", 0.05)
 
     def slice_events(self, node: str, seconds: float) -> int:
         """Count watch events on the node's slices during ``seconds`` (each write makes one)."""
@@ -177,18 +184,20 @@ class Api:
                 events += 1
         return events
 
-    def create_claims(self, node: str, devices: Sequence[str]) -> list[tuple[str, str]]:
-        """One allocated claim per device; returns (name, uid) pairs."""
+    def create_claims(
+        self, node: str, driver: str, devices: Sequence[str]
+    ) -> list[tuple[str, str]]:
+        """One claim allocated by ``driver`` per device; returns (name, uid) pairs."""
         out = []
         for i, device in enumerate(devices):
-            name = f"bench-{i}"
+            name = f"{driver}-{i}"
             body = {
                 "apiVersion": "resource.k8s.io/v1",
                 "kind": "ResourceClaim",
                 "metadata": {"name": name},
                 "spec": {
                     "devices": {
-                        "requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]
+                        "requests": [{"name": "gpu", "exactly": {"deviceClassName": driver}}]
                     }
                 },
             }
@@ -201,7 +210,7 @@ class Api:
                 "allocation": {
                     "devices": {
                         "results": [
-                            {"request": "gpu", "driver": DRIVER, "pool": node, "device": device}
+                            {"request": "gpu", "driver": driver, "pool": node, "device": device}
                         ]
                     }
                 }
@@ -227,56 +236,45 @@ def api_writes(metrics_port: int) -> int:
 # ------------------------------------------------------------------------------ measurements
 
 
-def start_agent(
-    cluster: LocalCluster, node: NodeHandle, profile: str, extra: Sequence[str] = ()
-) -> tuple[ManagedProcess, float]:
-    """Start the agent; return it and its start time (monotonic)."""
-    cluster.stop_process(f"driver-{node.name}")
-    t0 = time.monotonic()
-    proc = start_driver(cluster, node, profile, extra=list(extra))
-    return proc, t0
-
-
-def registered_at(proc: ManagedProcess, offset: int) -> float | None:
-    """The time the agent logged its registration, seen by polling its log after ``offset``."""
-    with proc.log_path.open("rb") as f:
-        f.seek(offset)
-        if b"registered with kubelet" in f.read():
-            return time.monotonic()
-    return None
+def interleaved(contenders: Sequence[Contender], rounds: int) -> Iterator[Contender]:
+    """A, B, A, B, ...: ``rounds`` turns each, alternating, so both see the same load."""
+    for _ in range(rounds):
+        yield from contenders
 
 
 def measure_startup(
-    cluster: LocalCluster, api: Api, node: NodeHandle, profile: str, devices: int, runs: int
-) -> dict[str, Any]:
-    """Process start -> registered with the kubelet, and -> all devices published."""
-    registered: list[float] = []
-    published: list[float] = []
-    for _ in range(runs):
-        cluster.stop_process(f"driver-{node.name}")
-        api.delete_slices(node.name)
-        log_path = cluster.log_path(f"driver-{node.name}")
-        offset = log_path.stat().st_size if log_path.exists() else 0
-        proc, t0 = start_agent(cluster, node, profile)
+    cluster: LocalCluster, api: Api, contenders: Sequence[Contender], devices: int, runs: int
+) -> dict[str, dict[str, Any]]:
+    """Process start -> registration socket exists, and -> all devices published."""
+    times: dict[str, dict[str, list[float]]] = {
+        c.label: {"registered": [], "published": []} for c in contenders
+    }
+    for c in interleaved(contenders, runs):
+        c.stop(cluster)
+        api.delete_slices(c.node.name, c.driver)
+        t0 = c.start(cluster)
         reg = pub = None
         deadline = time.monotonic() + 60
         while (reg is None or pub is None) and time.monotonic() < deadline:
-            if reg is None:
-                reg = registered_at(proc, offset)
-            if pub is None and api.device_count(node.name) == devices:
+            if reg is None and c.registration_socket.exists():
+                reg = time.monotonic()
+            if pub is None and api.device_count(c.node.name, c.driver) == devices:
                 pub = time.monotonic()
-            time.sleep(0.005)
+            time.sleep(0.002 if reg is None else 0.005)
         if reg is None or pub is None:
-            raise TimeoutError(f"agent start: registered={reg} published={pub}")
-        registered.append(reg - t0)
-        published.append(pub - t0)
-    return {
-        "runs": runs,
-        "registered_s": [round(x, 3) for x in registered],
-        "published_s": [round(x, 3) for x in published],
-        "registered_median_s": round(statistics.median(registered), 3),
-        "published_median_s": round(statistics.median(published), 3),
-    }
+            raise TimeoutError(f"{c.label} start: registered={reg} published={pub}")
+        times[c.label]["registered"].append(reg - t0)
+        times[c.label]["published"].append(pub - t0)
+    out = {}
+    for label, t in times.items():
+        out[label] = {
+            "runs": runs,
+            "registered_s": [round(x, 3) for x in t["registered"]],
+            "published_s": [round(x, 3) for x in t["published"]],
+            "registered_median_s": round(statistics.median(t["registered"]), 3),
+            "published_median_s": round(statistics.median(t["published"]), 3),
+        }
+    return out
 
 
 async def prepare_cycles(
@@ -310,19 +308,117 @@ async def prepare_cycles(
         started = time.perf_counter()
         await asyncio.gather(*(worker(n, u) for n, u in claims[:concurrency]))
         elapsed = time.perf_counter() - started
+    return {"prepare": prep, "unprepare": unprep, "errors": errors, "seconds": elapsed}
+
+
+def summarize(concurrency: int, runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Pool the samples of several rounds at one concurrency."""
+    prep = [x for r in runs for x in r["prepare"]]
+    unprep = [x for r in runs for x in r["unprepare"]]
+    seconds = sum(r["seconds"] for r in runs)
     ms = 1000.0
     return {
         "concurrency": concurrency,
+        "rounds": len(runs),
         "cycles": len(prep),
-        "errors": errors,
+        "errors": sum(r["errors"] for r in runs),
         "prepare_p50_ms": round(pct(prep, 50) * ms, 2),
         "prepare_p99_ms": round(pct(prep, 99) * ms, 2),
         "unprepare_p50_ms": round(pct(unprep, 50) * ms, 2),
         "unprepare_p99_ms": round(pct(unprep, 99) * ms, 2),
         # A claim counts once it has been prepared and unprepared again.
-        "claims_per_s": round(len(prep) / elapsed, 1),
-        "seconds": round(elapsed, 1),
+        "claims_per_s": round(len(prep) / seconds, 1),
+        "claims_per_s_rounds": [round(len(r["prepare"]) / r["seconds"], 1) for r in runs],
+        "seconds": round(seconds, 1),
     }
+
+
+def measure_latency(
+    contenders: Sequence[Contender],
+    claims: dict[str, list[tuple[str, str]]],
+    rounds: int,
+    quick: bool,
+) -> dict[str, list[dict[str, Any]]]:
+    """Every concurrency, the contenders' rounds interleaved."""
+    out: dict[str, list[dict[str, Any]]] = {c.label: [] for c in contenders}
+    for conc in CONCURRENCY:
+        cycles = 200 if quick else (300 if conc == 1 else 1000)
+        runs: dict[str, list[dict[str, Any]]] = {c.label: [] for c in contenders}
+        for c in interleaved(contenders, rounds):
+            runs[c.label].append(
+                asyncio.run(prepare_cycles(c.dra_socket, claims[c.label], conc, cycles))
+            )
+        for label, r in runs.items():
+            out[label].append(summarize(conc, r))
+            log(f"{label} concurrency {conc}: {out[label][-1]}")
+    return out
+
+
+def measure_costs(
+    contenders: Sequence[Contender],
+    claims: dict[str, list[tuple[str, str]]],
+    cycles: int,
+    work: Path,
+) -> dict[str, dict[str, float]]:
+    """CPU per claim and fsyncs per prepare+unprepare, one claim at a time."""
+    out = {}
+    for c in contenders:
+        before = cpu_seconds(c.pid)
+        asyncio.run(prepare_cycles(c.dra_socket, claims[c.label], 1, cycles))
+        cpu_ms = (cpu_seconds(c.pid) - before) * 1000 / cycles
+        counter = SyscallCounter(c.pid, work / f"strace-{c.label}.txt")
+        asyncio.run(prepare_cycles(c.dra_socket, claims[c.label], 1, cycles))
+        fsyncs = counter.stop()
+        out[c.label] = {"cpu_ms_per_claim": round(cpu_ms, 2), "fsyncs_per_cycle": fsyncs / cycles}
+        log(f"{c.label} costs: {out[c.label]}")
+    return out
+
+
+def probe(c: Contender, port: int) -> dict[str, int]:
+    """Memory, descriptors and API-server connections of a contender now."""
+    return {**usage(c.pid), "api_connections": api_connections(c.pid, port)}
+
+
+def measure_soak(
+    contenders: Sequence[Contender],
+    claims: dict[str, list[tuple[str, str]]],
+    done: dict[str, int],
+    target: int,
+    port: int,
+) -> dict[str, list[dict[str, int]]]:
+    """Prepare/unprepare cycles at concurrency 16 from ``done`` until ``target``, sampling
+    memory, fds and API connections (each sample taken 2 s after its burst ended)."""
+    samples: dict[str, list[dict[str, int]]] = {c.label: [] for c in contenders}
+    done = dict(done)
+    for c in contenders:
+        samples[c.label].append({"cycles": done[c.label], **probe(c, port)})
+    while min(done.values()) < target:
+        for c in contenders:
+            burst = min(2000, target - done[c.label])
+            r = asyncio.run(prepare_cycles(c.dra_socket, claims[c.label], 16, burst))
+            done[c.label] += len(r["prepare"])
+            time.sleep(2)
+            samples[c.label].append({"cycles": done[c.label], **probe(c, port)})
+            log(f"{c.label} after {done[c.label]} cycles: {samples[c.label][-1]}")
+    return samples
+
+
+def measure_reference_defaults(
+    cluster: LocalCluster, api: Api, ref: Contender, claims: list[tuple[str, str]], quick: bool
+) -> dict[str, Any]:
+    """The reference at its shipped client rate limit, concurrency 16, then restored."""
+    lifted = ref.argv
+    ref.argv = [a for a in lifted if a not in REFERENCE_CLIENT_FLAGS]
+    try:
+        ref.start(cluster)
+        poll(lambda: api.device_count(ref.node.name, ref.driver) == GPUS, 60, "published")
+        poll(ref.dra_socket.exists, 30, "reference DRA socket")
+        run = asyncio.run(prepare_cycles(ref.dra_socket, claims, 16, 64 if quick else 160))
+    finally:
+        ref.argv = lifted
+        ref.start(cluster)
+    poll(lambda: api.device_count(ref.node.name, ref.driver) == GPUS, 60, "published")
+    return {"flags": "none (5 QPS, burst 10)", **summarize(16, [run])}
 
 
 def measure_repair(api: Api, node: str, devices: int, runs: int) -> list[float]:
@@ -338,7 +434,50 @@ def measure_repair(api: Api, node: str, devices: int, runs: int) -> list[float]:
     return [round(t, 3) for t in times]
 
 
+def measure_publisher(
+    cluster: LocalCluster, api: Api, mine: Contender, metrics_port: int, migs: Path, quick: bool
+) -> dict[str, Any]:
+    """Ours alone: slice repair, steady-state writes, and a node of 210 MIG devices."""
+    node = mine.node.name
+    out: dict[str, Any] = {"repair_s": measure_repair(api, node, GPUS, 3 if quick else 5)}
+    log(f"repair: {out['repair_s']}")
+    steady = 30.0 if quick else 300.0
+    time.sleep(2)  # let the last repair settle
+    before = api_writes(metrics_port)
+    events = api.slice_events(node, steady)
+    out["steady_state"] = {
+        "seconds": steady,
+        "api_writes": api_writes(metrics_port) - before,
+        "slice_events": events,
+    }
+    log(f"steady state: {out['steady_state']}")
+    mig_node = cluster.add_node("bench-mig")
+    devices = MIG_GPUS * 7
+    (port,) = pick_free_ports(1)
+    big = ours(cluster, mig_node, str(migs), port)
+    out["big_node"] = {
+        "devices": devices,
+        **measure_startup(cluster, api, [big], devices, 3)["ours"],
+    }
+    log(f"big node: {out['big_node']}")
+    return out
+
+
 # ------------------------------------------------------------------------------ main
+
+
+def api_port(cluster: LocalCluster) -> int:
+    """The API server's port, from its URL."""
+    return int(cluster.server.rstrip("/").rsplit(":", 1)[1])
+
+
+def start_all(cluster: LocalCluster, api: Api, contenders: Sequence[Contender]) -> None:
+    """Fresh processes for every contender; returns once each serves and has published."""
+    for c in contenders:
+        c.start(cluster)
+    for c in contenders:
+        poll(lambda c=c: api.device_count(c.node.name, c.driver) == GPUS, 60, "published")
+        poll(c.dra_socket.exists, 30, f"{c.label} DRA socket")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -349,71 +488,45 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     migs = work / "mig.yaml"
     migs.write_text(yaml.safe_dump(mig_profile(MIG_GPUS)))
     (metrics_port,) = pick_free_ports(1)
+    rounds = 1 if args.quick else 2
 
     with LocalCluster(verbosity=1) as cluster:
         api = Api(cluster)
         api.core.create_namespace({"metadata": {"name": NAMESPACE}})
-        node = cluster.add_node("bench-gpus")
+        node: NodeHandle = cluster.add_node("bench-gpus")
         log(f"control plane up; Kubernetes {cluster.version}")
-
-        results["startup"] = measure_startup(
-            cluster, api, node, str(profile), GPUS, 3 if args.quick else 7
-        )
+        mine = ours(cluster, node, str(profile), metrics_port)
+        contenders = [mine]
+        if args.reference_bin:
+            contenders.append(
+                reference(cluster, node, args.reference_bin, GPUS, args.reference_version)
+            )
+        results["kubernetes"] = cluster.version
+        results["contenders"] = {
+            c.label: {"driver": c.driver, "version": c.version, "argv": c.argv} for c in contenders
+        }
+        results["startup"] = measure_startup(cluster, api, contenders, GPUS, 3 if args.quick else 7)
         log(f"startup: {results['startup']}")
 
-        proc, _ = start_agent(cluster, node, str(profile), [f"--metrics-port={metrics_port}"])
-        poll(lambda: api.device_count(node.name) == GPUS, 60, "published")
-        assert proc.pid is not None
+        start_all(cluster, api, contenders)
         time.sleep(3)
-        results["memory_idle"] = usage(proc.pid)
+        port = api_port(cluster)
+        results["memory_idle"] = {c.label: probe(c, port) for c in contenders}
         log(f"idle: {results['memory_idle']}")
-
-        claims = api.create_claims(node.name, [f"gpu-{i}" for i in range(max(CONCURRENCY))])
-        socket = node.plugin_dir(DRIVER) / "dra.sock"
-        latency = []
-        total_cycles = 0
-        for c in CONCURRENCY:
-            cycles = (300 if c == 1 else 1000) if not args.quick else 200
-            r = asyncio.run(prepare_cycles(socket, claims, c, cycles))
-            total_cycles += r["cycles"]
-            latency.append(r)
-            log(f"concurrency {c}: {r}")
-        results["latency"] = latency
-
-        # The rest of the 10,000 cycles, at concurrency 16, sampling memory as it goes.
-        soak_target = 2000 if args.quick else 10_000
-        samples = [{"cycles": total_cycles, **usage(proc.pid)}]
-        while total_cycles < soak_target:
-            r = asyncio.run(
-                prepare_cycles(socket, claims, 16, min(2000, soak_target - total_cycles))
+        devices = [f"gpu-{i}" for i in range(max(CONCURRENCY))]
+        claims = {c.label: api.create_claims(node.name, c.driver, devices) for c in contenders}
+        results["latency"] = measure_latency(contenders, claims, rounds, args.quick)
+        done = {label: sum(r["cycles"] for r in rs) for label, rs in results["latency"].items()}
+        results["memory_cycles"] = measure_soak(
+            contenders, claims, done, 2000 if args.quick else 10_000, port
+        )
+        results["costs"] = measure_costs(contenders, claims, 100 if args.quick else 300, work)
+        if args.reference_bin:
+            results["reference_defaults"] = measure_reference_defaults(
+                cluster, api, contenders[1], claims["reference"], args.quick
             )
-            total_cycles += r["cycles"]
-            samples.append({"cycles": total_cycles, **usage(proc.pid)})
-            log(f"memory after {total_cycles} cycles: {samples[-1]}")
-        results["memory_cycles"] = samples
-
-        results["repair_s"] = measure_repair(api, node.name, GPUS, 3 if args.quick else 5)
-        log(f"repair: {results['repair_s']}")
-
-        steady = 30.0 if args.quick else 300.0
-        time.sleep(2)  # let the last repair settle
-        before = api_writes(metrics_port)
-        events = api.slice_events(node.name, steady)
-        results["steady_state"] = {
-            "seconds": steady,
-            "api_writes": api_writes(metrics_port) - before,
-            "slice_events": events,
-        }
-        log(f"steady state: {results['steady_state']}")
-        assert proc.alive() and proc.pid == results.get("pid", proc.pid)
-
-        mig_node = cluster.add_node("bench-mig")
-        devices = MIG_GPUS * 7
-        results["big_node"] = {
-            "devices": devices,
-            **measure_startup(cluster, api, mig_node, str(migs), devices, 3),
-        }
-        log(f"big node: {results['big_node']}")
+            log(f"reference at shipped defaults: {results['reference_defaults']}")
+        results["publisher"] = measure_publisher(cluster, api, mine, metrics_port, migs, args.quick)
     results["machine"]["load_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     return results
 
@@ -426,7 +539,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="short runs for iterating")
     parser.add_argument("--json", type=Path, help="also write the results to this file")
+    parser.add_argument(
+        "--reference-bin",
+        type=Path,
+        help="the reference kubelet plugin (dra-example-kubeletplugin); without it, ours alone",
+    )
+    parser.add_argument(
+        "--reference-version", default="unknown", help="what the reference was built from"
+    )
     args = parser.parse_args(argv)
+    if args.reference_bin is None:
+        log("no --reference-bin: measuring this driver alone")
     results = run(args)
     text = json.dumps(results, indent=2)
     print(text)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
 from dra_driver import exitcodes, logs
-from dra_driver.cel.commands import EXPLAIN_CLAIM, MATCH
+from dra_driver.cel_commands import EXPLAIN_CLAIM, MATCH
 from dra_driver.cliparser import Parser, apply_environment
 from dra_driver.command import Command
 from dra_driver.gpu.discovery.base import DiscoveryError

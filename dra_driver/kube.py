@@ -28,6 +28,13 @@ RequestObserver = Callable[[str, str], None]
 
 Query = Sequence[tuple[str, str]] | Mapping[str, str]
 
+#: Connections that requests share. HTTP/1.1 carries one request at a time per connection, so
+#: concurrent claim reads wait for a free one here instead of each opening its own: a burst of
+#: 64 prepares costs at most this many connections (and descriptors), not 64. The API server
+#: answers a claim read in about a millisecond, so a few connections keep up with any burst
+#: the kubelet sends.
+REQUEST_POOL = 4
+
 
 @dataclass(frozen=True)
 class Response:
@@ -117,14 +124,22 @@ class KubeClient:
             headers["Authorization"] = "Basic " + base64.b64encode(raw).decode()
         self.headers = headers
         self._token = connection.token
+        self._session = self._new_session(REQUEST_POOL)
+        # Streams (watches) hold their connection for as long as they run; out of the
+        # request pool, so a watch never waits for a claim read nor the other way round.
+        self._streams = self._new_session(0)
+
+    def _new_session(self, limit: int) -> aiohttp.ClientSession:
+        """A session of at most ``limit`` connections (0: one per open stream)."""
         # Without a context (an http:// server) TLS is never negotiated; True just keeps
         # aiohttp's verifying default should a redirect lead to https.
         connector = aiohttp.TCPConnector(
-            ssl=connection.ssl_context if connection.ssl_context is not None else True
+            ssl=self.connection.ssl_context if self.connection.ssl_context is not None else True,
+            limit=limit,
         )
         # trust_env=False: always connect directly. Proxy variables in the environment are not
         # applied, and a kubeconfig proxy-url is refused rather than silently ignored.
-        self._session = aiohttp.ClientSession(connector=connector, trust_env=False)
+        return aiohttp.ClientSession(connector=connector, trust_env=False)
 
     @classmethod
     async def create(
@@ -157,6 +172,7 @@ class KubeClient:
     async def close(self) -> None:
         """Close the connections (idempotent)."""
         await self._session.close()
+        await self._streams.close()
 
     @property
     def closed(self) -> bool:
@@ -245,7 +261,7 @@ class KubeClient:
         )
         kwargs = self._kwargs(query, body, content_type, timeout)
         try:
-            resp = await self._session.request(method, self.server + path, **kwargs)
+            resp = await self._streams.request(method, self.server + path, **kwargs)
         except Exception:  # cancellation is not a failed request: not counted
             self._observe(method, "error")
             raise

@@ -38,7 +38,7 @@ def spec_file_name(vendor: str, cls: str, spec_id: str) -> str:
     return f"{vendor}-{cls}_{spec_id}.json"
 
 
-def _write_all(fd: int, payload: bytes) -> None:
+def write_all(fd: int, payload: bytes) -> None:
     """Write every byte: ``os.write`` may write fewer bytes than asked (a full disk, a
     signal), and a zero-byte write would otherwise loop forever."""
     view = memoryview(payload)
@@ -50,7 +50,11 @@ def _write_all(fd: int, payload: bytes) -> None:
 
 
 def write_atomic(
-    path: Path, data: dict[str, Any], fault: str | None = None, sync_dir: bool = True
+    path: Path,
+    data: dict[str, Any],
+    fault: str | None = None,
+    sync_dir: bool = True,
+    sync: bool = True,
 ) -> None:
     """Write JSON to ``path`` through a fresh temp file: write all, fsync, check the size,
     rename, then fsync the directory.
@@ -59,27 +63,30 @@ def write_atomic(
     file is gone and ``path`` holds its previous content. ``fault`` names a crash point between
     the fsync and the rename (see :mod:`faults`). ``sync_dir=False`` leaves the directory fsync
     to the caller, who writes several files and makes their renames durable with one
-    :func:`fsync_dir`.
+    :func:`fsync_dir`. ``sync=False`` skips both fsyncs: the rename still replaces the file
+    whole for every reader, but only until the machine goes down (for files that are written
+    again after a crash that loses the page cache).
     """
     payload = json.dumps(data, indent=2, sort_keys=False).encode()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _replace(path, payload, fault)
-        if sync_dir:
+        _replace(path, payload, fault, sync)
+        if sync and sync_dir:
             _fsync_dir(path.parent)
     except OSError as exc:
         raise DurableWriteError(exc.errno, f"cannot write {path}: {_reason(exc)}") from exc
 
 
-def _replace(path: Path, payload: bytes, fault: str | None) -> None:
+def _replace(path: Path, payload: bytes, fault: str | None, sync: bool) -> None:
     # mkstemp opens with O_CREAT|O_EXCL and mode 0600; specs and the checkpoint are 0644.
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
     tmp = Path(name)
     try:
         try:
             os.fchmod(fd, 0o644)
-            _write_all(fd, payload)
-            os.fsync(fd)
+            write_all(fd, payload)
+            if sync:
+                os.fsync(fd)
             size = os.fstat(fd).st_size
         finally:
             os.close(fd)

@@ -23,6 +23,8 @@ from devenv.simnode import GpuNode, start_driver
 from dra_driver import faults
 from dra_driver._proto.dra.v1 import api_pb2 as v1_pb2
 from dra_driver._proto.dra.v1 import api_pb2_grpc as v1_grpc
+from dra_driver.gpu.state.checkpoint import stored_claims
+from dra_driver.gpu.state.device_state import CHECKPOINT_FILE
 from tests.e2e.conftest import gone, raw, wait_until
 from tests.e2e.gpu import DRIVER, apply, claim_of, gpu_pod, node_slices, published_devices
 
@@ -31,18 +33,18 @@ pytestmark = pytest.mark.e2e
 PROFILE = "l4x4"
 SPEC_PREFIX = "k8s.gpu.dra.dev-claim_"
 
-# The checkpoint is saved once at the first start (no file yet), twice per prepare batch
-# (PrepareStarted, PrepareCompleted) and once per unprepare batch: "@2" and "@3" are the two
-# prepare saves of the first pod, "@4" the unprepare save of the first pod.
+# The checkpoint's snapshot is saved once at the first start (no file yet); then the journal
+# gets one batch per prepare step (PrepareStarted, PrepareCompleted) and one per unprepare:
+# "@1" and "@2" are the two prepare batches of the first pod, "@3" its unprepare batch.
 PREPARE_POINTS = (
     "prepare.started-recorded",
     "cdi.before-rename",
     "prepare.cdi-written",
     "prepare.completed-recorded",
-    "checkpoint.before-rename@2",
-    "checkpoint.before-rename@3",
+    "journal.before-sync@1",
+    "journal.before-sync@2",
 )
-UNPREPARE_POINTS = ("unprepare.cdi-removed", "unprepare.recorded", "checkpoint.before-rename@4")
+UNPREPARE_POINTS = ("unprepare.cdi-removed", "unprepare.recorded", "journal.before-sync@3")
 
 
 # --------------------------------------------------------------------------------------------
@@ -52,11 +54,7 @@ UNPREPARE_POINTS = ("unprepare.cdi-removed", "unprepare.recorded", "checkpoint.b
 
 def checkpoint_claims(node: NodeHandle) -> dict[str, Any]:
     """The claims recorded in the node's checkpoint (empty when there is no checkpoint yet)."""
-    path = node.plugin_dir(DRIVER) / "checkpoint.json"
-    try:
-        return dict(json.loads(path.read_text())["data"]["claims"])
-    except FileNotFoundError:
-        return {}
+    return stored_claims(node.plugin_dir(DRIVER) / CHECKPOINT_FILE)
 
 
 def cdi_specs(node: NodeHandle) -> dict[str, dict[str, Any]]:

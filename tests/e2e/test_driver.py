@@ -12,6 +12,8 @@ import pytest
 
 from devenv.localcluster import LocalCluster
 from devenv.simnode import GpuNode
+from dra_driver.gpu.state.checkpoint import stored_claims
+from dra_driver.gpu.state.device_state import CHECKPOINT_FILE
 from tests.e2e.conftest import gone, raw, wait_until
 from tests.e2e.gpu import DRIVER, apply, claim_of, gpu_pod, node_slices, published_devices
 
@@ -56,8 +58,8 @@ def test_pod_gets_a_gpu_and_gives_it_back(
     assert visible and visible[0].split("=", 1)[1].startswith("GPU-")
     spec_file = node.node.cdi_dir / f"k8s.gpu.dra.dev-claim_{uid}.json"
     assert json.loads(spec_file.read_text())["kind"] == "k8s.gpu.dra.dev/claim"
-    checkpoint = json.loads((node.node.plugin_dir(DRIVER) / "checkpoint.json").read_text())
-    assert checkpoint["data"]["claims"][uid]["state"] == "PrepareCompleted"
+    claims = stored_claims(node.node.plugin_dir(DRIVER) / CHECKPOINT_FILE)
+    assert claims[uid]["state"] == "PrepareCompleted"
     wait_until(
         lambda: (
             raw(k.CoreV1Api(kube_api).read_namespaced_pod, "trainer", namespace)["status"].get(
@@ -76,8 +78,7 @@ def test_pod_gets_a_gpu_and_gives_it_back(
         "pod gone",
     )
     assert not spec_file.exists()
-    checkpoint = json.loads((node.node.plugin_dir(DRIVER) / "checkpoint.json").read_text())
-    assert uid not in checkpoint["data"]["claims"]
+    assert uid not in stored_claims(node.node.plugin_dir(DRIVER) / CHECKPOINT_FILE)
 
 
 def test_bad_config_fails_that_claim_only(

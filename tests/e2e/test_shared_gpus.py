@@ -16,6 +16,8 @@ import yaml
 from devenv.simnode import GpuNode
 from dra_driver.gpu.sharing.shared_gpus import consumed
 from dra_driver.gpu.sharing.simulated import SIMULATED_STATE_FILE
+from dra_driver.gpu.state.checkpoint import stored_claims
+from dra_driver.gpu.state.device_state import CHECKPOINT_FILE
 from tests.e2e.conftest import gone, raw, wait_until
 from tests.e2e.gpu import DRIVER, claim_of, published_devices
 
@@ -150,5 +152,4 @@ def test_three_pods_share_one_gpu_by_memory(
     assert lifecycle == ["start-mps", "stop-mps"]
     assert not Path(daemon["pipeDir"]).exists()
     assert not list(node.node.cdi_dir.glob("k8s.gpu.dra.dev-claim_*.json"))
-    checkpoint = json.loads((node.node.plugin_dir(DRIVER) / "checkpoint.json").read_text())
-    assert checkpoint["data"]["claims"] == {}
+    assert stored_claims(node.node.plugin_dir(DRIVER) / CHECKPOINT_FILE) == {}

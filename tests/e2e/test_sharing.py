@@ -13,6 +13,8 @@ import pytest
 
 from devenv.simnode import GpuNode
 from dra_driver.gpu.sharing.simulated import SIMULATED_STATE_FILE
+from dra_driver.gpu.state.checkpoint import stored_claims
+from dra_driver.gpu.state.device_state import CHECKPOINT_FILE
 from tests.e2e.conftest import gone, raw, wait_until
 from tests.e2e.gpu import DRIVER, apply, claim_of, gpu_pod, published_devices
 
@@ -40,8 +42,8 @@ def _sharing_state(node: GpuNode) -> dict[str, Any]:
 def _device_uuid(kube_api: Any, namespace: str, pod: str, node: GpuNode) -> tuple[str, str]:
     claim = claim_of(kube_api, namespace, pod)
     uid = claim["metadata"]["uid"]
-    checkpoint = json.loads((node.node.plugin_dir(DRIVER) / "checkpoint.json").read_text())
-    return uid, checkpoint["data"]["claims"][uid]["devices"][0]["uuid"]
+    claims = stored_claims(node.node.plugin_dir(DRIVER) / CHECKPOINT_FILE)
+    return uid, claims[uid]["devices"][0]["uuid"]
 
 
 def test_time_slicing_and_mps_are_applied_and_undone(

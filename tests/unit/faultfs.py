@@ -9,7 +9,8 @@ one fault:
   half its bytes, as a filling disk does);
 - ``short``: a ``write`` writes and reports only part of its bytes; the caller must go on.
 
-Operations: ``create`` (the temp file), ``write``, ``fsync`` (file and directory), ``rename``.
+Operations: ``create`` (the temp file), ``write``, ``fsync`` (file and directory, and the
+journal's ``fdatasync``), ``rename``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 import pytest
 
 from dra_driver.cdi import writer
+from dra_driver.gpu.state import journal
 
 OPERATIONS = ("create", "write", "fsync", "rename")
 KINDS = ("ENOSPC", "EIO", "short")
@@ -111,7 +113,8 @@ class FaultFS:
             def __getattr__(inner, name: str) -> Any:
                 return getattr(os, name)
 
-        return _Os(write=self.write, fsync=self.fsync, replace=self.replace)
+        # fdatasync (the checkpoint's journal) is one more kind of fsync.
+        return _Os(write=self.write, fsync=self.fsync, fdatasync=self.fsync, replace=self.replace)
 
     def tempfile_module(self) -> Any:
         """A ``tempfile`` whose mkstemp is :meth:`mkstemp`."""
@@ -120,8 +123,10 @@ class FaultFS:
 
 @pytest.fixture
 def faultfs(monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultFS]:
-    """A :class:`FaultFS` installed under ``dra_driver.cdi.writer`` for the test."""
+    """A :class:`FaultFS` installed under ``dra_driver.cdi.writer`` and the checkpoint's
+    journal for the test."""
     fs = FaultFS()
     monkeypatch.setattr(writer, "os", fs.os_module())
+    monkeypatch.setattr(journal, "os", fs.os_module())
     monkeypatch.setattr(writer, "tempfile", fs.tempfile_module())
     yield fs

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from aiohttp import web
 
-from dra_driver.kube import KubeClient
+from dra_driver.kube import REQUEST_POOL, KubeClient
 from dra_driver.kubeconfig import (
     Connection,
     KubeConfig,
@@ -407,15 +407,61 @@ async def test_stream_error_body_is_readable() -> None:
         assert json.loads(await response.read())["reason"] == "NotFound"
 
 
+async def test_concurrent_requests_share_a_bounded_pool_beside_a_stream() -> None:
+    """A burst of concurrent reads uses at most REQUEST_POOL connections, the same ones again
+    in the next burst, and an open watch neither takes one of them nor waits for them."""
+    peers: set[tuple[str, int]] = set()
+    in_flight = peak = 0
+    watch_open = asyncio.Event()
+
+    async def slow(request: web.Request) -> web.Response:
+        nonlocal in_flight, peak
+        assert request.transport is not None
+        peers.add(request.transport.get_extra_info("peername"))
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0.02)
+        in_flight -= 1
+        return web.json_response({})
+
+    async def watch(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(request)
+        watch_open.set()
+        await asyncio.sleep(30)
+        return response
+
+    async with serve() as server, plain_client(server) as client:
+        server.routes[("GET", "/claim")] = slow
+        server.routes[("GET", "/watch")] = watch
+        async with client.stream("GET", "/watch"):
+            await watch_open.wait()
+            for _ in range(2):
+                answers = await asyncio.gather(
+                    *(client.request("GET", "/claim") for _ in range(32))
+                )
+                assert all(a.status == 200 for a in answers)
+    assert peak == REQUEST_POOL
+    assert len(peers) == REQUEST_POOL
+
+
 # ------------------------------------------------------------------------------ the agent
 
 
-def test_agent_does_not_import_the_generated_client() -> None:
-    """The generated client costs tens of MiB at import; the agent must not load it."""
+@pytest.mark.parametrize(
+    "prefixes",
+    [
+        # The generated client costs tens of MiB at import.
+        ("kubernetes.aio.client", "kubernetes.client"),
+        # The CEL engine (the match and explain-claim commands) costs about 7 MiB and a third
+        # of a second of start-up under load.
+        ("dra_driver.cel.", "lark", "celpy"),
+    ],
+)
+def test_agent_does_not_import_what_it_does_not_use(prefixes: tuple[str, ...]) -> None:
     code = (
         "import sys, dra_driver.agent, dra_driver.cli\n"
-        "bad = sorted(m for m in sys.modules\n"
-        "    if m.startswith(('kubernetes.aio.client', 'kubernetes.client')))\n"
+        f"bad = sorted(m for m in sys.modules if m.startswith({prefixes!r}))\n"
         "print(','.join(bad))\n"
     )
     out = subprocess.run(

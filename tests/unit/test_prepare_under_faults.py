@@ -36,14 +36,16 @@ from tests.unit.kubeletplugin.helpers import (
 
 INVENTORY = SimulatedDiscovery("mixed", NODE).discover()
 DEVICES = ["gpu-2", "gpu-3"]
-# Two claims make about a dozen calls of each operation; a fault lands in each of them.
+# Two claims make these calls (each claim: one CDI spec written through a temp file and a
+# rename without fsync, two journal batches of one write and one fdatasync each); a fault
+# lands in each of them.
 POINTS = [
     pytest.param(op, kind, nth)
     for op, kinds, last in [
-        ("create", ("ENOSPC", "EIO"), 6),
+        ("create", ("ENOSPC", "EIO"), 2),
         ("write", ("ENOSPC", "EIO", "short"), 6),
-        ("fsync", ("ENOSPC", "EIO"), 12),
-        ("rename", ("EIO",), 6),
+        ("fsync", ("ENOSPC", "EIO"), 4),
+        ("rename", ("EIO",), 2),
     ]
     for kind in kinds
     for nth in range(1, last + 1)

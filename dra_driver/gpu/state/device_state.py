@@ -23,7 +23,7 @@ import structlog
 
 from dra_driver import faults
 from dra_driver.cdi.spec import NO_EDITS, ContainerEdits
-from dra_driver.cdi.writer import fsync_dir, remove, spec_file_name, write_atomic
+from dra_driver.cdi.writer import remove, spec_file_name, write_atomic
 from dra_driver.errors import PrepareError
 from dra_driver.gpu.container import devnodes
 from dra_driver.gpu.container.claim_spec import (
@@ -143,11 +143,6 @@ class DeviceState:
         remove(self.spec_path(claim_uid), sync_dir=sync_dir)
         shutil.rmtree(self.mps_dir(claim_uid), ignore_errors=True)
 
-    def _sync_cdi_root(self) -> None:
-        """Make the batch's spec renames and removals durable with one directory fsync."""
-        if self.cdi_root.is_dir():
-            fsync_dir(self.cdi_root)
-
     # --- queries --------------------------------------------------------------------------
 
     def prepared_claims(self) -> dict[str, ClaimRecord]:
@@ -179,16 +174,11 @@ class DeviceState:
         if data is not None:
             self._data = data
 
-    def _record(
-        self, claims: Mapping[str, str], out: dict[str, Any], what: str, sync_cdi: bool = False
-    ) -> bool:
-        """Write the checkpoint (after one fsync of the CDI directory for the batch's specs,
-        with ``sync_cdi``). When that fails, ``claims`` (UID -> name) fail with a clear
-        error, and the next call starts again from the file, which a failed write leaves
-        as it was: the kubelet's retry then redoes what is not recorded."""
+    def _record(self, claims: Mapping[str, str], out: dict[str, Any], what: str) -> bool:
+        """Write the checkpoint (one journal batch). When that fails, ``claims`` (UID ->
+        name) fail with a clear error, and the next call starts again from the file, which a
+        failed write leaves as it was: the kubelet's retry then redoes what is not recorded."""
         try:
-            if sync_cdi:
-                self._sync_cdi_root()
             self._file.write(self._data)
         except OSError as exc:
             log.error(
@@ -277,7 +267,7 @@ class DeviceState:
                 faults.point("prepare.started-recorded")
                 out.update({plan.ref.uid: self._finish(plan) for plan in plans})
                 ready = {uid: name for uid, name in batch.items() if isinstance(out[uid], list)}
-                if self._record(ready, out, "that it is prepared", sync_cdi=True):
+                if self._record(ready, out, "that it is prepared"):
                     faults.point("prepare.completed-recorded")
             return out
 
@@ -337,9 +327,9 @@ class DeviceState:
                 device_nodes=self._device_nodes,
                 mps_shm_dir=dirs[1] if dirs else None,
             )
-            write_atomic(
-                self.spec_path(uid), spec.to_json(), fault="cdi.before-rename", sync_dir=False
-            )
+            # Not fsync'd: only a crash of the machine loses the page cache, and that reboots
+            # the node, after which every claim is prepared again (see checkpoint.py).
+            write_atomic(self.spec_path(uid), spec.to_json(), fault="cdi.before-rename", sync=False)
             faults.point("prepare.cdi-written")
         except OSError as exc:
             del self._data.claims[uid]
@@ -408,6 +398,6 @@ class DeviceState:
                         "claim unprepared", claim=str(ref), claim_uid=ref.uid, node=self.node_name
                     )
                 out[ref.uid] = None
-            if changed and self._record(changed, out, "that it is unprepared", sync_cdi=True):
+            if changed and self._record(changed, out, "that it is unprepared"):
                 faults.point("unprepare.recorded")
             return out

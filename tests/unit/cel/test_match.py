@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from dra_driver.cel import Verdict, match_devices, selector_sets
-from dra_driver.cel.commands import EXPLAIN_CLAIM, MATCH
 from dra_driver.cel.match import Selector, claim_requests
 from dra_driver.cel.sources import profile_devices, slice_file_devices
+from dra_driver.cel_commands import EXPLAIN_CLAIM, MATCH
 from dra_driver.command import Command
 from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
 from dra_driver.gpu.publish.catalog import build_catalog

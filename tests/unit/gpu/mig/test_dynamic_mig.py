@@ -14,7 +14,7 @@ from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.mig.backend import MigError
 from dra_driver.gpu.mig.simulated import SIMULATED_STATE_FILE, SimulatedMig
 from dra_driver.gpu.publish.publisher import MigPublishing
-from dra_driver.gpu.state.checkpoint import ClaimState
+from dra_driver.gpu.state.checkpoint import ClaimState, stored_claims
 from dra_driver.gpu.state.device_state import ClaimError, DeviceState
 from dra_driver.gpu.state.evidence import Evidence
 from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare
@@ -199,9 +199,9 @@ def test_failed_create_is_a_claim_error_and_leaves_nothing(tmp_path: Path) -> No
 
 def test_records_without_mig_keep_the_old_format(tmp_path: Path) -> None:
     _state(tmp_path).prepare([_claim("a", "gpu-0")])
-    body = json.loads((tmp_path / "plugin" / "checkpoint.json").read_text())
+    claims = stored_claims(tmp_path / "plugin" / "checkpoint.json")
     # No "mig" key: a checkpoint written before dynamic MIG checksums the same way.
-    assert "mig" not in body["data"]["claims"]["a"]["devices"][0]
+    assert "mig" not in claims["a"]["devices"][0]
     restarted = _state(tmp_path)
     assert restarted.corrupt is None and restarted.record("a") is not None
 

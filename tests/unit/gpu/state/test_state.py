@@ -147,9 +147,17 @@ def test_mps_config_becomes_environment_and_pipe_mount(tmp_path: Path) -> None:
     assert not Path(mount["hostPath"]).exists()
 
 
+def _snapshot(path: Path) -> checkpoint.CheckpointFile:
+    """The checkpoint at ``path`` with its journal folded into the snapshot file."""
+    file = checkpoint.CheckpointFile(path, "boot-1")
+    file.write(file.read())  # the first write of a CheckpointFile is a snapshot
+    return file
+
+
 def test_corrupt_checkpoint_is_moved_aside(tmp_path: Path) -> None:
     _state(tmp_path).prepare([_claim("a", "gpu-2")])
     path = tmp_path / "plugin" / "checkpoint.json"
+    _snapshot(path).close()
     path.write_text(path.read_text().replace("gpu-2", "gpu-3"))  # checksum no longer matches
     state = _state(tmp_path)
     assert state.corrupt is not None and "checksum mismatch" in state.corrupt.reason
@@ -171,9 +179,11 @@ def test_reboot_drops_stale_claims(tmp_path: Path) -> None:
 def test_interrupted_prepare_is_undone_at_start(tmp_path: Path) -> None:
     state = _state(tmp_path)
     state.prepare([_claim("a", "gpu-2")])
-    data = checkpoint.load(tmp_path / "plugin" / "checkpoint.json", "boot-1")
+    file = checkpoint.CheckpointFile(tmp_path / "plugin" / "checkpoint.json", "boot-1")
+    data = file.read()
     data.claims["a"].state = ClaimState.PREPARE_STARTED
-    checkpoint.save(tmp_path / "plugin" / "checkpoint.json", data)
+    file.write(data)
+    file.close()
     restarted = _state(tmp_path)
     assert restarted.prepared_claims() == {}
     assert not restarted.spec_path("a").exists()
@@ -197,3 +207,35 @@ def test_every_published_device_can_be_prepared(tmp_path: Path, profile: str) ->
     assert all(isinstance(v, list) for v in out.values())
     for i in range(len(names)):
         assert schema_errors(_spec(state, f"c{i}")) == []
+
+
+def test_a_plain_claim_costs_three_syncs_and_survives_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prepare and unprepare of a plain claim: three journal batches, one fdatasync each, no
+    fsync; what each answered is what a restart finds."""
+    import os
+
+    state = _state(tmp_path)
+    calls: list[str] = []
+    for name in ("fsync", "fdatasync"):
+        real = getattr(os, name)
+        monkeypatch.setattr(os, name, lambda fd, n=name, r=real: (calls.append(n), r(fd))[1])
+    assert isinstance(state.prepare([_claim("a", "gpu-2")])["a"], list)
+    assert _state(tmp_path).prepared_claims()["a"].state is ClaimState.PREPARE_COMPLETED
+    assert state.unprepare([ClaimRef("ns", "claim-a", "a")]) == {"a": None}
+    assert calls == ["fdatasync"] * 3
+    monkeypatch.undo()
+    assert _state(tmp_path).prepared_claims() == {}
+
+
+def test_another_agent_sees_the_journal(tmp_path: Path) -> None:
+    """A surge update runs two agents on one checkpoint: each takes up the other's batches."""
+    first = _state(tmp_path)
+    second = _state(tmp_path)
+    assert isinstance(first.prepare([_claim("a", "gpu-2")])["a"], list)
+    out = second.prepare([_claim("b", "gpu-2")])
+    assert isinstance(out["b"], ClaimError) and "gpu-2" in str(out["b"])
+    assert isinstance(second.prepare([_claim("c", "gpu-3")])["c"], list)
+    assert first.unprepare([ClaimRef("ns", "claim-a", "a")]) == {"a": None}
+    assert sorted(_state(tmp_path).prepared_claims()) == ["c"]

@@ -1,0 +1,210 @@
+"""The drivers the node benchmark compares, and what it reads about their processes.
+
+A contender is one kubelet plugin on the benchmark's node: this driver's agent, or the Go
+reference driver (kubernetes-sigs/dra-example-driver's ``dra-example-kubeletplugin``, built
+outside this repository and passed by path). Both serve 72 GPUs named ``gpu-0`` ... on the same
+``kubelet-dra`` node, each under its own driver name, so one control plane serves both.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from devenv.localcluster import LocalCluster, ManagedProcess, NodeHandle
+from devenv.simnode import driver_argv
+
+OURS_DRIVER = "gpu.dra.dev"
+REFERENCE_DRIVER = "gpu.example.com"
+# The reference's shipped client defaults are 5 QPS / burst 10: its rate limiter, not its
+# code, would then be measured. The recorded rounds lift them; one round keeps the defaults.
+REFERENCE_CLIENT_FLAGS = ("--kube-api-qps=1000", "--kube-api-burst=2000")
+
+
+@dataclass
+class Contender:
+    """One kubelet plugin under test on ``node``."""
+
+    label: str
+    driver: str
+    node: NodeHandle
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    version: str = ""
+    proc: ManagedProcess | None = None
+
+    @property
+    def process_name(self) -> str:
+        return f"{self.label}-{self.node.name}"
+
+    @property
+    def registration_socket(self) -> Path:
+        return self.node.registry_dir / f"{self.driver}-reg.sock"
+
+    @property
+    def dra_socket(self) -> Path:
+        return self.node.plugin_dir(self.driver) / "dra.sock"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None and self.proc.pid is not None
+        return self.proc.pid
+
+    def start(self, cluster: LocalCluster, extra: Sequence[str] = ()) -> float:
+        """(Re)start the plugin; returns its start time (monotonic).
+
+        The registration socket of an earlier run is removed first, so its appearance marks
+        this run's.
+        """
+        self.stop(cluster)
+        self.registration_socket.unlink(missing_ok=True)
+        t0 = time.monotonic()
+        self.proc = cluster.spawn(self.process_name, [*self.argv, *extra], self.env)
+        return t0
+
+    def stop(self, cluster: LocalCluster) -> None:
+        cluster.stop_process(self.process_name)
+        self.proc = None
+
+
+def ours(cluster: LocalCluster, node: NodeHandle, profile: str, metrics_port: int) -> Contender:
+    """This driver's agent on the simulated profile ``profile``."""
+    argv = driver_argv(cluster, node, profile, OURS_DRIVER, [f"--metrics-port={metrics_port}"])
+    return Contender("ours", OURS_DRIVER, node, argv, version=_our_version())
+
+
+def reference(
+    cluster: LocalCluster,
+    node: NodeHandle,
+    binary: Path,
+    devices: int,
+    version: str,
+    client_flags: Sequence[str] = REFERENCE_CLIENT_FLAGS,
+) -> Contender:
+    """The reference kubelet plugin with ``devices`` GPUs of its ``gpu`` profile."""
+    argv = [
+        str(binary),
+        f"--node-name={node.name}",
+        f"--kubeconfig={cluster.kubeconfig}",
+        "--device-profile=gpu",
+        f"--num-devices={devices}",
+        f"--cdi-root={node.cdi_dir}",
+        f"--kubelet-registrar-directory-path={node.registry_dir}",
+        f"--kubelet-plugins-directory-path={node.plugins_dir}",
+        *client_flags,
+    ]
+    return Contender("reference", REFERENCE_DRIVER, node, argv, version=version)
+
+
+def _our_version() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).parent,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return out.stdout.strip()
+
+
+# ------------------------------------------------------------------------------ process probes
+
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants."""
+    out = [pid]
+    for p in out:
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                out.extend(int(c) for c in (task / "children").read_text().split())
+            except OSError:
+                continue
+    return out
+
+
+def _rollup(pid: int) -> dict[str, int]:
+    values = {}
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
+        key, value = line.split(":", 1)
+        values[key] = int(value.split()[0])
+    return values
+
+
+def usage(pid: int) -> dict[str, int]:
+    """RSS and PSS (KiB) of the process tree, and the main process's open descriptors."""
+    rss = pss = 0
+    for p in tree(pid):
+        try:
+            r = _rollup(p)
+        except OSError:
+            continue
+        rss += r.get("Rss", 0)
+        pss += r.get("Pss", 0)
+    return {"rss_kib": rss, "pss_kib": pss, "fds": len(os.listdir(f"/proc/{pid}/fd"))}
+
+
+def api_connections(pid: int, port: int) -> int:
+    """Established TCP connections of ``pid`` to the API server's ``port``."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    count = 0
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            remote_port = int(cols[2].rsplit(":", 1)[1], 16)
+            if cols[3] == "01" and remote_port == port and cols[9] in inodes:
+                count += 1
+    return count
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of ``pid`` (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    # Fields 14 and 15 of stat(5); the split above starts at field 3.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class SyscallCounter:
+    """Counts fsync-family system calls of a running process (all threads) with strace."""
+
+    CALLS = ("fsync", "fdatasync", "sync_file_range", "syncfs")
+
+    def __init__(self, pid: int, out: Path) -> None:
+        self.out = out
+        trace = "trace=" + ",".join(self.CALLS)
+        self._proc = subprocess.Popen(
+            ["strace", "-f", "-c", "-o", str(out), "-e", trace, "-p", str(pid)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(1.0)  # attaching to every thread takes a moment
+
+    def stop(self) -> int:
+        """Detach and return how many of the calls were made while attached."""
+        self._proc.send_signal(signal.SIGINT)
+        self._proc.wait(timeout=30)
+        total = 0
+        for line in self.out.read_text().splitlines():
+            cols = line.split()
+            if cols and cols[-1] in self.CALLS:
+                # "% time seconds usecs/call calls [errors] syscall"
+                total += int(cols[3])
+        return total
