@@ -27,381 +27,46 @@ import contextlib
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+from host import (
+    create_cgroup_parent,
+    kill_containers,
+    kill_shims,
+    overlay_works,
+    remove_cgroup_parent,
+    remove_network,
+    run,
+    sandbox_netns,
+    setup_network,
+    shared_mount,
+    unmount_all,
+)
+from nodeconfig import (
+    DEFAULT_BASE,
+    DRIVER_IMAGE,
+    DRIVER_NAMESPACE,
+    NODE_LABELS,
+    NODE_NAME,
+    POD_GATEWAY,
+    START_TIMEOUT,
+    Layout,
+    NodeError,
+    cni_config,
+    containerd_config,
+    kubelet_config,
+)
 
 # The local control plane. Its module is the only import of it here.
 from devenv import localcluster as lc
 from devenv.localcluster.cluster import stop_rank
 from devenv.localcluster.processes import pid_alive
-
-DEFAULT_BASE = Path("/var/lib/dra-node")
-NODE_NAME = "dra-node-0"
-BRIDGE = "dranode0"
-POD_SUBNET = "10.89.0.0/24"
-POD_GATEWAY = "10.89.0.1"
-API_SERVICE_IP = "10.0.0.1"
-CGROUP_PARENT = "dra-node"
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-DRIVER_IMAGE = "localhost/dra-driver:dev"
-DRIVER_NAMESPACE = "dra-driver"
-IPTABLES_COMMENT = "dra-node: kubernetes service to the local API server"
-STATE_FILE = "node-state.json"
-#: Labels of the node: the chart's DaemonSet runs only on nodes with GPUs.
-NODE_LABELS = {"nvidia.com/gpu.present": "true"}
-START_TIMEOUT = 180.0
-
-
-class NodeError(RuntimeError):
-    """A node component failed to start or a wait timed out."""
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where each component of the node keeps its files."""
-
-    base: Path
-
-    @property
-    def cluster(self) -> Path:
-        return self.base / "cluster"
-
-    @property
-    def containerd(self) -> Path:
-        return self.base / "containerd"
-
-    @property
-    def containerd_socket(self) -> Path:
-        return self.containerd / "containerd.sock"
-
-    @property
-    def kubelet(self) -> Path:
-        return self.base / "kubelet"
-
-    @property
-    def cdi(self) -> Path:
-        return self.base / "cdi"
-
-    @property
-    def cni_conf(self) -> Path:
-        return self.base / "cni" / "net.d"
-
-    @property
-    def cni_state(self) -> Path:
-        return self.base / "cni" / "state"
-
-    @property
-    def pod_logs(self) -> Path:
-        return self.base / "pod-logs"
-
-    @property
-    def driver_root(self) -> Path:
-        return self.base / "driver-root"
-
-    @property
-    def state(self) -> Path:
-        return self.base / STATE_FILE
-
-    @property
-    def logs(self) -> Path:
-        return self.cluster / "logs"
-
-
-# --------------------------------------------------------------------------------------
-# Configuration files (pure)
-# --------------------------------------------------------------------------------------
-
-
-def containerd_config(
-    layout: Layout, *, snapshotter: str, cni_bin: Path, runc: Path, sandbox_image: str
-) -> str:
-    """containerd's config.toml (version 3): private dirs and socket, CRI with CDI."""
-    return f"""version = 3
-root = "{layout.containerd / "root"}"
-state = "{layout.containerd / "state"}"
-
-[grpc]
-  address = "{layout.containerd_socket}"
-
-[ttrpc]
-  address = "{layout.containerd_socket}.ttrpc"
-
-[plugins."io.containerd.cri.v1.images"]
-  snapshotter = "{snapshotter}"
-  [plugins."io.containerd.cri.v1.images".pinned_images]
-    sandbox = "{sandbox_image}"
-
-[plugins."io.containerd.cri.v1.runtime"]
-  cdi_spec_dirs = ["{layout.cdi}"]
-  # Root here lacks CAP_SYS_RESOURCE: runc cannot lower a container's oom_score_adj
-  # (the kubelet asks -998 for critical pods) below containerd's own.
-  restrict_oom_score_adj = true
-  [plugins."io.containerd.cri.v1.runtime".containerd]
-    default_runtime_name = "runc"
-    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      snapshotter = "{snapshotter}"
-      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
-        BinaryName = "{runc}"
-        Root = "{layout.containerd / "runc"}"
-        SystemdCgroup = false
-  [plugins."io.containerd.cri.v1.runtime".cni]
-    bin_dirs = ["{cni_bin}"]
-    conf_dir = "{layout.cni_conf}"
-
-[plugins."io.containerd.grpc.v1.cri"]
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-"""
-
-
-def cni_config(layout: Layout) -> dict[str, Any]:
-    """A CNI network list: a bridge with host-local addresses, loopback, port mapping."""
-    return {
-        "cniVersion": "1.0.0",
-        "name": "dra-node",
-        "plugins": [
-            {
-                "type": "bridge",
-                "bridge": BRIDGE,
-                "isGateway": True,
-                # Pods talk to the host only; nothing leaves the machine.
-                "ipMasq": False,
-                "hairpinMode": True,
-                "ipam": {
-                    "type": "host-local",
-                    "dataDir": str(layout.cni_state),
-                    "ranges": [[{"subnet": POD_SUBNET, "gateway": POD_GATEWAY}]],
-                    "routes": [{"dst": "0.0.0.0/0"}],
-                },
-            },
-            {"type": "portmap", "capabilities": {"portMappings": True}},
-        ],
-    }
-
-
-def kubelet_config(
-    layout: Layout, *, port: int, healthz_port: int, pki: Path, feature_gates: str
-) -> dict[str, Any]:
-    """The KubeletConfiguration of the node.
-
-    cgroupfs on the machine's cgroup v1 hierarchies (hence failCgroupV1: false), no swap
-    check, the serving key pair of `testenv keys`. The kubelet listens on the pod bridge's
-    gateway address, the node's address (the kubelet refuses a loopback one), which only
-    this machine reaches. The API server has no kubelet client certificate, so the kubelet
-    lets anonymous requests read logs.
-    """
-    gates = dict(item.split("=", 1) for item in feature_gates.split(",") if item)
-    return {
-        "apiVersion": "kubelet.config.k8s.io/v1beta1",
-        "kind": "KubeletConfiguration",
-        "cgroupDriver": "cgroupfs",
-        "cgroupRoot": f"/{CGROUP_PARENT}",
-        "failSwapOn": False,
-        "failCgroupV1": False,
-        "containerRuntimeEndpoint": f"unix://{layout.containerd_socket}",
-        "address": POD_GATEWAY,
-        "port": port,
-        "readOnlyPort": 0,
-        "healthzBindAddress": "127.0.0.1",
-        "healthzPort": healthz_port,
-        "tlsCertFile": str(pki / "apiserver.crt"),
-        "tlsPrivateKeyFile": str(pki / "apiserver.key"),
-        "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
-        "authorization": {"mode": "AlwaysAllow"},
-        "podLogsDir": str(layout.pod_logs),
-        "featureGates": {k: v == "true" for k, v in gates.items()},
-        "serializeImagePulls": False,
-        # A shared build machine: evict nothing because of its disk or memory use.
-        "evictionHard": {
-            "memory.available": "50Mi",
-            "nodefs.available": "1%",
-            "imagefs.available": "1%",
-            "nodefs.inodesFree": "1%",
-        },
-        "imageGCHighThresholdPercent": 100,
-        "imageGCLowThresholdPercent": 99,
-        "syncFrequency": "10s",
-        "fileCheckFrequency": "10s",
-        "nodeStatusReportFrequency": "10s",
-    }
-
-
-# --------------------------------------------------------------------------------------
-# Host setup and teardown
-# --------------------------------------------------------------------------------------
-
-
-def run(*argv: str | Path, check: bool = True, timeout: float = 300) -> str:
-    """Run a command; its stdout, or NodeError with its stderr."""
-    out = subprocess.run(
-        [str(a) for a in argv], capture_output=True, text=True, timeout=timeout, check=False
-    )
-    if check and out.returncode != 0:
-        cmd = " ".join(str(a) for a in argv)
-        raise NodeError(f"{cmd}: exit {out.returncode}: {out.stderr.strip()[-2000:]}")
-    return out.stdout
-
-
-def overlay_works(scratch: Path) -> bool:
-    """Whether an overlay filesystem can be mounted with its layers on `scratch`."""
-    scratch.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=scratch) as tmp:
-        dirs = {n: Path(tmp) / n for n in ("lower", "upper", "work", "merged")}
-        for d in dirs.values():
-            d.mkdir()
-        opts = f"lowerdir={dirs['lower']},upperdir={dirs['upper']},workdir={dirs['work']}"
-        mounted = subprocess.run(
-            ["mount", "-t", "overlay", "overlay", "-o", opts, str(dirs["merged"])],
-            capture_output=True,
-            check=False,
-        )
-        if mounted.returncode != 0:
-            return False
-        run("umount", dirs["merged"])
-    return True
-
-
-def shared_mount(path: Path) -> None:
-    """Make `path` a shared mount point of its own.
-
-    The chart mounts the driver root with HostToContainer propagation, which needs a
-    shared or slave source; this machine's / is private ("path "/" is mounted on "/" but
-    it is not a shared or slave mount"). The simulated backend reads nothing from it.
-    """
-    path.mkdir(parents=True, exist_ok=True)
-    run("mount", "--bind", path, path)
-    run("mount", "--make-rshared", path)
-
-
-def cgroup_hierarchies(*, unified: bool = False) -> list[Path]:
-    """The mounted cgroup v1 hierarchies (the kubelet runs its pods under each), and the
-    hybrid v2 one (runc makes the pods' cgroups there too) if `unified`."""
-    return sorted(
-        p
-        for p in CGROUP_ROOT.iterdir()
-        if p.is_dir() and (unified or p.name != "unified") and (p / "cgroup.procs").exists()
-    )
-
-
-def cgroup_pids() -> set[int]:
-    """Every process in `CGROUP_PARENT`: the node's containers, whatever their parent."""
-    pids: set[int] = set()
-    for h in cgroup_hierarchies(unified=True):
-        for procs in (h / CGROUP_PARENT).rglob("cgroup.procs"):
-            with contextlib.suppress(OSError):
-                pids.update(int(p) for p in procs.read_text().split())
-    return pids
-
-
-def kill_containers(timeout: float = 10.0) -> None:
-    """SIGKILL the node's container processes; killing their shims does not stop them."""
-    deadline = time.monotonic() + timeout
-    while (pids := cgroup_pids()) and time.monotonic() < deadline:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.2)
-
-
-def create_cgroup_parent() -> None:
-    """Create `CGROUP_PARENT` in every hierarchy; cpuset needs its CPUs and memory nodes."""
-    for h in cgroup_hierarchies():
-        d = h / CGROUP_PARENT
-        d.mkdir(exist_ok=True)
-        if h.name == "cpuset":
-            for f in ("cpuset.cpus", "cpuset.mems"):
-                (d / f).write_text((h / f).read_text())
-
-
-def remove_cgroup_parent() -> None:
-    """Remove `CGROUP_PARENT` and everything under it, deepest first."""
-    for h in cgroup_hierarchies(unified=True):
-        top = h / CGROUP_PARENT
-        if not top.exists():
-            continue
-        for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-            with contextlib.suppress(OSError):
-                d.rmdir()
-        with contextlib.suppress(OSError):
-            top.rmdir()
-
-
-def mounts_under(*roots: Path) -> list[Path]:
-    """Mount points at or below `roots`, deepest first (the order to unmount them)."""
-    found: list[Path] = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        point = Path(line.split()[4].replace("\\040", " "))
-        if any(point == r or r in point.parents for r in roots):
-            found.append(point)
-    return sorted(set(found), key=lambda p: -len(p.parts))
-
-
-def unmount_all(*roots: Path) -> None:
-    for point in mounts_under(*roots):
-        subprocess.run(["umount", "-l", str(point)], capture_output=True, check=False)
-
-
-def iptables_rule(api_port: int) -> list[str]:
-    """The nat rule that stands in for kube-proxy for the one Service pods need."""
-    return [
-        "PREROUTING",
-        "-i",
-        BRIDGE,
-        "-d",
-        API_SERVICE_IP,
-        "-p",
-        "tcp",
-        "--dport",
-        "443",
-        "-m",
-        "comment",
-        "--comment",
-        IPTABLES_COMMENT,
-        "-j",
-        "DNAT",
-        "--to-destination",
-        f"127.0.0.1:{api_port}",
-    ]
-
-
-def setup_network(api_port: int) -> None:
-    """The pod bridge with the node's address, routing from it to loopback, and the API
-    server's Service address."""
-    if subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True).returncode != 0:
-        run("ip", "link", "add", BRIDGE, "type", "bridge")
-    prefix = POD_SUBNET.split("/")[1]
-    run("ip", "addr", "replace", f"{POD_GATEWAY}/{prefix}", "dev", BRIDGE)
-    run("ip", "link", "set", BRIDGE, "up")
-    Path(f"/proc/sys/net/ipv4/conf/{BRIDGE}/route_localnet").write_text("1")
-    remove_iptables_rules()
-    run("iptables", "-t", "nat", "-A", *iptables_rule(api_port))
-
-
-def remove_iptables_rules() -> None:
-    """Delete our DNAT rule and the chains the CNI plugins made for our network."""
-    saved = run("iptables-save", "-t", "nat", check=False)
-    for line in saved.splitlines():
-        if line.startswith("-A ") and IPTABLES_COMMENT in line:
-            args = line[3:].replace(f'"{IPTABLES_COMMENT}"', "COMMENT").split()
-            args = [IPTABLES_COMMENT if a == "COMMENT" else a for a in args]
-            run("iptables", "-t", "nat", "-D", *args, check=False)
-
-
-def remove_network() -> None:
-    remove_iptables_rules()
-    subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True, check=False)
-
 
 # --------------------------------------------------------------------------------------
 # The node
@@ -646,53 +311,6 @@ class RealNode:
         remove_network()
         remove_cgroup_parent()
         shutil.rmtree(layout.base, ignore_errors=True)
-
-
-def kill_shims(layout: Layout) -> None:
-    """Kill the container shims (and so the containers) of our containerd."""
-    marker = str(layout.containerd_socket).encode()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"containerd-shim" in cmdline and marker in cmdline:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(int(proc.name), signal.SIGKILL)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(proc.name), signal.SIGKILL)
-    time.sleep(0.5)
-    remove_stale_shim_sockets()
-
-
-def remove_stale_shim_sockets() -> None:
-    """Remove shim sockets nobody listens on (containerd keeps them in a fixed place)."""
-    sockets = Path("/run/containerd/s")
-    for path in sockets.glob("*") if sockets.is_dir() else []:
-        with socket.socket(socket.AF_UNIX) as s:
-            try:
-                s.connect(str(path))
-            except ConnectionRefusedError:
-                path.unlink(missing_ok=True)
-            except OSError:
-                continue
-    for d in (sockets, sockets.parent):
-        with contextlib.suppress(OSError):
-            d.rmdir()
-
-
-def sandbox_netns() -> list[Path]:
-    """The network namespaces of our pods: those with an address on the pod network."""
-    netns_dir = Path("/run/netns")
-    prefix = POD_SUBNET.rsplit(".", 1)[0] + "."
-    found = []
-    for ns in sorted(netns_dir.glob("cni-*")) if netns_dir.is_dir() else []:
-        addrs = run("ip", "-n", ns.name, "-br", "addr", check=False)
-        if f" {prefix}" in addrs:
-            found.append(ns)
-    return found
 
 
 # --------------------------------------------------------------------------------------

@@ -28,8 +28,11 @@ def load(name: str) -> ModuleType:
     return module
 
 
+# The scripts import their siblings by name, as they do when run from their directory.
+sys.path.insert(0, str(NODE_DIR))
 ociimage = load("ociimage")
 realnode = load("realnode")
+host = load("host")
 
 
 def members(archive: bytes) -> dict[str, bytes]:
@@ -104,8 +107,8 @@ def test_kubelet_config_gates_and_addresses(tmp_path: Path) -> None:
 
 
 def test_iptables_rule_sends_the_service_to_loopback() -> None:
-    rule = realnode.iptables_rule(6443)
-    assert rule[rule.index("-d") + 1] == realnode.API_SERVICE_IP
+    rule = host.iptables_rule(6443)
+    assert rule[rule.index("-d") + 1] == host.API_SERVICE_IP
     assert rule[-1] == "127.0.0.1:6443"
 
 
