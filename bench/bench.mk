@@ -1,5 +1,6 @@
 # Benchmarks: numbers, not pass/fail. `make bench` runs them and regenerates docs/performance.md
-# (about 10 minutes: the publisher's steady state is watched for 5 of them).
+# (about 12 minutes: the publisher's steady state is watched for 5 of them, then the scale
+# benchmark publishes 10 and 100 simulated nodes).
 # `make bench BENCH_FLAGS=--quick` is a 2-minute run for iterating; its figures are not the
 # recorded ones.
 BENCH_FLAGS ?=
@@ -17,5 +18,6 @@ bench: install testenv
 	$(BIN)/python bench/bench_cel.py > $(BENCH_OUT)/cel.txt
 	$(BIN)/python bench/bench_node.py $(BENCH_FLAGS) --json $(BENCH_OUT)/node.json \
 		$(if $(REFERENCE_BIN),--reference-bin '$(REFERENCE_BIN)' --reference-version '$(REFERENCE_VERSION)')
-	$(BIN)/python bench/report.py $(BENCH_OUT)/node.json $(BENCH_OUT)/cel.txt > docs/performance.md
+	$(BIN)/python bench/bench_scale.py --nodes 10 100 --json $(BENCH_OUT)/scale.json
+	$(BIN)/python bench/report.py $(BENCH_OUT)/node.json $(BENCH_OUT)/cel.txt $(BENCH_OUT)/scale.json > docs/performance.md
 	@echo "wrote docs/performance.md"

@@ -394,13 +394,50 @@ and versions are cached (devices of one product share them); explanations reuse 
 sub-expressions and the list of device lookups per expression."""
 
 
+def render_scale(rows: list[dict[str, Any]]) -> str:
+    """The scale benchmark's table (``bench/bench_scale.py``)."""
+    out = [
+        "## The cluster at scale",
+        "",
+        "`bench/bench_scale.py`: one process hosts the slice publishers of N simulated dgx-h100 "
+        "nodes (the agent's `SliceController`, no kubelet) against one local control plane; "
+        "`minimal` is one bare device per GPU, `static` what the agent publishes by default, "
+        "`dynamic` what it publishes with `--dynamic-mig` (every MIG placement, shared "
+        "counters). Time from the publishers' start until every device is visible, and the "
+        "API server's resident memory before and 2 s after (it also holds what earlier rows "
+        "published and deleted, until its garbage collection runs).",
+        "",
+        "| nodes | layout | devices | slices | publish all | API server RSS before -> after |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['nodes']} | {r['layout']} | {r['devices']} | {r['slices']} | "
+            f"{r['publish_all_s']} s | {r['apiserver_rss_before_mib']} -> "
+            f"{r['apiserver_rss_after_mib']} MiB |"
+        )
+    out += [
+        "",
+        "Not measured yet: watch bytes, and the scheduler's throughput and p99 latency for "
+        "1-GPU and 1-MIG claims until the cluster is full (upstream's scheduler_perf DRA "
+        "workloads are the method to follow), hence no layout with fewer placements yet.",
+        "",
+    ]
+    return "\n".join(out)
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: report.py NODE_JSON CEL_TXT", file=sys.stderr)
+    if len(argv) not in (2, 3):
+        print("usage: report.py NODE_JSON CEL_TXT [SCALE_JSON]", file=sys.stderr)
         return 2
     node = json.loads(Path(argv[0]).read_text())
     cel = Path(argv[1]).read_text()
-    sys.stdout.write(render(node, cel))
+    page = render(node, cel)
+    if len(argv) == 3:
+        page = page.replace(
+            CEL_INTRO, render_scale(json.loads(Path(argv[2]).read_text())) + "\n" + CEL_INTRO
+        )
+    sys.stdout.write(page)
     return 0
 
 
