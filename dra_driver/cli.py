@@ -15,6 +15,7 @@ from dra_driver.cliparser import Parser, apply_environment
 from dra_driver.command import Command
 from dra_driver.gpu.discovery.base import DiscoveryError
 from dra_driver.gpu.discovery.factory import make_discovery
+from dra_driver.gpu.sharing.shared_gpus import SelectionError
 from dra_driver.gpu.state.checkpoint import CheckpointTooNew
 from dra_driver.kubeconfig import KubeConfigError
 from dra_driver.output import camel_keys, print_objects
@@ -237,7 +238,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = from_namespace(ns, command.fields)
         logs.configure(settings.log_format, settings.log_level)
         return command.run(settings, ns)
-    except (SettingsError, DiscoveryError, KubeConfigError, CheckpointTooNew) as exc:
+    except (
+        SettingsError,
+        DiscoveryError,
+        SelectionError,
+        KubeConfigError,
+        CheckpointTooNew,
+    ) as exc:
         print(f"dra-driver {ns.command}: error: {exc}", file=sys.stderr)
         return exitcodes.ERROR
     except BrokenPipeError:

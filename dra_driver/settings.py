@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dra_driver.errors import DriverError
 
@@ -110,14 +110,6 @@ class Settings(BaseModel):
         pattern=r"^(\d+(,\d+)*)?$",
         description="Xid errors caused by applications, which do not taint a GPU",
     )
-
-    @field_validator("shared_gpus")
-    @classmethod
-    def _check_shared_gpus(cls, value: str) -> str:
-        from dra_driver.gpu.sharing.shared_gpus import parse_selection
-
-        parse_selection(value)
-        return value
 
 
 def env_name(field: str) -> str:

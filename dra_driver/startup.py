@@ -17,6 +17,7 @@ import structlog
 
 from dra_driver.cdi.writer import spec_file_name, sweep_temp_files
 from dra_driver.gpu.container.claim_spec import CDI_CLASS, CDI_VENDOR
+from dra_driver.gpu.sharing.shared_gpus import SelectionError, parse_selection
 from dra_driver.gpu.state.device_state import CHECKPOINT_FILE
 from dra_driver.kube import KubeClient
 from dra_driver.kubeconfig import KubeConfigError
@@ -48,6 +49,10 @@ def check_settings(settings: Settings) -> None:
         raise SettingsError("--node-name (DRA_NODE_NAME) is required")
     for field in ("cdi_root", "plugins_dir", "registry_dir"):
         _check_directory(getattr(settings, field), flag_name(field))
+    try:
+        parse_selection(settings.shared_gpus)
+    except SelectionError as exc:
+        raise SettingsError(str(exc)) from None
     checkpoint = state_dir(settings) / CHECKPOINT_FILE
     if checkpoint.is_dir():
         raise SettingsError(f"checkpoint {checkpoint} is a directory; move it away")

@@ -93,6 +93,14 @@ def test_relative_directory_is_refused(tmp_path: Path, capsys: pytest.CaptureFix
     assert "--cdi-root: cdi is not an absolute path" in _one_line_error(capsys)
 
 
+def test_bad_shared_gpus_is_one_line_before_anything_changes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*_args(tmp_path), "--shared-gpus=index:x"]) == 1
+    assert "indices are whole numbers" in _one_line_error(capsys)
+    assert not list(tmp_path.glob("**/checkpoint.json"))
+
+
 async def test_refused_credentials_end_the_start() -> None:
     async with serve() as server:
         server.json("GET", "/api/v1/nodes/n", 401, {"kind": "Status", "code": 401})

@@ -26,7 +26,6 @@ from dra_driver.gpu.sharing.simulated import SimulatedSharing
 from dra_driver.gpu.state.device_state import DeviceState
 from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare
 from dra_driver.resourceslice.pool import render_pool
-from dra_driver.settings import Settings
 from tests.unit.cdi_schema import schema_errors
 from tests.unit.slice_rules import check_pool
 
@@ -47,8 +46,6 @@ def test_selection_syntax() -> None:
     for bad in ("some", "index:", "index:a", "colour:red"):
         with pytest.raises(SelectionError):
             parse_selection(bad)
-    with pytest.raises(ValueError, match="shared GPUs"):
-        Settings(shared_gpus="index:x")
 
 
 def test_selection_picks_gpus_not_in_mig_mode() -> None:
