@@ -7,7 +7,6 @@ the GPU cannot serve.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,39 +14,25 @@ import pytest
 
 from dra_driver import faults
 from dra_driver.gpu.config import ConfigError
-from dra_driver.gpu.discovery.simulated import build_inventory, load_profile
-from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.mig.simulated import SIMULATED_STATE_FILE, SimulatedMig
 from dra_driver.gpu.state.device_state import ClaimError, DeviceState
 from dra_driver.gpu.state.evidence import Allocated, ClaimInUse, Evidence
 from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare
+from tests.unit.gpu.mig.test_dynamic_mig import (
+    DRIVER,
+    MIG_3G,
+    NODE,
+    NOTHING_IN_USE,
+    _instances,
+    _inventory,
+)
+from tests.unit.gpu.mig.test_dynamic_mig import _state as _dynamic_state
 
-NODE = "node-1"
-DRIVER = "gpu.dra.dev"
-SINGLE_H100 = str(Path(__file__).parents[3] / "data" / "single-h100.yaml")
-MIG_3G = "gpu-0-mig-3g40gb-9-4"
-MIG_4G = "gpu-0-mig-4g40gb-5-0"
-NOTHING_IN_USE = Evidence(specs={}, api={})
 API_DOWN = Evidence(specs={}, api=None)
 
 
-def _inventory(profile: str = SINGLE_H100) -> Inventory:
-    return build_inventory(load_profile(profile), NODE)
-
-
-def _state(
-    tmp_path: Path, evidence: Evidence = NOTHING_IN_USE, profile: str = SINGLE_H100
-) -> DeviceState:
-    return DeviceState(
-        inventory=_inventory(profile),
-        driver_name=DRIVER,
-        node_name=NODE,
-        cdi_root=tmp_path / "cdi",
-        state_dir=tmp_path / "plugin",
-        boot_id="boot-1",
-        mig=SimulatedMig(tmp_path / "plugin" / SIMULATED_STATE_FILE, _inventory(profile)),
-        evidence=evidence,
-    )
+def _state(tmp_path: Path, evidence: Evidence = NOTHING_IN_USE) -> DeviceState:
+    return _dynamic_state(tmp_path, evidence=evidence)
 
 
 def _static(tmp_path: Path) -> DeviceState:
@@ -97,11 +82,6 @@ def _in_use(*claims: tuple[str, str]) -> Evidence:
             for uid, device in claims
         },
     )
-
-
-def _instances(tmp_path: Path) -> list[dict[str, Any]]:
-    state = json.loads((tmp_path / "plugin" / SIMULATED_STATE_FILE).read_text())
-    return [i for g in state["gpus"].values() for i in g["instances"]]
 
 
 def _checkpoint(tmp_path: Path) -> Path:
