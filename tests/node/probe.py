@@ -315,6 +315,11 @@ class Node:
         args = [a for kv in sets for a in ("--set", kv)]
         self.helm("upgrade", "dra-driver", str(CHART), "--reuse-values", *args, "--wait")
         wait_until(lambda: len(self.driver_pods()) == 1, "one driver pod after the upgrade")
+        # The old agent's last view can outlive it when the settings changed (see
+        # docs/real-node.md); the new agent republishes deleted slices at once.
+        res = self.dynamic.resources.get(api_version="resource.k8s.io/v1", kind="ResourceSlice")
+        res.delete(field_selector="spec.driver=gpu.dra.dev")
+        wait_until(lambda: self.published_devices(), "the new agent's slices")
         self.settle_slices()
 
     def settle_slices(self, quiet: float = 5.0) -> None:
