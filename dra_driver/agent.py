@@ -43,6 +43,7 @@ from dra_driver.kubeletplugin.liveness import serve_liveness
 from dra_driver.kubeletplugin.node_service import error_text
 from dra_driver.kubeletplugin.plugin import Plugin, PluginConfig
 from dra_driver.resourceslice.controller import SliceController
+from dra_driver.resourceslice.publisher import Publisher, register_publisher
 from dra_driver.settings import Settings
 from dra_driver.startup import check_settings, reach_api_server, state_dir, sweep_temp_files_of
 from dra_driver.supervise import Heartbeats, supervise
@@ -133,6 +134,7 @@ class NodeAgent:
         state: DeviceState,
         client: Any,
         mig: MigBackend | None = None,
+        publisher: Publisher | None = None,
     ) -> None:
         self.settings = settings
         self.node = settings.node_name
@@ -145,7 +147,11 @@ class NodeAgent:
             log.info("sharing GPUs by memory", gpus=sorted(shared))
         self.mig_publishing = MigPublishing(mig, inventory, shared)
         self.slices = SliceController(
-            client, driver=self.driver, node_name=self.node, on_dropped=self._on_dropped
+            client,
+            driver=self.driver,
+            node_name=self.node,
+            on_dropped=self._on_dropped,
+            publisher=publisher,
         )
         self.health = HealthTracker(inventory, self.driver, parse_xids(settings.ignored_xids))
         self.broadcaster = HealthBroadcaster(self.health.device_health(self.node))
@@ -346,9 +352,12 @@ async def run_agent(settings: Settings) -> int:
         mig = await asyncio.to_thread(build_mig, settings, inventory)
         evidence = await ask_api(client, settings)
         state = await asyncio.to_thread(build_state, settings, inventory, mig, evidence)
+        publisher = await asyncio.to_thread(
+            register_publisher, state_dir(settings), settings.pod_uid or None
+        )
         if settings.metrics_port:
             metrics.serve(settings.metrics_port, settings.driver_name)
-        await NodeAgent(settings, inventory, state, client, mig).run(stop)
+        await NodeAgent(settings, inventory, state, client, mig, publisher).run(stop)
     finally:
         await client.close()
     return 0

@@ -30,6 +30,7 @@ from dra_driver.resourceslice.backoff import Backoff, pause
 from dra_driver.resourceslice.dropped import feature_gate_for, find_dropped
 from dra_driver.resourceslice.planner import Plan, plan
 from dra_driver.resourceslice.pool import DesiredPool, NodeOwner
+from dra_driver.resourceslice.publisher import Publisher
 from dra_driver.resourceslice.rawapi import CONNECTION_ERRORS, ApiError, RawApi
 from dra_driver.resourceslice.reporting import ApiErrorReporter, describe, log_dropped
 from dra_driver.resourceslice.store import SliceStore, field_selector, meta
@@ -62,6 +63,9 @@ class SliceController:
     exists, and always carry it as controlling owner so deleting the node deletes them.
     ``on_dropped`` is called with the feature gate names whenever the API server is newly found
     to drop fields of a feature (see :attr:`dropped_features`).
+    ``publisher`` identifies this agent instance when several may run on the node (a rolling
+    update): the controller records it on its slices and stops writing while a newer instance
+    publishes the pool (see :mod:`dra_driver.resourceslice.publisher`).
     """
 
     def __init__(
@@ -76,6 +80,7 @@ class SliceController:
         backoff_cap: float = 30.0,
         watch_timeout: tuple[int, int] = (300, 600),
         on_dropped: DroppedCallback | None = None,
+        publisher: Publisher | None = None,
     ) -> None:
         self.driver = driver
         self.node_name = node_name
@@ -86,6 +91,8 @@ class SliceController:
         self._backoff_cap = backoff_cap
         self._watch_timeout = watch_timeout
         self._on_dropped = on_dropped
+        self._publisher = publisher
+        self._yielded_to: Publisher | None = None
         self._selector = field_selector(node_name, driver)
         self._log = log.bind(node=node_name, driver=driver)
         self._reporter = ApiErrorReporter(self._log)
@@ -294,12 +301,30 @@ class SliceController:
 
     def _plan(self) -> Plan:
         assert self._desired is not None
-        return plan(list(self._store.objects.values()), self._desired, self._owner, self._dropped)
+        return plan(
+            list(self._store.objects.values()),
+            self._desired,
+            self._owner,
+            self._dropped,
+            self._publisher,
+        )
 
     async def _reconcile_once(self, backoff: Backoff) -> bool:
         """Make one round of writes; True when nothing needed to be written."""
         result = self._plan()
         self._generation = result.generation
+        if result.yielded_to != self._yielded_to:
+            self._yielded_to = result.yielded_to
+            if result.yielded_to is not None:
+                self._log.warning(
+                    "a newer agent on this node publishes the pool; this one stops writing",
+                    newer=result.yielded_to.id,
+                )
+            else:
+                self._log.info("no newer agent publishes the pool any more; publishing again")
+        if result.yielded_to is not None:
+            self._synced.clear()
+            return True
         if result.empty:
             self._eager_rounds = 0
             if not self._synced.is_set():

@@ -16,6 +16,11 @@ Pool generation rules (what the scheduler needs to see a consistent pool):
   generation, so the pool never looks incomplete or mixed;
 * anything else (several slices change, slices added or removed, a mixed pool): generation + 1
   and every slice is written.
+
+When the controller has a :class:`~dra_driver.resourceslice.publisher.Publisher`, every written
+slice records it, and a pool holding a slice recorded by a newer publisher (a newer agent pod on
+the same node, during a rolling update) is left to that publisher: the plan is empty and
+``yielded_to`` names it.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any
 
 from dra_driver.resourceslice.normalize import normalize_spec, strip_paths
 from dra_driver.resourceslice.pool import DesiredPool, NodeOwner, render_slice, slice_name
+from dra_driver.resourceslice.publisher import Publisher, recorded_publisher
 
 JSON = dict[str, Any]
 
@@ -43,6 +49,7 @@ class Plan:
     updates: list[JSON] = field(default_factory=list)
     deletes: list[str] = field(default_factory=list)
     generation: int = 0
+    yielded_to: Publisher | None = None
 
     @property
     def empty(self) -> bool:
@@ -98,9 +105,12 @@ def _owned_by(obj: Mapping[str, Any], owner: NodeOwner) -> bool:
 
 def _metadata_current(existing: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
     meta = existing.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    wanted_labels = (wanted.get("metadata") or {}).get("labels") or {}
-    return all(labels.get(k) == v for k, v in wanted_labels.items())
+    wanted_meta = wanted.get("metadata") or {}
+    for key in ("labels", "annotations"):
+        have = meta.get(key) or {}
+        if any(have.get(k) != v for k, v in (wanted_meta.get(key) or {}).items()):
+            return False
+    return True
 
 
 def _update_body(existing: Mapping[str, Any], wanted: JSON, owner: NodeOwner | None) -> JSON:
@@ -112,13 +122,14 @@ def _update_body(existing: Mapping[str, Any], wanted: JSON, owner: NodeOwner | N
     old = existing.get("metadata") or {}
     new_meta = wanted["metadata"]
     meta: JSON = {"name": new_meta["name"]}
-    for key in ("resourceVersion", "uid", "annotations", "finalizers"):
+    for key in ("resourceVersion", "uid", "finalizers"):
         if key in old:
             meta[key] = copy.deepcopy(old[key])
-    labels = dict(old.get("labels") or {})
-    labels.update(new_meta.get("labels") or {})
-    if labels:
-        meta["labels"] = labels
+    for key in ("labels", "annotations"):
+        merged = dict(old.get(key) or {})
+        merged.update(new_meta.get(key) or {})
+        if merged:
+            meta[key] = merged
     refs = [dict(r) for r in old.get("ownerReferences") or []]
     if owner is not None:
         # Replace any stale controller reference to the node (e.g. a recreated Node) with ours.
@@ -173,6 +184,7 @@ def plan(
     desired: DesiredPool,
     owner: NodeOwner | None,
     ignored_fields: Iterable[str] = (),
+    publisher: Publisher | None = None,
 ) -> Plan:
     """Compute the writes that make ``existing`` match ``desired``.
 
@@ -180,15 +192,24 @@ def plan(
     ``owner``, when given, must be the controller owner reference of every slice.
     ``ignored_fields`` are spec paths the API server is known to drop (see
     :mod:`dra_driver.resourceslice.dropped`); they are left out of every comparison so a pool
-    the server cannot store exactly does not cause endless updates.
+    the server cannot store exactly does not cause endless updates. ``publisher``, when given,
+    is recorded on every slice written, and the plan yields to any newer publisher.
     """
     ignored = frozenset(ignored_fields)
     ours = sorted((obj for obj in existing if _is_ours(obj, desired)), key=_name)
+    if publisher is not None:
+        newer = [
+            p
+            for p in (recorded_publisher(obj, desired.driver) for obj in ours)
+            if p is not None and p.rank > publisher.rank
+        ]
+        if newer:
+            return Plan(generation=max(map(_generation, ours)), yielded_to=max(newer))
     same_pool = [obj for obj in ours if _pool_field(obj, "name") == desired.pool_name]
     current = max((_generation(obj) for obj in same_pool), default=0)
     count = len(desired.slices)
 
-    rendered = [render_slice(desired, i, 1, owner) for i in range(count)]
+    rendered = [render_slice(desired, i, 1, owner, publisher) for i in range(count)]
     wanted_content = [_content(obj["spec"], ignored) for obj in rendered]
     assigned = _match(ours, desired, wanted_content, ignored)
     leftovers = sorted(_name(obj) for obj in ours if all(obj is not a for a in assigned.values()))
@@ -216,7 +237,7 @@ def plan(
     result = Plan(generation=generation if count else current)
 
     for i in range(count):
-        wanted = render_slice(desired, i, generation, owner)
+        wanted = render_slice(desired, i, generation, owner, publisher)
         obj = assigned.get(i)
         if obj is None:
             if wanted["metadata"]["name"] not in leftovers:

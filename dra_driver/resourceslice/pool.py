@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dra_driver import resourceapi
+from dra_driver.resourceslice.publisher import Publisher, annotation_key
 
 KIND = "ResourceSlice"
 
@@ -129,8 +130,12 @@ def render_slice(
     index: int,
     generation: int,
     owner: NodeOwner | None = None,
+    publisher: Publisher | None = None,
 ) -> JSON:
-    """Render slice ``index`` of ``pool`` as a complete ResourceSlice object."""
+    """Render slice ``index`` of ``pool`` as a complete ResourceSlice object.
+
+    ``publisher``, when given, is recorded in an annotation (see :mod:`.publisher`).
+    """
     content = pool.slices[index]
     spec: JSON = {
         "driver": pool.driver,
@@ -147,6 +152,8 @@ def render_slice(
     else:
         spec["devices"] = [dict(d) for d in content.devices]
     metadata: JSON = {"name": slice_name(pool.node_name, pool.driver, index)}
+    if publisher is not None:
+        metadata["annotations"] = {annotation_key(pool.driver): publisher.annotation()}
     if owner is not None:
         metadata["ownerReferences"] = [
             {
@@ -161,7 +168,10 @@ def render_slice(
 
 
 def render_pool(
-    pool: DesiredPool, generation: int = 1, owner: NodeOwner | None = None
+    pool: DesiredPool,
+    generation: int = 1,
+    owner: NodeOwner | None = None,
+    publisher: Publisher | None = None,
 ) -> list[JSON]:
     """Render every slice of ``pool`` for one generation."""
-    return [render_slice(pool, i, generation, owner) for i in range(len(pool.slices))]
+    return [render_slice(pool, i, generation, owner, publisher) for i in range(len(pool.slices))]

@@ -18,6 +18,7 @@ import pytest
 from devenv.localcluster import ClusterError, LocalCluster
 from dra_driver.kube import KubeClient
 from dra_driver.resourceslice import DesiredPool, SliceController, contents_for, delete_pool_slices
+from dra_driver.resourceslice.publisher import Publisher
 from dra_driver.resourceslice.rawapi import SLICES_PATH, RawApi
 from dra_driver.resourceslice.store import field_selector
 
@@ -405,3 +406,42 @@ async def test_forbidden_does_not_crash_or_write(cluster: LocalCluster, node: JS
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
+
+
+async def test_rolling_update_hands_the_pool_to_the_newer_agent(
+    kube_client: KubeClient, raw: RawApi, node: JSON
+) -> None:
+    """An update with surge that changes the pool: old and new agent run side by side, and
+    the old one is stopped last. The pool must end as the new agent publishes it, at once,
+    with no fight between the two."""
+    name = node["metadata"]["name"]
+    old = SliceController(
+        kube_client, driver=DRIVER, node_name=name, publisher=Publisher(1, "pod-old")
+    )
+    new = SliceController(
+        kube_client, driver=DRIVER, node_name=name, publisher=Publisher(2, "pod-new")
+    )
+    old_pool = pool_for(name, count=4)
+    new_pool = DesiredPool(DRIVER, name, name, contents_for([device(i) for i in range(3)]))
+
+    def devices(objs: list[JSON]) -> list[str]:
+        return sorted(d["name"] for o in objs for d in o["spec"].get("devices", []))
+
+    async with running(old, old_pool):
+        async with running(new, new_pool):
+            await asyncio.sleep(3)  # time for a fight, if there were one
+            objs = await slices_of(raw, name)
+            assert devices(objs) == ["gpu-0", "gpu-1", "gpu-2"]
+            assert {o["metadata"]["annotations"][f"{DRIVER}/publisher"] for o in objs} == {
+                "2/pod-new"
+            }
+            old_writes = old.writes
+            # The old agent republishes (say, after a health event): it still must not write.
+            await old.set_pool(pool_for(name, count=4, memory="40Gi"))
+            await asyncio.sleep(1)
+            assert old.writes == old_writes
+            assert not old.synced
+        # The new agent stops first here: the old one still leaves the pool alone.
+        await asyncio.sleep(1)
+        assert old.writes == old_writes
+    assert devices(await slices_of(raw, name)) == ["gpu-0", "gpu-1", "gpu-2"]

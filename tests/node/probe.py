@@ -311,32 +311,34 @@ class Node:
         return out.stdout
 
     def upgrade_driver(self, *sets: str) -> None:
-        """`helm upgrade` the driver with ``--set`` values; wait for the new agent's slices."""
+        """`helm upgrade` the driver with ``--set`` values; wait until the new agent publishes.
+
+        During the surge update the old and the new agent run side by side; the pool must end
+        as the new one publishes it (every slice names the new pod as its publisher), with no
+        slice of the old agent's view left behind.
+        """
         args = [a for kv in sets for a in ("--set", kv)]
         self.helm("upgrade", "dra-driver", str(CHART), "--reuse-values", *args, "--wait")
         wait_until(lambda: len(self.driver_pods()) == 1, "one driver pod after the upgrade")
-        # The old agent's last view can outlive it when the settings changed (see
-        # docs/real-node.md); the new agent republishes deleted slices at once.
+        uid = self.driver_pods()[0].metadata.uid
+
+        def published_by_new_agent() -> bool:
+            slices = self.slices()
+            return bool(slices) and all(
+                (s["metadata"].get("annotations") or {})
+                .get("gpu.dra.dev/publisher", "")
+                .endswith("/" + uid)
+                for s in slices
+            )
+
+        wait_until(published_by_new_agent, "every slice published by the new agent")
+
+    def slices(self) -> list[dict[str, Any]]:
+        """The driver's ResourceSlices as plain dicts."""
         res = self.dynamic.resources.get(api_version="resource.k8s.io/v1", kind="ResourceSlice")
-        res.delete(field_selector="spec.driver=gpu.dra.dev")
-        wait_until(lambda: self.published_devices(), "the new agent's slices")
-        self.settle_slices()
-
-    def settle_slices(self, quiet: float = 5.0) -> None:
-        """Wait until the published devices stop changing for ``quiet`` seconds: during the
-        surge update the old agent publishes its own view until it stops, and the new agent
-        then puts its own back; a pod scheduled in between gets a device that is gone."""
-        last: list[tuple[str, str]] | None = None
-        since = time.monotonic()
-
-        def settled() -> bool:
-            nonlocal last, since
-            now = sorted(self.published_devices())
-            if now != last:
-                last, since = now, time.monotonic()
-            return time.monotonic() - since >= quiet
-
-        wait_until(settled, "the published devices to settle")
+        return [
+            item.to_dict() for item in res.get(field_selector="spec.driver=gpu.dra.dev").items
+        ]
 
     def driver_pods(self) -> list[client.V1Pod]:
         pods = self.core.list_namespaced_pod(DRIVER_NAMESPACE, label_selector=DRIVER_LABELS)
