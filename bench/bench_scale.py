@@ -1,14 +1,16 @@
-"""Benchmark: what many nodes' slices cost the API server.
+"""Benchmark: what many nodes' slices cost the API server and the scheduler.
 
 One process hosts the slice publishers of N simulated nodes (``SliceController``, as each
 node agent runs it; no kubelet needed) against a local control plane, for three layouts of a
 dgx-h100 node: ``minimal`` (one device per GPU, no attributes, no counters), ``static`` (what
 the agent publishes by default) and ``dynamic`` (``--dynamic-mig``: every MIG placement, with
 shared counters). Per layout and node count it measures the time until every device is
-visible and the API server's resident memory before and after.
+visible, the bytes a watcher of all slices receives meanwhile (what every scheduler and
+controller watching slices is sent), the API server's resident memory before and after, and
+then the scheduler (``scheduling.py``): pods with a 1-GPU claim until every GPU is taken, and
+on the dynamic layout pods with a 1g.10gb MIG claim until every GPU is carved full (or a cap).
 
-Run: ``.venv/bin/python bench/bench_scale.py [--nodes 10 100] [--json FILE]``.
-The scheduler's throughput over such a cluster is not measured here yet.
+Run: ``.venv/bin/python bench/bench_scale.py [--nodes 10 100 500] [--json FILE]``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ from dra_driver.gpu.publish.catalog import build_catalog
 from dra_driver.kube import KubeClient
 from dra_driver.resourceslice.controller import SliceController
 from dra_driver.resourceslice.pool import DesiredPool, SliceContent
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scheduling import Workload, clean_up, make_schedulable, run_workload
 
 PROFILE = "dgx-h100"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -63,6 +68,17 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
+#: The scheduler's client limits, lifted as scheduler_perf does, so the scheduler is measured.
+SCHEDULER_ARGS = ("--kube-api-qps=5000", "--kube-api-burst=5000")
+#: Clients the benchmark spreads its creates over (each pools 4 connections).
+CLIENTS = 4
+#: Longest a workload may take; what is bound by then is reported.
+WORKLOAD_CAP_S = 300.0
+#: Most MIG pods per row (a dynamic node takes 56 1g.10gb devices).
+MIG_CAP = 4000
+GPUS_PER_NODE = 8
+
+
 async def published(client: KubeClient, driver: str) -> tuple[int, int]:
     """Slices and devices of ``driver`` in the API server."""
     resp = await client.request("GET", SLICES, query={"fieldSelector": f"spec.driver={driver}"})
@@ -70,63 +86,113 @@ async def published(client: KubeClient, driver: str) -> tuple[int, int]:
     return len(items), sum(len(s["spec"].get("devices") or []) for s in items)
 
 
-async def measure(client: KubeClient, apiserver: int, layout: str, nodes: int) -> dict[str, Any]:
+async def count_watch_bytes(client: KubeClient, counter: list[int]) -> None:
+    """Count the bytes of a watch on every ResourceSlice (as a scheduler holds one)."""
+    listing = await client.request("GET", SLICES, query={"limit": "1"})
+    query = {"watch": "1", "resourceVersion": listing.json()["metadata"]["resourceVersion"]}
+    async with client.stream("GET", SLICES, query=query) as resp:
+        async for line in resp.lines():
+            counter[0] += len(line) + 1
+
+
+def workloads(layout: str, driver: str, nodes: int) -> list[Workload]:
+    """What is scheduled on a layout: whole GPUs everywhere, MIG devices where published."""
+    attrs = f'device.attributes["{driver}"]'
+    gpu = Workload("gpu", "gpu", "" if layout == "minimal" else f'{attrs}.type == "gpu"', 0)
+    gpu.pods = GPUS_PER_NODE * nodes
+    out = [gpu]
+    if layout == "dynamic":
+        mig = f'{attrs}.type == "mig" && {attrs}.profile == "1g.10gb"'
+        out.append(Workload("mig", "mig", mig, min(7 * GPUS_PER_NODE * nodes, MIG_CAP)))
+    return out
+
+
+async def measure(
+    clients: Sequence[KubeClient], apiserver: int, layout: str, nodes: int
+) -> dict[str, Any]:
+    client = clients[0]
     driver = f"{layout}-{nodes}.scale.dev"
+    namespace = f"scale-{layout}-{nodes}"
     make = LAYOUTS[layout]
     pools = [make(driver, f"scale-{layout}-{nodes}-{i}") for i in range(nodes)]
     devices = sum(len(s.devices) for p in pools for s in p.slices)
+    await client.request("POST", "/api/v1/namespaces", body={"metadata": {"name": namespace}})
     for p in pools:  # a publisher waits for its Node object
         await client.request("POST", "/api/v1/nodes", body={"metadata": {"name": p.node_name}})
+        await make_schedulable(client, p.node_name)
     rss_before = rss_kib(apiserver)
+    watched = [0]
+    watch = asyncio.create_task(count_watch_bytes(clients[-1], watched))
+    await asyncio.sleep(0.5)
     controllers = [SliceController(client, driver=driver, node_name=p.node_name) for p in pools]
     t0 = time.monotonic()
     tasks = [asyncio.create_task(c.run()) for c in controllers]
     for c, p in zip(controllers, pools, strict=True):
         await c.set_pool(p)
     while (await published(client, driver))[1] < devices:
-        if time.monotonic() - t0 > 600:
+        if time.monotonic() - t0 > 900:
             raise TimeoutError(f"{layout} x {nodes}: not all published")
         await asyncio.sleep(0.2)
     elapsed = time.monotonic() - t0
     slices, _ = await published(client, driver)
     await asyncio.sleep(2)
+    watch.cancel()
+    await asyncio.gather(watch, return_exceptions=True)
     rss_after = rss_kib(apiserver)
+    scheduled = []
+    for workload in workloads(layout, driver, nodes):
+        outcome = await run_workload(clients, driver, namespace, workload, WORKLOAD_CAP_S)
+        result = outcome.summary()
+        print({"layout": layout, "nodes": nodes, **result}, file=sys.stderr, flush=True)
+        scheduled.append(result)
+        await clean_up(client, namespace, workload)
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     await client.request("DELETE", SLICES, query={"fieldSelector": f"spec.driver={driver}"})
+    for p in pools:
+        await client.request("DELETE", f"/api/v1/nodes/{p.node_name}")
     return {
         "layout": layout,
         "nodes": nodes,
         "devices": devices,
         "slices": slices,
         "publish_all_s": round(elapsed, 2),
+        "watch_mib": round(watched[0] / 2**20, 2),
         "apiserver_rss_before_mib": round(rss_before / 1024, 1),
         "apiserver_rss_after_mib": round(rss_after / 1024, 1),
+        "scheduling": scheduled,
     }
 
 
-async def run_all(cluster: LocalCluster, counts: Sequence[int]) -> list[dict[str, Any]]:
+async def run_all(
+    cluster: LocalCluster, counts: Sequence[int], layouts: Sequence[str]
+) -> list[dict[str, Any]]:
     proc = cluster.processes["kube-apiserver"]
     assert proc.pid is not None
     out = []
-    async with await KubeClient.create(str(cluster.kubeconfig)) as client:
+    clients = [await KubeClient.create(str(cluster.kubeconfig)) for _ in range(CLIENTS)]
+    try:
         for nodes in counts:
-            for layout in LAYOUTS:
-                result = await measure(client, proc.pid, layout, nodes)
+            for layout in layouts:
+                result = await measure(clients, proc.pid, layout, nodes)
                 print(result, file=sys.stderr, flush=True)
                 out.append(result)
+    finally:
+        for c in clients:
+            await c.close()
     return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nodes", type=int, nargs="+", default=[10, 100])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[10, 100, 500])
+    parser.add_argument("--layouts", nargs="+", choices=list(LAYOUTS), default=list(LAYOUTS))
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     logs.configure("json", "warning")
-    with LocalCluster(verbosity=1) as cluster:
-        results = asyncio.run(run_all(cluster, args.nodes))
+    with LocalCluster(verbosity=1, scheduler_extra_args=SCHEDULER_ARGS) as cluster:
+        results = asyncio.run(run_all(cluster, args.nodes, args.layouts))
     text = json.dumps(results, indent=2)
     print(text)
     if args.json:

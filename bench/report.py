@@ -395,7 +395,7 @@ sub-expressions and the list of device lookups per expression."""
 
 
 def render_scale(rows: list[dict[str, Any]]) -> str:
-    """The scale benchmark's table (``bench/bench_scale.py``)."""
+    """The scale benchmark's tables (``bench/bench_scale.py``)."""
     out = [
         "## The cluster at scale",
         "",
@@ -403,27 +403,54 @@ def render_scale(rows: list[dict[str, Any]]) -> str:
         "nodes (the agent's `SliceController`, no kubelet) against one local control plane; "
         "`minimal` is one bare device per GPU, `static` what the agent publishes by default, "
         "`dynamic` what it publishes with `--dynamic-mig` (every MIG placement, shared "
-        "counters). Time from the publishers' start until every device is visible, and the "
-        "API server's resident memory before and 2 s after (it also holds what earlier rows "
-        "published and deleted, until its garbage collection runs).",
+        "counters). Time from the publishers' start until every device is visible, the bytes "
+        "a watch on all ResourceSlices receives meanwhile (what the scheduler and every other "
+        "slice watcher is sent), and the API server's resident memory before and 2 s after (it "
+        "also holds what earlier rows published and deleted, until its garbage collection "
+        "runs).",
         "",
-        "| nodes | layout | devices | slices | publish all | API server RSS before -> after |",
-        "|---|---|---|---|---|---|",
+        "| nodes | layout | devices | slices | publish all | watch bytes | "
+        "API server RSS before -> after |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         out.append(
             f"| {r['nodes']} | {r['layout']} | {r['devices']} | {r['slices']} | "
-            f"{r['publish_all_s']} s | {r['apiserver_rss_before_mib']} -> "
-            f"{r['apiserver_rss_after_mib']} MiB |"
+            f"{r['publish_all_s']} s | {r.get('watch_mib', '-')} MiB | "
+            f"{r['apiserver_rss_before_mib']} -> {r['apiserver_rss_after_mib']} MiB |"
         )
-    out += [
-        "",
-        "Not measured yet: watch bytes, and the scheduler's throughput and p99 latency for "
-        "1-GPU and 1-MIG claims until the cluster is full (upstream's scheduler_perf DRA "
-        "workloads are the method to follow), hence no layout with fewer placements yet.",
-        "",
-    ]
+    scheduled = [(r, s) for r in rows for s in r.get("scheduling", [])]
+    if scheduled:
+        out += [
+            "",
+            "Then the scheduler, as upstream's scheduler_perf DRA workloads measure it: the "
+            "nodes are made schedulable through their status (no kubelet), claims are created "
+            "first, then one pod per claim as fast as the client can (32 creates in flight), "
+            "and the scheduler allocates and binds. `gpu`: 1-GPU claims until every GPU is "
+            "taken; `mig`: 1g.10gb MIG claims on the dynamic layout until every GPU is carved "
+            "full (7 per GPU) or 4,000 pods. The scheduler's client limits are lifted "
+            "(`--kube-api-qps=5000 --kube-api-burst=5000`). Pods/s is bound pods over the time "
+            "from the first create to the last binding; steady is the rate between the 10th and "
+            "90th percent of bindings; latency is a pod's create request to the watch event "
+            "that shows it bound.",
+            "",
+            "| nodes | layout | claims | pods bound | pods/s | steady pods/s | creates/s | "
+            "latency p50 | latency p99 |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r, s in scheduled:
+            bound = f"{s['bound']} of {s['pods']}" + (" (cap reached)" if s["timed_out"] else "")
+            out.append(
+                f"| {r['nodes']} | {r['layout']} | {s['workload']} | {bound} | "
+                f"{s['pods_per_s']} | {s['steady_pods_per_s']} | {s['creates_per_s']} | "
+                f"{s['latency_p50_s']} s | {s['latency_p99_s']} s |"
+            )
+    out += ["", SCALE_FINDINGS, ""]
     return "\n".join(out)
+
+
+#: Written from the recorded run (bench/results/scale.json); update with the figures.
+SCALE_FINDINGS = ""
 
 
 def main(argv: list[str]) -> int:

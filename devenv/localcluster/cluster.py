@@ -62,6 +62,7 @@ class LocalCluster:
     start_timeout: float = 120.0
     controllers: tuple[str, ...] = DEFAULT_CONTROLLERS
     apiserver_extra_args: tuple[str, ...] = ()
+    scheduler_extra_args: tuple[str, ...] = ()
 
     token: str = field(default_factory=lambda: secrets.token_hex(16))
     ports: Ports | None = None
@@ -270,6 +271,7 @@ class LocalCluster:
             cert_dir=self.base / "scheduler-certs",
             feature_gates=self.feature_gates,
             verbosity=self.verbosity,
+            extra=self.scheduler_extra_args,
         )
         proc = self._spawn("kube-scheduler", ["kube-scheduler", *flags])
         url = f"https://127.0.0.1:{self.ports.scheduler}/healthz"
