@@ -1,14 +1,16 @@
 """Benchmark: what many nodes' slices cost the API server and the scheduler.
 
 One process hosts the slice publishers of N simulated nodes (``SliceController``, as each
-node agent runs it; no kubelet needed) against a local control plane, for three layouts of a
+node agent runs it; no kubelet needed) against a local control plane, for four layouts of a
 dgx-h100 node: ``minimal`` (one device per GPU, no attributes, no counters), ``static`` (what
-the agent publishes by default) and ``dynamic`` (``--dynamic-mig``: every MIG placement, with
-shared counters). Per layout and node count it measures the time until every device is
-visible, the bytes a watcher of all slices receives meanwhile (what every scheduler and
-controller watching slices is sent), the API server's resident memory before and after, and
-then the scheduler (``scheduling.py``): pods with a 1-GPU claim until every GPU is taken, and
-on the dynamic layout pods with a 1g.10gb MIG claim until every GPU is carved full (or a cap).
+the agent publishes by default), ``dynamic`` (``--dynamic-mig``: every MIG placement, with
+shared counters) and ``dynamic-1g`` (``--dynamic-mig --mig-profiles=1g.10gb``: the whole GPUs
+and their 1g.10gb placements only, which serve the same workloads). Per layout and node count
+it measures the time until every device is visible, the bytes a watcher of all slices
+receives meanwhile (what every scheduler and controller watching slices is sent), the API
+server's resident memory before and after, and then the scheduler (``scheduling.py``): pods
+with a 1-GPU claim until every GPU is taken, and on the dynamic layouts pods with a 1g.10gb
+MIG claim until every GPU is carved full (or a cap).
 
 Run: ``.venv/bin/python bench/bench_scale.py [--nodes 10 100 500] [--json FILE]``.
 """
@@ -28,6 +30,7 @@ from devenv.localcluster import LocalCluster
 from dra_driver import logs
 from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
 from dra_driver.gpu.publish.catalog import build_catalog
+from dra_driver.gpu.publish.profiles import published_inventory
 from dra_driver.kube import KubeClient
 from dra_driver.resourceslice.controller import SliceController
 from dra_driver.resourceslice.pool import DesiredPool, SliceContent
@@ -46,9 +49,10 @@ def minimal_pool(driver: str, node: str) -> DesiredPool:
     return DesiredPool(driver, node, node, (SliceContent(devices=devices),))
 
 
-def catalog_pool(dynamic: bool) -> Callable[[str, str], DesiredPool]:
+def catalog_pool(dynamic: bool, mig_profiles: str = "") -> Callable[[str, str], DesiredPool]:
     def pool(driver: str, node: str) -> DesiredPool:
         inventory = SimulatedDiscovery(PROFILE, node).discover()
+        inventory = published_inventory(inventory, dynamic, mig_profiles)
         return build_catalog(inventory, dynamic=dynamic).pool(node, driver)
 
     return pool
@@ -58,6 +62,8 @@ LAYOUTS: dict[str, Callable[[str, str], DesiredPool]] = {
     "minimal": minimal_pool,
     "static": catalog_pool(False),
     "dynamic": catalog_pool(True),
+    # --dynamic-mig --mig-profiles=1g.10gb: the same allocations for the workloads below.
+    "dynamic-1g": catalog_pool(True, "1g.10gb"),
 }
 
 
@@ -73,7 +79,7 @@ SCHEDULER_ARGS = ("--kube-api-qps=5000", "--kube-api-burst=5000")
 #: Clients the benchmark spreads its creates over (each pools 4 connections).
 CLIENTS = 4
 #: Longest a workload may take; what is bound by then is reported.
-WORKLOAD_CAP_S = 300.0
+WORKLOAD_CAP_S = 150.0
 #: Most MIG pods per row (a dynamic node takes 56 1g.10gb devices).
 MIG_CAP = 4000
 GPUS_PER_NODE = 8
@@ -101,7 +107,7 @@ def workloads(layout: str, driver: str, nodes: int) -> list[Workload]:
     gpu = Workload("gpu", "gpu", "" if layout == "minimal" else f'{attrs}.type == "gpu"', 0)
     gpu.pods = GPUS_PER_NODE * nodes
     out = [gpu]
-    if layout == "dynamic":
+    if layout.startswith("dynamic"):
         mig = f'{attrs}.type == "mig" && {attrs}.profile == "1g.10gb"'
         out.append(Workload("mig", "mig", mig, min(7 * GPUS_PER_NODE * nodes, MIG_CAP)))
     return out

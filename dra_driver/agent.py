@@ -31,6 +31,7 @@ from dra_driver.gpu.health import (
 from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.mig.backend import MigBackend
 from dra_driver.gpu.mig.factory import make_mig_backend
+from dra_driver.gpu.publish.profiles import published_inventory
 from dra_driver.gpu.publish.publisher import MigPublishing
 from dra_driver.gpu.sharing.factory import make_sharing_backend
 from dra_driver.gpu.sharing.shared_gpus import parse_selection, shared_uuids
@@ -350,6 +351,8 @@ async def run_agent(settings: Settings) -> int:
         inventory = await discover_async(discovery)
         await asyncio.to_thread(sweep_temp_files_of, settings)
         mig = await asyncio.to_thread(build_mig, settings, inventory)
+        # The MIG backend keeps the whole inventory; the catalogue only the chosen profiles.
+        inventory = published_inventory(inventory, settings.dynamic_mig, settings.mig_profiles)
         evidence = await ask_api(client, settings)
         state = await asyncio.to_thread(build_state, settings, inventory, mig, evidence)
         publisher = await asyncio.to_thread(

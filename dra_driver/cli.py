@@ -15,6 +15,7 @@ from dra_driver.cliparser import Parser, apply_environment
 from dra_driver.command import Command
 from dra_driver.gpu.discovery.base import DiscoveryError
 from dra_driver.gpu.discovery.factory import make_discovery
+from dra_driver.gpu.publish.profiles import ProfileListError
 from dra_driver.gpu.sharing.shared_gpus import SelectionError
 from dra_driver.gpu.state.checkpoint import CheckpointTooNew
 from dra_driver.kubeconfig import KubeConfigError
@@ -40,6 +41,7 @@ def _discover(settings: Settings, _: argparse.Namespace) -> int:
 
 def _slices(settings: Settings, _: argparse.Namespace) -> int:
     from dra_driver.gpu.publish.catalog import build_catalog
+    from dra_driver.gpu.publish.profiles import published_inventory
     from dra_driver.gpu.sharing.shared_gpus import parse_selection, shared_uuids
     from dra_driver.resourceslice.pool import render_pool
 
@@ -48,6 +50,7 @@ def _slices(settings: Settings, _: argparse.Namespace) -> int:
     inventory = make_discovery(
         settings.backend, node_name=settings.node_name, profile=settings.profile
     ).discover()
+    inventory = published_inventory(inventory, settings.dynamic_mig, settings.mig_profiles)
     catalog = build_catalog(
         inventory,
         dynamic=settings.dynamic_mig,
@@ -104,6 +107,7 @@ _AGENT = (
     "health_port",
     "ignored_xids",
     "dynamic_mig",
+    "mig_profiles",
     "shared_gpus",
     *_LOGGING,
 )
@@ -164,7 +168,15 @@ COMMANDS: dict[str, Command] = {
     ),
     "slices": Command(
         "print the ResourceSlices the driver would publish for this node",
-        (*_DISCOVERY, "driver_name", "dynamic_mig", "shared_gpus", "output", *_LOGGING),
+        (
+            *_DISCOVERY,
+            "driver_name",
+            "dynamic_mig",
+            "mig_profiles",
+            "shared_gpus",
+            "output",
+            *_LOGGING,
+        ),
         _slices,
         defaults={"output": "yaml"},
     ),
@@ -242,6 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         SettingsError,
         DiscoveryError,
         SelectionError,
+        ProfileListError,
         KubeConfigError,
         CheckpointTooNew,
     ) as exc:

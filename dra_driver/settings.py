@@ -100,6 +100,12 @@ class Settings(BaseModel):
         description="create MIG devices on demand: publish every MIG placement with shared "
         "counters (needs the DRAPartitionableDevices feature)",
     )
+    mig_profiles: str = Field(
+        "",
+        description="with --dynamic-mig, publish placements of these MIG profiles only, "
+        "comma-separated (e.g. 1g.10gb,3g.40gb,7g.80gb): fewer devices for the scheduler to "
+        "go through; empty: every profile",
+    )
     shared_gpus: str = Field(
         "",
         description="GPUs shared among claims by memory (MPS limits): all; index:0,1; "

@@ -274,6 +274,7 @@ def test_extended_resource_class_needs_acknowledgement() -> None:
         ("metrics.port=65536", "/metrics/port"),
         ("healthPort=-1", "/healthPort"),
         ("features.dynamicMig=yes", "/features/dynamicMig"),
+        ("features.migProfiles=1g", "/features/migProfiles"),
     ],
 )
 def test_schema_rejects(value: str, where: str) -> None:
@@ -284,7 +285,11 @@ def test_schema_rejects(value: str, where: str) -> None:
     "values",
     [
         {"discovery.backend": "simulated", "discovery.profile": "mixed"},
-        {"features.sharedGpus": "model:L4", "features.dynamicMig": "true"},
+        {
+            "features.sharedGpus": "model:L4",
+            "features.dynamicMig": "true",
+            "features.migProfiles": "1g.10gb\\,7g.80gb",
+        },
         {"admissionPolicy.enabled": "false"},
         {"driverName": "gpu.example.com", "image.tag": ""},
     ],
@@ -300,6 +305,7 @@ def test_values_reach_the_agent(values: dict[str, str]) -> None:
         assert "DRA_PROFILE" not in e
     if "features.sharedGpus" in values:
         assert e["DRA_DYNAMIC_MIG"] == "true" and e["DRA_SHARED_GPUS"] == "model:L4"
+        assert e["DRA_MIG_PROFILES"] == "1g.10gb,7g.80gb"
     if "admissionPolicy.enabled" in values:
         assert "ValidatingAdmissionPolicy" not in kinds
     if "driverName" in values:

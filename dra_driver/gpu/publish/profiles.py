@@ -1,0 +1,63 @@
+"""Which MIG profiles dynamic MIG publishes placements for (``--mig-profiles``).
+
+Every placement is a device the scheduler looks at for every claim it allocates on the node:
+an H100 has 25 of them. A cluster whose workloads ask for a few profiles can publish only
+those; the allocations those workloads get are the same, and the scheduler has fewer devices
+to go through (docs/performance.md, "The cluster at scale").
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection
+
+import structlog
+
+from dra_driver.gpu.inventory import Inventory
+
+log = structlog.get_logger(__name__)
+
+_PROFILE = re.compile(r"^\d+g\.\d+gb(\+[a-z0-9]+)?$")
+
+
+class ProfileListError(ValueError):
+    """The profile list is not a comma-separated list of MIG profile names."""
+
+
+def parse_profiles(text: str) -> frozenset[str]:
+    """The profile names of a ``--mig-profiles`` value; empty means every profile."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    bad = [n for n in names if not _PROFILE.match(n)]
+    if bad:
+        raise ProfileListError(
+            f"--mig-profiles: {', '.join(bad)} is not a MIG profile name "
+            "(like 1g.10gb, 3g.40gb or 1g.10gb+me)"
+        )
+    return frozenset(names)
+
+
+def restrict_profiles(inventory: Inventory, names: Collection[str]) -> Inventory:
+    """``inventory`` with each GPU's MIG profiles cut down to ``names`` (all when empty).
+
+    Names no GPU of the node supports are logged, not refused: one DaemonSet setting serves
+    nodes with different GPU models (an A100's 1g.5gb is an H100's 1g.10gb).
+    """
+    if not names:
+        return inventory
+    supported = {p.name for gpu in inventory.gpus for p in gpu.mig_profiles}
+    unknown = sorted(set(names) - supported)
+    if unknown and supported:
+        log.info("MIG profiles no GPU of this node supports", profiles=unknown)
+    gpus = tuple(
+        gpu.model_copy(
+            update={"mig_profiles": tuple(p for p in gpu.mig_profiles if p.name in names)}
+        )
+        for gpu in inventory.gpus
+    )
+    return inventory.model_copy(update={"gpus": gpus})
+
+
+def published_inventory(inventory: Inventory, dynamic: bool, profiles: str) -> Inventory:
+    """The inventory a catalogue is built from: with dynamic MIG, only the MIG profiles
+    ``profiles`` (a ``--mig-profiles`` value) names; without it, ``inventory`` unchanged."""
+    return restrict_profiles(inventory, parse_profiles(profiles)) if dynamic else inventory
