@@ -244,9 +244,16 @@ async def _watch_bindings(
 
 
 async def clean_up(client: KubeClient, namespace: str, workload: Workload) -> None:
-    """Remove a workload's pods (at once: no kubelet will confirm), claims and class."""
+    """Remove a workload's pods (at once: no kubelet will confirm), claims and class, and
+    wait until the claims are gone, so the next workload finds every device free."""
     await client.request(
         "DELETE", f"/api/v1/namespaces/{namespace}/pods", query={"gracePeriodSeconds": "0"}
     )
-    await client.request("DELETE", f"{RESOURCE}/namespaces/{namespace}/resourceclaims")
+    claims = f"{RESOURCE}/namespaces/{namespace}/resourceclaims"
+    await client.request("DELETE", claims)
     await client.request("DELETE", f"{RESOURCE}/deviceclasses/{namespace}-{workload.name}")
+    deadline = time.monotonic() + 300
+    while _check(await client.request("GET", claims), "list claims")["items"]:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"claims of {workload.name} in {namespace} not deleted")
+        await asyncio.sleep(0.5)

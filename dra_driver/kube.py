@@ -34,6 +34,10 @@ Query = Sequence[tuple[str, str]] | Mapping[str, str]
 #: answers a claim read in about a millisecond, so a few connections keep up with any burst
 #: the kubelet sends.
 REQUEST_POOL = 4
+#: Seconds an idle pooled connection is kept. Short, so a burst's extra connections close
+#: soon after it and the agent idles on as few connections as it needs; a connection in
+#: steady use is never idle that long.
+KEEPALIVE = 1.0
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,7 @@ class KubeClient:
         connector = aiohttp.TCPConnector(
             ssl=self.connection.ssl_context if self.connection.ssl_context is not None else True,
             limit=limit,
+            keepalive_timeout=KEEPALIVE,
         )
         # trust_env=False: always connect directly. Proxy variables in the environment are not
         # applied, and a kubeconfig proxy-url is refused rather than silently ignored.

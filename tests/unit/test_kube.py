@@ -18,7 +18,7 @@ import pytest
 import yaml
 from aiohttp import web
 
-from dra_driver.kube import REQUEST_POOL, KubeClient
+from dra_driver.kube import KEEPALIVE, REQUEST_POOL, KubeClient
 from dra_driver.kubeconfig import (
     Connection,
     KubeConfig,
@@ -477,3 +477,22 @@ def test_basic_auth_header() -> None:
 
     headers = asyncio.run(build())
     assert headers["Authorization"] == "Basic " + base64.b64encode(b"a:b").decode()
+
+
+async def test_a_bursts_connections_close_soon_after_it() -> None:
+    """Idle pooled connections are closed after KEEPALIVE: the agent idles on the connections
+    it needs, not on all a burst opened."""
+    transports: list[asyncio.BaseTransport] = []
+
+    async def slow(request: web.Request) -> web.Response:
+        assert request.transport is not None
+        transports.append(request.transport)
+        await asyncio.sleep(0.02)
+        return web.json_response({})
+
+    async with serve() as server, plain_client(server) as client:
+        server.routes[("GET", "/claim")] = slow
+        await asyncio.gather(*(client.request("GET", "/claim") for _ in range(16)))
+        assert not any(t.is_closing() for t in transports)
+        await asyncio.sleep(KEEPALIVE + 1.0)
+        assert all(t.is_closing() for t in transports)
