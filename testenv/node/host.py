@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -177,6 +178,8 @@ def setup_network(api_port: int) -> None:
 
 def remove_iptables_rules() -> None:
     """Delete our DNAT rule and the chains the CNI plugins made for our network."""
+    if shutil.which("iptables-save") is None:
+        return  # not installed yet (a fresh machine): no rule of ours can exist
     saved = run("iptables-save", "-t", "nat", check=False)
     for line in saved.splitlines():
         if line.startswith("-A ") and IPTABLES_COMMENT in line:

@@ -13,6 +13,8 @@ import tomllib
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 from tests.node.probe import parse_probe
 
 NODE_DIR = Path(__file__).resolve().parents[2] / "testenv" / "node"
@@ -131,3 +133,20 @@ def test_parse_probe_reads_busybox_ls() -> None:
     assert seen.visible_devices() == {"GPU-1", "GPU-2"}
     assert seen.devices == {"/dev/nvidia2": (195, 2), "/dev/nvidiactl": (195, 255)}
     assert seen.mounts == ["tmpfs /tmp/nvidia-mps tmpfs rw 0 0"]
+
+
+def test_tearing_down_needs_no_iptables_on_a_fresh_machine(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`make test-node` tears down first; on a machine without iptables (installed only by
+    node-up) there is no rule to remove, and that is not an error."""
+    sys.path.insert(0, str(NODE_DIR))
+    try:
+        host = load("host")
+    finally:
+        sys.path.remove(str(NODE_DIR))
+    monkeypatch.setenv("PATH", str(tmp_path))  # nothing on it
+    calls: list[tuple[object, ...]] = []
+    monkeypatch.setattr(host, "run", lambda *a, **k: calls.append(a) or "")
+    host.remove_iptables_rules()
+    assert calls == []
