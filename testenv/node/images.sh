@@ -11,7 +11,8 @@
 # (/usr/local/bin/python and pip, packages in /usr/local/lib/python3.11/site-packages,
 # a pip that `pip uninstall pip` may remove). Then `buildah bud --pull=never` builds the
 # Dockerfile unchanged. Pip inside the build reaches the package index through the host's
-# network and CA bundle, as a CI builder would.
+# network and CA bundle, as a CI builder would. RUN steps use chroot isolation: they need no
+# OCI runtime (Debian's crun refuses this machine's hybrid cgroup layout) and no cgroups.
 set -eu
 build_dir=$1
 image=$2
@@ -43,7 +44,7 @@ if ! bah inspect --type image "docker.io/library/$base" >/dev/null 2>&1; then
 fi
 
 echo "building $image from $repo_root/Dockerfile"
-bah bud --quiet --pull=never --network=host --layers \
+bah bud --quiet --pull=never --isolation=chroot --network=host --layers \
   --volume /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro \
   -t "$image" -f "$repo_root/Dockerfile" "$repo_root" >/dev/null
 rm -f "$build_dir/driver.tar"
