@@ -19,7 +19,7 @@ help:
 	@echo "make node-up   control plane + one real node (kubelet, containerd, runc) + the chart; root"
 	@echo "make e2e-node  end-to-end tests on that node;  make node-down  remove it all"
 	@echo "make fuzz-cel  random selectors against the scheduler's CEL, until interrupted"
-	@echo "make bench     benchmarks (about 10 minutes); results in docs/performance.md"
+	@echo "make bench     benchmarks (about an hour); results in docs/performance.md"
 
 install: $(STAMP)
 

@@ -1,6 +1,7 @@
 # Benchmarks: numbers, not pass/fail. `make bench` runs them and regenerates docs/performance.md
-# (about 12 minutes: the publisher's steady state is watched for 5 of them, then the scale
-# benchmark publishes 10 and 100 simulated nodes).
+# (about an hour: the node agent against the reference about 12 minutes, of which the
+# publisher's steady state is watched for 5; then the scale benchmark publishes and schedules
+# on 10, 100 and 500 simulated nodes, four layouts each). SCALE_NODES picks other counts.
 # `make bench BENCH_FLAGS=--quick` is a 2-minute run for iterating; its figures are not the
 # recorded ones.
 BENCH_FLAGS ?=
@@ -11,6 +12,7 @@ BENCH_FLAGS ?=
 REFERENCE_BIN     ?=
 REFERENCE_VERSION ?= unknown
 BENCH_OUT   := bench/results
+SCALE_NODES ?= 10 100 500
 
 .PHONY: bench
 bench: install testenv
@@ -18,6 +20,6 @@ bench: install testenv
 	$(BIN)/python bench/bench_cel.py > $(BENCH_OUT)/cel.txt
 	$(BIN)/python bench/bench_node.py $(BENCH_FLAGS) --json $(BENCH_OUT)/node.json \
 		$(if $(REFERENCE_BIN),--reference-bin '$(REFERENCE_BIN)' --reference-version '$(REFERENCE_VERSION)')
-	$(BIN)/python bench/bench_scale.py --nodes 10 100 --json $(BENCH_OUT)/scale.json
+	$(BIN)/python bench/bench_scale.py --nodes $(SCALE_NODES) --json $(BENCH_OUT)/scale.json
 	$(BIN)/python bench/report.py $(BENCH_OUT)/node.json $(BENCH_OUT)/cel.txt $(BENCH_OUT)/scale.json > docs/performance.md
 	@echo "wrote docs/performance.md"
