@@ -11,11 +11,12 @@ from typing import Any
 import structlog
 
 from dra_driver import metrics
-from dra_driver.cdi.spec import NO_EDITS
+from dra_driver.cdi.spec import NO_EDITS, ContainerEdits
 from dra_driver.claimreport import ClaimReporter
 from dra_driver.events import post_event
 from dra_driver.gpu.container import ctk, devnodes
 from dra_driver.gpu.container.claim_spec import parse_mig_minors
+from dra_driver.gpu.container.driverfiles import kernel_driver_version
 from dra_driver.gpu.discovery.base import discover_async
 from dra_driver.gpu.discovery.factory import make_discovery
 from dra_driver.gpu.driver import GpuDriver
@@ -89,6 +90,23 @@ async def ask_api(client: KubeClient, settings: Settings) -> Evidence:
     return Evidence(specs={}, api=claims)
 
 
+def driver_files(settings: Settings, inventory: Inventory) -> ContainerEdits:
+    """The CDI edits that give containers the NVIDIA driver's user-space files.
+
+    With simulated GPUs there is usually no driver; when the driver root holds one anyway
+    (a node with a driver, or a test's simulated driver root) its files are mounted as on a
+    real node, found by the kernel module's version instead of NVML's.
+    """
+    real = settings.backend == "nvml"
+    if not real and not kernel_driver_version(settings.driver_root):
+        return NO_EDITS
+    return ctk.common_edits(
+        str(settings.driver_root),
+        host_root=settings.host_driver_root,
+        driver_version=inventory.driver_version if real else "",
+    )
+
+
 def build_state(
     settings: Settings,
     inventory: Inventory,
@@ -105,13 +123,7 @@ def build_state(
         cdi_root=settings.cdi_root,
         state_dir=state_dir(settings),
         boot_id=read_boot_id(),
-        common_edits=ctk.common_edits(
-            str(settings.driver_root),
-            host_root=settings.host_driver_root,
-            driver_version=inventory.driver_version,
-        )
-        if real
-        else NO_EDITS,
+        common_edits=driver_files(settings, inventory),
         mig_minors=_mig_minors(settings.driver_root),
         device_nodes=devnodes.host(settings.driver_root) if real else devnodes.simulated,
         mig=mig,

@@ -14,12 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.cdi.spec import ContainerEdits
+from dra_driver.agent import driver_files
+from dra_driver.cdi.spec import NO_EDITS, ContainerEdits
 from dra_driver.gpu.allocation import AllocatedDevice
 from dra_driver.gpu.container import ctk, driverfiles
 from dra_driver.gpu.container.claim_spec import build_claim_spec
 from dra_driver.gpu.container.elf import soname
 from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
+from dra_driver.settings import Settings
 from tests.driverroot import (
     BINARIES,
     FIRMWARE,
@@ -175,3 +177,30 @@ def test_without_nvidia_ctk_the_agent_mounts_what_it_found(
     assert schema_errors(spec) == []
     targets = {m["containerPath"] for m in spec["containerEdits"]["mounts"]}
     assert {f"{TRIPLET_DIR}/libcuda.so.1", f"{TRIPLET_DIR}/libnvidia-ml.so.1"} <= targets
+
+
+@pytest.mark.parametrize("backend", ["simulated", "nvml"])
+def test_the_agent_mounts_a_driver_roots_files_with_either_backend(
+    driver_root: DriverRoot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    """Simulated GPUs get the driver's files too when the driver root has a driver (the
+    real-node tier's simulated driver root); the kernel module's version picks them."""
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-ctk
+    settings = Settings(
+        backend=backend,  # type: ignore[arg-type]
+        driver_root=driver_root.root,
+        host_driver_root=HOST_ROOT,
+        node_name="n1",
+    )
+    inventory = SimulatedDiscovery("l4x4", "n1").discover()
+    inventory = inventory.model_copy(update={"driver_version": driver_root.version})
+    targets = {m.container_path for m in driver_files(settings, inventory).mounts}
+    assert f"{TRIPLET_DIR}/libcuda.so.1" in targets
+
+
+def test_simulated_gpus_without_a_driver_get_no_driver_files(tmp_path: Path) -> None:
+
+    settings = Settings(backend="simulated", driver_root=tmp_path, node_name="n1")
+    inventory = SimulatedDiscovery("l4x4", "n1").discover()
+    assert driver_files(settings, inventory) == NO_EDITS

@@ -1,0 +1,142 @@
+"""CUDA's view from a container whose only source of driver files is the claim's CDI spec.
+
+The node has no NVIDIA driver, so the test makes one: ``tests/driverroot.py`` builds real
+shared objects with the driver's file names and sonames (``libcuda.so.<version>``, soname
+``libcuda.so.1``, exporting ``cuInit``), its tools, GSP firmware, the kernel module's version
+file and the daemons' sockets in a directory on the host, and the chart points the agent's
+driver root there. A pod with a GPU claim then runs a Debian image (the driver's own, which
+has Python and glibc's loader) whose loader cache knows nothing of the driver, and reports
+what it sees: each library at its path in the image's library directories, ``dlopen`` of
+``libcuda.so.1`` and ``libnvidia-ml.so.1`` by soname and a call into each, the tools, the
+firmware and the sockets.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.driverroot import FIRMWARE, LIBRARIES, OLD_VERSION, SOCKETS, DriverRoot, make_driver_root
+from tests.node.probe import Node, wait_until
+
+pytestmark = pytest.mark.node
+
+DRIVER_IMAGE = "localhost/dra-driver:dev"
+LIB_DIR = "/usr/lib/x86_64-linux-gnu"
+
+# Runs in the container; prints one line: REPORT <json>.
+REPORT = r"""
+import ctypes, json, os, stat, subprocess
+libs = json.loads(os.environ["LIBS"])
+out = {"files": {}, "calls": {}}
+for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64"):
+    for name in libs:
+        out["files"][f"{d}/{name}"] = os.path.isfile(f"{d}/{name}")
+for soname, symbol in (("libcuda.so.1", "cuInit"), ("libnvidia-ml.so.1", "nvmlInit_v2")):
+    try:
+        out["calls"][soname] = getattr(ctypes.CDLL(soname), symbol)()
+    except OSError as exc:
+        out["calls"][soname] = str(exc)
+with open("/etc/ld.so.cache", "rb") as cache:
+    out["cache_knows_libcuda"] = b"libcuda" in cache.read()
+out["smi"] = subprocess.run(["nvidia-smi"], capture_output=True, text=True).stdout.strip()
+out["firmware"] = sorted(os.listdir(os.environ["FIRMWARE_DIR"]))
+out["sockets"] = {p: stat.S_ISSOCK(os.stat(p).st_mode) for p in json.loads(os.environ["SOCKETS"])}
+out["visible"] = os.environ.get("NVIDIA_VISIBLE_DEVICES")
+out["old"] = os.path.exists("/usr/lib/x86_64-linux-gnu/" + os.environ["OLD"])
+print("REPORT " + json.dumps(out), flush=True)
+"""
+
+
+@pytest.fixture
+def driver_root(node: Node) -> Iterator[DriverRoot]:
+    root = node.base / "driver-root"
+    shutil.rmtree(root, ignore_errors=True)
+    made = make_driver_root(root)
+    node.upgrade_driver(f"driverRoot={root}")
+    yield made
+    node.upgrade_driver("driverRoot=/")
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _claim_and_pod(made: DriverRoot) -> list[dict[str, Any]]:
+    libraries = [f"{name}.so.{made.version}" for name, _, _ in LIBRARIES]
+    libraries += [soname for _, soname, _ in LIBRARIES]
+    env = {
+        "LIBS": json.dumps(libraries),
+        "FIRMWARE_DIR": f"/lib/firmware/nvidia/{made.version}",
+        "SOCKETS": json.dumps(["/" + s for s in SOCKETS]),
+        "OLD": f"libcuda.so.{OLD_VERSION}",
+    }
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "gpu"},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.dra.dev"}}]
+            }
+        },
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "cuda-view"},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 2,
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": "gpu"}],
+            "containers": [
+                {
+                    "name": "app",
+                    "image": DRIVER_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["python3", "-c", REPORT],
+                    "env": [{"name": k, "value": v} for k, v in env.items()],
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+        },
+    }
+    return [claim, pod]
+
+
+def test_cuda_finds_the_driver_from_the_cdi_spec_alone(
+    node: Node, driver_root: DriverRoot, namespace: str
+) -> None:
+    for obj in _claim_and_pod(driver_root):
+        node.create(obj, namespace)
+
+    def report() -> dict[str, Any] | None:
+        try:
+            log = node.core.read_namespaced_pod_log("cuda-view", namespace, container="app")
+        except Exception:  # not started yet
+            return None
+        for line in (log or "").splitlines():
+            if line.startswith("REPORT "):
+                parsed: dict[str, Any] = json.loads(line.removeprefix("REPORT "))
+                return parsed
+        return None
+
+    try:
+        seen = wait_until(report, "the container's report")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{node.describe(namespace, 'cuda-view')}") from None
+
+    missing = [path for path, there in seen["files"].items() if not there]
+    assert missing == [], seen
+    # The loader resolves both sonames and the functions run (they return 0), although the
+    # image's loader cache does not list the libraries: the mounts are in glibc's own
+    # default directories.
+    assert seen["calls"] == {"libcuda.so.1": 0, "libnvidia-ml.so.1": 0}, seen
+    assert seen["cache_knows_libcuda"] is False
+    assert seen["smi"] == f"nvidia-smi {driver_root.version}"
+    assert seen["firmware"] == sorted(FIRMWARE)
+    assert seen["sockets"] == {"/" + s: True for s in SOCKETS}
+    assert seen["visible"] and seen["visible"].startswith("GPU-")
+    # An older driver's library left on the host is not the loaded module's: not mounted.
+    assert seen["old"] is False
