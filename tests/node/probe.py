@@ -320,9 +320,29 @@ class Node:
         args = [a for kv in sets for a in ("--set", kv)]
         self.helm("upgrade", "dra-driver", str(CHART), "--reuse-values", *args, "--wait")
         wait_until(lambda: len(self.driver_pods()) == 1, "one driver pod after the upgrade")
-        uid = self.driver_pods()[0].metadata.uid
+        self.wait_published_by(self.driver_pods()[0].metadata.uid)
 
-        def published_by_new_agent() -> bool:
+    def restart_driver(self) -> None:
+        """Delete the agent's pod; wait until its replacement publishes."""
+        (old,) = self.driver_pods()
+        self.core.delete_namespaced_pod(old.metadata.name, DRIVER_NAMESPACE)
+
+        def replaced() -> str | None:
+            pods = self.driver_pods()
+            ready = [
+                p
+                for p in pods
+                if p.metadata.uid != old.metadata.uid
+                and any(c.ready for c in p.status.container_statuses or [])
+            ]
+            return ready[0].metadata.uid if len(pods) == 1 and ready else None
+
+        self.wait_published_by(wait_until(replaced, "the driver pod's replacement"))
+
+    def wait_published_by(self, uid: str) -> None:
+        """Wait until every slice of the driver names the agent pod ``uid`` as its publisher."""
+
+        def published_by_agent() -> bool:
             slices = self.slices()
             return bool(slices) and all(
                 (s["metadata"].get("annotations") or {})
@@ -331,14 +351,12 @@ class Node:
                 for s in slices
             )
 
-        wait_until(published_by_new_agent, "every slice published by the new agent")
+        wait_until(published_by_agent, "every slice published by the new agent")
 
     def slices(self) -> list[dict[str, Any]]:
         """The driver's ResourceSlices as plain dicts."""
         res = self.dynamic.resources.get(api_version="resource.k8s.io/v1", kind="ResourceSlice")
-        return [
-            item.to_dict() for item in res.get(field_selector="spec.driver=gpu.dra.dev").items
-        ]
+        return [item.to_dict() for item in res.get(field_selector="spec.driver=gpu.dra.dev").items]
 
     def driver_pods(self) -> list[client.V1Pod]:
         pods = self.core.list_namespaced_pod(DRIVER_NAMESPACE, label_selector=DRIVER_LABELS)

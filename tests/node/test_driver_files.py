@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,7 +31,7 @@ LIB_DIR = "/usr/lib/x86_64-linux-gnu"
 
 # Runs in the container; prints one line: REPORT <json>.
 REPORT = r"""
-import ctypes, json, os, stat, subprocess
+import ctypes, json, os, stat, subprocess, time
 libs = json.loads(os.environ["LIBS"])
 out = {"files": {}, "calls": {}}
 for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64"):
@@ -49,18 +50,29 @@ out["sockets"] = {p: stat.S_ISSOCK(os.stat(p).st_mode) for p in json.loads(os.en
 out["visible"] = os.environ.get("NVIDIA_VISIBLE_DEVICES")
 out["old"] = os.path.exists("/usr/lib/x86_64-linux-gnu/" + os.environ["OLD"])
 print("REPORT " + json.dumps(out), flush=True)
+time.sleep(300)  # keep the claim prepared while the test looks at its status
 """
+
+
+def _empty(directory: Path) -> None:
+    """Remove what is in ``directory`` (a mount point: the directory itself stays)."""
+    for entry in directory.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 @pytest.fixture
 def driver_root(node: Node) -> Iterator[DriverRoot]:
+    # The chart's driverRoot on this node: an empty directory until now (no driver).
     root = node.base / "driver-root"
-    shutil.rmtree(root, ignore_errors=True)
+    _empty(root)
     made = make_driver_root(root)
-    node.upgrade_driver(f"driverRoot={root}")
+    node.restart_driver()  # the agent finds the driver's files when it starts
     yield made
-    node.upgrade_driver("driverRoot=/")
-    shutil.rmtree(root, ignore_errors=True)
+    _empty(root)
+    node.restart_driver()
 
 
 def _claim_and_pod(made: DriverRoot) -> list[dict[str, Any]]:
@@ -140,3 +152,14 @@ def test_cuda_finds_the_driver_from_the_cdi_spec_alone(
     assert seen["visible"] and seen["visible"].startswith("GPU-")
     # An older driver's library left on the host is not the loaded module's: not mounted.
     assert seen["old"] is False
+
+    # The agent reports the prepared device on the claim (its service account may write
+    # status.devices of its driver on claims of its node).
+    claims = node.dynamic.resources.get(api_version="resource.k8s.io/v1", kind="ResourceClaim")
+
+    def device_status() -> list[Any] | None:
+        status = claims.get(name="gpu", namespace=namespace).to_dict().get("status") or {}
+        return status.get("devices") or None
+
+    (reported,) = wait_until(device_status, "status.devices on the claim")
+    assert reported["driver"] == "gpu.dra.dev"

@@ -181,10 +181,16 @@ def test_rbac_least_privilege() -> None:
         },
         ("resource.k8s.io", "resourceclaims"): {"get", "list", "watch"},
         ("resource.k8s.io", "resourceclaims/status"): {"update", "patch"},
+        # status.devices of this driver only, on claims allocated on the agent's own node.
+        ("resource.k8s.io", "resourceclaims/driver"): {"associated-node:patch"},
         ("", "nodes"): {"get"},
         ("", "events"): {"create", "patch"},
         ("events.k8s.io", "events"): {"create", "patch"},
     }
+    (driver_rule,) = [
+        r for r in one("ClusterRole")["rules"] if "resourceclaims/driver" in r["resources"]
+    ]
+    assert driver_rule["resourceNames"] == ["gpu.dra.dev"]
     for rule in one("ClusterRole")["rules"]:
         assert len(rule["apiGroups"]) == 1
         assert "*" not in rule["verbs"] and "*" not in rule["resources"]
