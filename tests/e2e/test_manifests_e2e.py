@@ -76,6 +76,7 @@ EXAMPLES: dict[str, Expect] = {
     "gpu-by-model": Expect(devices=ANY_H100),
     "gpu-compute-capability": Expect(devices=ANY_WHOLE_GPU),
     "two-gpus-same-pcie-root": Expect(devices={"dgx-h100": r"gpu-[0-7]"}, count=2),
+    "gpus-same-numa-node": Expect(devices={"dgx-h100": r"gpu-[0-3]|gpu-[4-7]"}, count=4),
     "prioritized-list": Expect(devices=ANY_H100),
     "shared-claim": Expect(devices=ANY_WHOLE_GPU),
     "time-slicing": Expect(devices=ANY_WHOLE_GPU),

@@ -107,6 +107,10 @@ def _common_attributes(gpu: Gpu, inventory: Inventory) -> JSON:
         attrs[f"{STANDARD_DOMAIN}/pcieRoot"] = _string(gpu.pcie_root)
     if gpu.numa_node is not None:
         attrs["numaNode"] = _int(gpu.numa_node)
+        # The standard name (k8s.io/dynamic-resource-allocation/deviceattribute), which other
+        # drivers' devices (NICs, CPUs) carry too, so one claim can align them with
+        # matchAttribute; the driver's own name stays for existing selectors.
+        attrs[f"{STANDARD_DOMAIN}/numaNode"] = _int(gpu.numa_node)
     return attrs
 
 

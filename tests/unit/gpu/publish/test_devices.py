@@ -75,6 +75,7 @@ def test_h100_gpu_device() -> None:
     assert attrs["resource.kubernetes.io/pciBusID"] == {"string": "0000:1b:00.0"}
     assert attrs["resource.kubernetes.io/pcieRoot"] == {"string": "pci0000:15"}
     assert attrs["numaNode"] == {"int": 0}
+    assert attrs["resource.kubernetes.io/numaNode"] == {"int": 0}
     assert device["capacity"] == {
         "memory": {"value": "85520809984"},
         "multiprocessors": {"value": "132"},
@@ -199,3 +200,15 @@ def test_any_inventory_renders_valid_slices(inventory: Inventory, node: str) -> 
     rendered = [d["name"] for s in slices for d in s["spec"]["devices"]]
     assert rendered == [d["name"] for d in devices]
     assert all(len(s["spec"]["devices"]) <= 128 for s in slices)
+
+
+def test_standard_numa_node_only_where_the_gpu_has_one() -> None:
+    """The standard attribute follows the kernel's numa_node: none for -1 (no affinity)."""
+    inventory = SimulatedDiscovery("dgx-h100", "n1").discover()
+    gpus = list(inventory.gpus)
+    gpus[1] = gpus[1].model_copy(update={"numa_node": None})
+    devices = build_catalog(inventory.model_copy(update={"gpus": tuple(gpus)})).published()
+    by_name = {d["name"]: d["attributes"] for d in devices}
+    assert by_name["gpu-0"]["resource.kubernetes.io/numaNode"] == {"int": 0}
+    assert "resource.kubernetes.io/numaNode" not in by_name["gpu-1"]
+    assert "numaNode" not in by_name["gpu-1"]
