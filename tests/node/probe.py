@@ -324,6 +324,7 @@ class Node:
 
     def restart_driver(self) -> None:
         """Delete the agent's pod; wait until its replacement publishes."""
+        wait_until(lambda: len(self.driver_pods()) == 1, "one driver pod")
         (old,) = self.driver_pods()
         self.core.delete_namespaced_pod(old.metadata.name, DRIVER_NAMESPACE)
 

@@ -32,23 +32,35 @@ LIB_DIR = "/usr/lib/x86_64-linux-gnu"
 # Runs in the container; prints one line: REPORT <json>.
 REPORT = r"""
 import ctypes, json, os, stat, subprocess, time
-libs = json.loads(os.environ["LIBS"])
-out = {"files": {}, "calls": {}}
-for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64"):
-    for name in libs:
-        out["files"][f"{d}/{name}"] = os.path.isfile(f"{d}/{name}")
-for soname, symbol in (("libcuda.so.1", "cuInit"), ("libnvidia-ml.so.1", "nvmlInit_v2")):
+out = {}
+
+
+def check(name, fn):
     try:
-        out["calls"][soname] = getattr(ctypes.CDLL(soname), symbol)()
-    except OSError as exc:
-        out["calls"][soname] = str(exc)
-with open("/etc/ld.so.cache", "rb") as cache:
-    out["cache_knows_libcuda"] = b"libcuda" in cache.read()
-out["smi"] = subprocess.run(["nvidia-smi"], capture_output=True, text=True).stdout.strip()
-out["firmware"] = sorted(os.listdir(os.environ["FIRMWARE_DIR"]))
-out["sockets"] = {p: stat.S_ISSOCK(os.stat(p).st_mode) for p in json.loads(os.environ["SOCKETS"])}
-out["visible"] = os.environ.get("NVIDIA_VISIBLE_DEVICES")
-out["old"] = os.path.exists("/usr/lib/x86_64-linux-gnu/" + os.environ["OLD"])
+        out[name] = fn()
+    except Exception as exc:  # reported, so the test says what failed
+        out[name] = f"{type(exc).__name__}: {exc}"
+
+
+def call(soname, symbol):
+    return getattr(ctypes.CDLL(soname), symbol)()
+
+
+def cache_knows_libcuda():
+    with open("/etc/ld.so.cache", "rb") as cache:
+        return b"libcuda" in cache.read()
+
+
+libs = json.loads(os.environ["LIBS"])
+dirs = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64")
+check("files", lambda: {f"{d}/{n}": os.path.isfile(f"{d}/{n}") for d in dirs for n in libs})
+check("calls", lambda: {s: call(s, f) for s, f in (("libcuda.so.1", "cuInit"), ("libnvidia-ml.so.1", "nvmlInit_v2"))})
+check("cache_knows_libcuda", cache_knows_libcuda)
+check("smi", lambda: subprocess.run(["nvidia-smi"], capture_output=True, text=True).stdout.strip())
+check("firmware", lambda: sorted(os.listdir(os.environ["FIRMWARE_DIR"])))
+check("sockets", lambda: {p: stat.S_ISSOCK(os.stat(p).st_mode) for p in json.loads(os.environ["SOCKETS"])})
+check("visible", lambda: os.environ.get("NVIDIA_VISIBLE_DEVICES"))
+check("old", lambda: os.path.exists("/usr/lib/x86_64-linux-gnu/" + os.environ["OLD"]))
 print("REPORT " + json.dumps(out), flush=True)
 time.sleep(300)  # keep the claim prepared while the test looks at its status
 """
@@ -137,7 +149,11 @@ def test_cuda_finds_the_driver_from_the_cdi_spec_alone(
     try:
         seen = wait_until(report, "the container's report")
     except AssertionError as e:
-        raise AssertionError(f"{e}\n{node.describe(namespace, 'cuda-view')}") from None
+        try:
+            log = node.core.read_namespaced_pod_log("cuda-view", namespace, container="app")
+        except Exception as exc:  # the log is only for the message
+            log = f"(no log: {exc})"
+        raise AssertionError(f"{e}\n{node.describe(namespace, 'cuda-view')}\n{log}") from None
 
     missing = [path for path, there in seen["files"].items() if not there]
     assert missing == [], seen
