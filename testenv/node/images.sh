@@ -44,7 +44,12 @@ if ! bah inspect --type image "docker.io/library/$base" >/dev/null 2>&1; then
 fi
 
 echo "building $image from $repo_root/Dockerfile"
-bah bud --quiet --pull=never --isolation=chroot --network=host --layers \
+# No --layers: this buildah (Debian's 1.28) keys the cache of the runtime stage's
+# `RUN --mount=type=bind,from=builder` on the command alone, so with a layer cache a rebuilt
+# image kept installing the previous build's wheel (the agent ran code older than the
+# checkout). make rebuilds the image only when the sources changed, when the wheel must be
+# rebuilt anyway.
+bah bud --quiet --pull=never --isolation=chroot --network=host \
   --volume /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro \
   -t "$image" -f "$repo_root/Dockerfile" "$repo_root" >/dev/null
 rm -f "$build_dir/driver.tar"
