@@ -56,10 +56,11 @@ $(NODE_CACHE)/images/driver.tar: Dockerfile pyproject.toml $(shell find dra_driv
 node-images: $(NODE_IMAGES)
 
 # Tools from Debian when missing: buildah and mmdebstrap for the driver's image,
-# libseccomp-dev to build runc, iptables, busybox for the test image.
+# libseccomp-dev to build runc, iptables, busybox for the test image, gcc for the simulated
+# driver root's libraries and the loader checks (tests/node/test_driverfiles.py).
 node-packages:
 	$(NODE_ROOT_CHECK)
-	@missing=""; for p in /usr/include/seccomp.h:libseccomp-dev pkg-config:pkg-config buildah:buildah mmdebstrap:mmdebstrap iptables:iptables busybox:busybox-static; do \
+	@missing=""; for p in /usr/include/seccomp.h:libseccomp-dev pkg-config:pkg-config buildah:buildah mmdebstrap:mmdebstrap iptables:iptables busybox:busybox-static gcc:gcc; do \
 	  command -v $${p%%:*} >/dev/null || [ -e $${p%%:*} ] || missing="$$missing $${p#*:}"; done; \
 	[ -z "$$missing" ] || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; }
 

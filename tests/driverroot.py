@@ -2,23 +2,30 @@
 
 The libraries are real shared objects (built with the C compiler) with the real file names
 (``libcuda.so.<version>``) and sonames (``libcuda.so.1``), each exporting the function a
-program would look up first (``cuInit``, ``nvmlInit_v2``, ...) returning 0. Next to them are
+program would look up first (``cuInit``, ``nvmlInit_v2``, ...) returning 0, and
+``simulated_driver_version()`` returning the version it was built as (so a program can tell
+which file the loader gave it: the leftover of an older driver has the same soname). Next to
+them are
 the soname symlinks a driver install creates, an older driver's leftover that must be
 ignored, the tools as shell scripts, GSP firmware, ``/proc/driver/nvidia/version`` and the
 daemons' unix sockets.
 
-Used by the unit tests of dra_driver/gpu/container/driverfiles.py and meant for the
-real-node tier: mount the root into a node, point the agent's --driver-root at it, and check
-that a container sees each library and that its loader resolves ``libcuda.so.1`` and
-``libnvidia-ml.so.1``.
+Used by the unit tests of dra_driver/gpu/container/driverfiles.py and by the real node
+(``testenv/node/realnode.py`` makes its driver root with ``python -m tests.driverroot DIR``),
+where tests/node/test_driverfiles.py checks that a container sees each library and that its
+loader resolves ``libcuda.so.1`` and ``libnvidia-ml.so.1``.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import platform
 import shutil
 import socket
 import subprocess
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,10 +61,14 @@ def compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
 
 
-def build_library(path: Path, soname: str, symbol: str, cc: str) -> None:
-    """A shared object with ``soname`` that exports ``int symbol(void)`` returning 0."""
+def build_library(path: Path, soname: str, symbol: str, cc: str, version: str = VERSION) -> None:
+    """A shared object with ``soname`` that exports ``int symbol(void)`` returning 0 and
+    ``const char *simulated_driver_version(void)`` returning ``version``."""
     source = path.with_suffix(".c")
-    source.write_text(f"int {symbol}(void) {{ return 0; }}\n")
+    source.write_text(
+        f"int {symbol}(void) {{ return 0; }}\n"
+        f'const char *simulated_driver_version(void) {{ return "{version}"; }}\n'
+    )
     subprocess.run(
         [cc, "-shared", "-fPIC", "-o", str(path), f"-Wl,-soname,{soname}", str(source)],
         check=True,
@@ -82,11 +93,11 @@ def make_driver_root(
     libs.mkdir(parents=True, exist_ok=True)
     for name, soname, symbol in LIBRARIES:
         real = libs / f"{name}.so.{version}"
-        build_library(real, soname, symbol, cc)
+        build_library(real, soname, symbol, cc, version)
         if soname != real.name:
             (libs / soname).symlink_to(real.name)  # as the driver's installer does
     # A previous driver's library left behind: not the loaded kernel module's version.
-    build_library(libs / f"libcuda.so.{OLD_VERSION}", "libcuda.so.1", "cuInit", cc)
+    build_library(libs / f"libcuda.so.{OLD_VERSION}", "libcuda.so.1", "cuInit", cc, OLD_VERSION)
 
     bin_dir = root / "usr/bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
@@ -114,3 +125,20 @@ def make_driver_root(
             with socket.socket(socket.AF_UNIX) as server:
                 server.bind(str(path))  # the file stays after close, as a daemon's would
     return DriverRoot(root=root, version=version, library_dir=libs)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root", type=Path, help="directory to create the driver's files in")
+    parser.add_argument("--version", default=VERSION)
+    args = parser.parse_args(argv)
+    # Where Debian-family hosts keep the driver of this machine's architecture.
+    made = make_driver_root(
+        args.root, args.version, library_dir=f"usr/lib/{platform.machine()}-linux-gnu"
+    )
+    print(f"simulated NVIDIA driver {made.version} in {made.root}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

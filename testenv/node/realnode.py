@@ -68,6 +68,8 @@ from devenv import localcluster as lc
 from devenv.localcluster.cluster import stop_rank
 from devenv.localcluster.processes import pid_alive
 
+REPO = Path(__file__).resolve().parents[2]
+
 # --------------------------------------------------------------------------------------
 # The node
 # --------------------------------------------------------------------------------------
@@ -93,6 +95,26 @@ def ctr(tools: Tools, layout: Layout, *args: str, timeout: float = 300) -> str:
     return run(
         tools.ctr, "--address", layout.containerd_socket, "-n", "k8s.io", *args, timeout=timeout
     )
+
+
+def make_driver_root(path: Path) -> None:
+    """A simulated NVIDIA driver installation in the node's driver root (tests/driverroot.py).
+
+    The agent reads it at start (the chart's ``driverRoot``), so it is made before the chart
+    is installed: every claim's CDI spec then mounts its libraries, tools, firmware and
+    sockets, as on a GPU node, and tests/node/test_driverfiles.py checks what a container
+    sees. Needs a C compiler (the libraries are real shared objects).
+    """
+    made = subprocess.run(
+        [sys.executable, "-m", "tests.driverroot", str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if made.returncode != 0:
+        raise NodeError(f"simulated driver root in {path}: {made.stderr.strip()}")
+    print(made.stdout.strip(), flush=True)
 
 
 class RealNode:
@@ -125,6 +147,7 @@ class RealNode:
             self._save(cluster)
             setup_network(cluster.ports.apiserver)
             shared_mount(layout.driver_root)
+            make_driver_root(layout.driver_root)
             create_cgroup_parent()
             self._start_containerd(cluster, tools)
             self._save(cluster)

@@ -7,14 +7,19 @@ import hashlib
 import importlib.util
 import io
 import json
+import platform
+import shutil
 import sys
 import tarfile
+import tempfile
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from tests import driverroot
 from tests.node.probe import parse_probe
 
 NODE_DIR = Path(__file__).resolve().parents[2] / "testenv" / "node"
@@ -133,6 +138,29 @@ def test_parse_probe_reads_busybox_ls() -> None:
     assert seen.visible_devices() == {"GPU-1", "GPU-2"}
     assert seen.devices == {"/dev/nvidia2": (195, 2), "/dev/nvidiactl": (195, 255)}
     assert seen.mounts == ["tmpfs /tmp/nvidia-mps tmpfs rw 0 0"]
+    assert seen.mount_options("/tmp/nvidia-mps") == ["rw"]
+    assert seen.mount_options("/tmp") is None
+
+
+@pytest.fixture(scope="module")
+def node_driver_root() -> Iterator[Path]:
+    """The node's simulated driver root as node-up makes it (short path: unix sockets)."""
+    if driverroot.compiler() is None:
+        pytest.skip("no C compiler for the simulated driver libraries")
+    base = Path(tempfile.mkdtemp(prefix="node", dir="/tmp"))
+    realnode.make_driver_root(base / "driver-root")
+    yield base / "driver-root"
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_node_up_makes_a_driver_root_of_this_architecture(node_driver_root: Path) -> None:
+    libs = node_driver_root / f"usr/lib/{platform.machine()}-linux-gnu"
+    assert (libs / f"libcuda.so.{driverroot.VERSION}").is_file()
+    assert (libs / "libcuda.so.1").readlink() == Path(f"libcuda.so.{driverroot.VERSION}")
+    version = (node_driver_root / "proc/driver/nvidia/version").read_text()
+    assert driverroot.VERSION in version
+    with pytest.raises(realnode.NodeError, match="simulated driver root"):
+        realnode.make_driver_root(libs / f"libcuda.so.{driverroot.VERSION}" / "below-a-file")
 
 
 def test_tearing_down_needs_no_iptables_on_a_fresh_machine(

@@ -129,6 +129,8 @@ def test_the_soname_mount_is_a_loadable_library(driver_root: DriverRoot) -> None
         host, _ = mounts[f"{TRIPLET_DIR}/{name}"]
         library = ctypes.CDLL(host)
         assert getattr(library, symbol)() == 0
+        library.simulated_driver_version.restype = ctypes.c_char_p
+        assert library.simulated_driver_version() == VERSION.encode()
         assert soname(Path(host)) == name
 
 
