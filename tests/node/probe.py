@@ -56,6 +56,20 @@ class Seen:
         value = self.env.get("NVIDIA_VISIBLE_DEVICES", "")
         return {v for v in value.split(",") if v}
 
+    def mount_options(self, target: str) -> list[str] | None:
+        """The options of the mount at `target` (a line of /proc/mounts), None if none."""
+        return mount_options(self.mounts, target)
+
+
+def mount_options(mounts: Iterable[str], target: str) -> list[str] | None:
+    """The options of the last mount at `target` in the lines of /proc/mounts, or None."""
+    found = None
+    for line in mounts:
+        fields = line.split()
+        if len(fields) >= 4 and fields[1] == target:
+            found = fields[3].split(",")
+    return found
+
 
 def parse_probe(log: str) -> Seen:
     """Split the probe's log at its markers."""
@@ -167,9 +181,11 @@ class Node:
         namespace: str,
         edit: Callable[[dict[str, Any]], None] | None = None,
         only: Iterable[str] | None = None,
+        probe: Callable[[dict[str, Any]], None] | None = None,
     ) -> list[str]:
         """Create an example's objects (those named in `only`, if given), each pod's
-        containers running the probe. Returns the names of the pods created.
+        containers running the probe (`probe_pod`, or `probe` to run something else).
+        Returns the names of the pods created.
         """
         wanted = None if only is None else set(only)
         pods = []
@@ -180,7 +196,7 @@ class Node:
                 if edit is not None:
                     edit(obj)
                 if obj["kind"] == "Pod":
-                    probe_pod(obj)
+                    (probe or probe_pod)(obj)
                     pods.append(obj["metadata"]["name"])
                 self.create(obj, namespace)
         return pods
@@ -200,6 +216,10 @@ class Node:
 
     def seen(self, namespace: str, pod: str, container: str = "app") -> Seen:
         """Wait for the pod's probe to finish printing; its parsed output."""
+        return parse_probe(self.log_until(namespace, pod, "PROBE-END", container))
+
+    def log_until(self, namespace: str, pod: str, marker: str, container: str = "app") -> str:
+        """The container's log once it has a line `marker`."""
 
         def done() -> str | None:
             try:
@@ -208,12 +228,13 @@ class Node:
                 )
             except ApiException:
                 return None
-            return log if log and "PROBE-END" in log else None
+            return log if log and marker in log.splitlines() else None
 
         try:
-            return parse_probe(wait_until(done, f"the probe output of {namespace}/{pod}"))
+            text: str = wait_until(done, f"the output of {namespace}/{pod}")
         except AssertionError as e:
             raise AssertionError(f"{e}\n{self.describe(namespace, pod)}") from None
+        return text
 
     def describe(self, namespace: str, pod: str) -> str:
         """The pod's phase, conditions and events (for failure messages)."""
@@ -258,12 +279,16 @@ class Node:
         uid: str = self.core.read_namespaced_pod(pod, namespace).metadata.uid
         return uid
 
-    def claim_uids(self, namespace: str, pod: str) -> list[str]:
+    def claim_names(self, namespace: str, pod: str) -> list[str]:
+        """The names of the pod's ResourceClaims (made from templates or not)."""
         p = self.core.read_namespaced_pod(pod, namespace)
+        return [s.resource_claim_name for s in p.status.resource_claim_statuses or []]
+
+    def claim_uids(self, namespace: str, pod: str) -> list[str]:
         res = self.dynamic.resources.get(api_version="resource.k8s.io/v1", kind="ResourceClaim")
         return [
-            res.get(name=s.resource_claim_name, namespace=namespace).metadata.uid
-            for s in p.status.resource_claim_statuses or []
+            res.get(name=name, namespace=namespace).metadata.uid
+            for name in self.claim_names(namespace, pod)
         ]
 
     def cdi_specs_for(self, uids: Iterable[str]) -> list[Path]:
@@ -321,24 +346,6 @@ class Node:
         self.helm("upgrade", "dra-driver", str(CHART), "--reuse-values", *args, "--wait")
         wait_until(lambda: len(self.driver_pods()) == 1, "one driver pod after the upgrade")
         self.wait_published_by(self.driver_pods()[0].metadata.uid)
-
-    def restart_driver(self) -> None:
-        """Delete the agent's pod; wait until its replacement publishes."""
-        wait_until(lambda: len(self.driver_pods()) == 1, "one driver pod")
-        (old,) = self.driver_pods()
-        self.core.delete_namespaced_pod(old.metadata.name, DRIVER_NAMESPACE)
-
-        def replaced() -> str | None:
-            pods = self.driver_pods()
-            ready = [
-                p
-                for p in pods
-                if p.metadata.uid != old.metadata.uid
-                and any(c.ready for c in p.status.container_statuses or [])
-            ]
-            return ready[0].metadata.uid if len(pods) == 1 and ready else None
-
-        self.wait_published_by(wait_until(replaced, "the driver pod's replacement"))
 
     def wait_published_by(self, uid: str) -> None:
         """Wait until every slice of the driver names the agent pod ``uid`` as its publisher."""

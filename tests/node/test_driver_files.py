@@ -1,180 +1,146 @@
-"""CUDA's view from a container whose only source of driver files is the claim's CDI spec.
+"""CUDA's libraries reach a container from the claim's CDI spec alone, and its loader finds them.
 
-The node has no NVIDIA driver, so the test makes one: ``tests/driverroot.py`` builds real
-shared objects with the driver's file names and sonames (``libcuda.so.<version>``, soname
-``libcuda.so.1``, exporting ``cuInit``), its tools, GSP firmware, the kernel module's version
-file and the daemons' sockets in a directory on the host, and the chart points the agent's
-driver root there. A pod with a GPU claim then runs a Debian image (the driver's own, which
-has Python and glibc's loader) whose loader cache knows nothing of the driver, and reports
-what it sees: each library at its path in the image's library directories, ``dlopen`` of
-``libcuda.so.1`` and ``libnvidia-ml.so.1`` by soname and a call into each, the tools, the
-firmware and the sockets.
+The node's driver root is a simulated NVIDIA driver installation (tests/driverroot.py, made
+by ``make node-up``): real shared objects with the real names and sonames, next to an older
+driver's leftover ``libcuda.so.1``. The agent (Helm chart, ``driverRoot``) finds them and
+writes them into the claim's CDI spec; containerd and runc mount them. The pod runs a glibc
+image (the driver's own image: a Debian bookworm root whose ``/etc/ld.so.cache`` knows no
+NVIDIA library) with two small programs built on the host from ``loadcheck.c``:
+
+- ``dlopen-check`` opens ``libcuda.so.1`` and ``libnvidia-ml.so.1`` by name, as the CUDA
+  runtime and NVML users do;
+- ``linked-check`` is linked against both, so the loader must resolve them before ``main``.
+
+Both run under the image's own dynamic loader. ``ldconfig -p`` alone would prove nothing: the
+spec does not rebuild the image's cache (that takes a hook binary on the host), so the cache
+is the control showing that the loader found the libraries without it, in its built-in
+system directories. Last, the agent reports the prepared device in the claim's status.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
+import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.driverroot import FIRMWARE, LIBRARIES, OLD_VERSION, SOCKETS, DriverRoot, make_driver_root
-from tests.node.probe import Node, wait_until
+from tests.driverroot import BINARIES, FIRMWARE, OLD_VERSION, SOCKETS, VERSION
+from tests.node.loadcheck import (
+    CHECK_DIR,
+    LOADED,
+    TRIPLET_DIR,
+    build,
+    expected_libraries,
+    loaded,
+    script,
+    search_of,
+    sections,
+)
+from tests.node.probe import Node, mount_options, wait_until
 
 pytestmark = pytest.mark.node
 
-DRIVER_IMAGE = "localhost/dra-driver:dev"
-LIB_DIR = "/usr/lib/x86_64-linux-gnu"
 
-# Runs in the container; prints one line: REPORT <json>.
-REPORT = r"""
-import ctypes, json, os, stat, subprocess, time
-out = {}
+def driver_library_dir(node: Node) -> Path:
+    """Where the node's simulated driver root keeps its libraries (on the host)."""
+    return node.base / "driver-root" / TRIPLET_DIR.lstrip("/")
 
 
-def check(name, fn):
-    try:
-        out[name] = fn()
-    except Exception as exc:  # reported, so the test says what failed
-        out[name] = f"{type(exc).__name__}: {exc}"
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def call(soname, symbol):
-    return getattr(ctypes.CDLL(soname), symbol)()
+@pytest.fixture(scope="module")
+def programs(node: Node) -> Iterator[Path]:
+    """dlopen-check and linked-check, built on the host (the image has no compiler)."""
+    libs = driver_library_dir(node)
+    if not (libs / f"libcuda.so.{VERSION}").is_file():
+        pytest.fail(f"no simulated driver root at {libs}: start the node with `make node-up`")
+    build(node.base / "loadcheck", libs)
+    yield node.base / "loadcheck"
 
 
-def cache_knows_libcuda():
-    with open("/etc/ld.so.cache", "rb") as cache:
-        return b"libcuda" in cache.read()
-
-
-libs = json.loads(os.environ["LIBS"])
-dirs = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64")
-check("files", lambda: {f"{d}/{n}": os.path.isfile(f"{d}/{n}") for d in dirs for n in libs})
-check("calls", lambda: {s: call(s, f) for s, f in (("libcuda.so.1", "cuInit"), ("libnvidia-ml.so.1", "nvmlInit_v2"))})
-check("cache_knows_libcuda", cache_knows_libcuda)
-check("smi", lambda: subprocess.run(["nvidia-smi"], capture_output=True, text=True).stdout.strip())
-check("firmware", lambda: sorted(os.listdir(os.environ["FIRMWARE_DIR"])))
-check("sockets", lambda: {p: stat.S_ISSOCK(os.stat(p).st_mode) for p in json.loads(os.environ["SOCKETS"])})
-check("visible", lambda: os.environ.get("NVIDIA_VISIBLE_DEVICES"))
-check("old", lambda: os.path.exists("/usr/lib/x86_64-linux-gnu/" + os.environ["OLD"]))
-print("REPORT " + json.dumps(out), flush=True)
-time.sleep(300)  # keep the claim prepared while the test looks at its status
-"""
-
-
-def _empty(directory: Path) -> None:
-    """Remove what is in ``directory`` (a mount point: the directory itself stays)."""
-    for entry in directory.iterdir():
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
-
-
-@pytest.fixture
-def driver_root(node: Node) -> Iterator[DriverRoot]:
-    # The chart's driverRoot on this node: an empty directory until now (no driver).
-    root = node.base / "driver-root"
-    _empty(root)
-    made = make_driver_root(root)
-    node.restart_driver()  # the agent finds the driver's files when it starts
-    yield made
-    _empty(root)
-    node.restart_driver()
-
-
-def _claim_and_pod(made: DriverRoot) -> list[dict[str, Any]]:
-    libraries = [f"{name}.so.{made.version}" for name, _, _ in LIBRARIES]
-    libraries += [soname for _, soname, _ in LIBRARIES]
-    env = {
-        "LIBS": json.dumps(libraries),
-        "FIRMWARE_DIR": f"/lib/firmware/nvidia/{made.version}",
-        "SOCKETS": json.dumps(["/" + s for s in SOCKETS]),
-        "OLD": f"libcuda.so.{OLD_VERSION}",
-    }
-    claim = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": "gpu"},
-        "spec": {
-            "devices": {
-                "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.dra.dev"}}]
-            }
-        },
-    }
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "cuda-view"},
-        "spec": {
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 2,
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": "gpu"}],
-            "containers": [
-                {
-                    "name": "app",
-                    "image": DRIVER_IMAGE,
-                    "imagePullPolicy": "Never",
-                    "command": ["python3", "-c", REPORT],
-                    "env": [{"name": k, "value": v} for k, v in env.items()],
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-            ],
-        },
-    }
-    return [claim, pod]
-
-
-def test_cuda_finds_the_driver_from_the_cdi_spec_alone(
-    node: Node, driver_root: DriverRoot, namespace: str
+def test_container_loader_resolves_the_driver_libraries(
+    node: Node, namespace: str, programs: Path
 ) -> None:
-    for obj in _claim_and_pod(driver_root):
-        node.create(obj, namespace)
+    libs = driver_library_dir(node)
+    expected = expected_libraries(libs)
+    image = node.driver_pods()[0].spec.containers[0].image
 
-    def report() -> dict[str, Any] | None:
-        try:
-            log = node.core.read_namespaced_pod_log("cuda-view", namespace, container="app")
-        except Exception:  # not started yet
-            return None
-        for line in (log or "").splitlines():
-            if line.startswith("REPORT "):
-                parsed: dict[str, Any] = json.loads(line.removeprefix("REPORT "))
-                return parsed
-        return None
+    def loadcheck_pod(pod: dict[str, Any]) -> None:
+        pod["spec"]["terminationGracePeriodSeconds"] = 2
+        pod["spec"]["volumes"] = [
+            {"name": "loadcheck", "hostPath": {"path": str(programs), "type": "Directory"}}
+        ]
+        (container,) = pod["spec"]["containers"]
+        container.update(
+            image=image,
+            imagePullPolicy="Never",
+            command=["sh", "-c", script(sorted(expected))],
+            volumeMounts=[{"name": "loadcheck", "mountPath": CHECK_DIR, "readOnly": True}],
+        )
 
-    try:
-        seen = wait_until(report, "the container's report")
-    except AssertionError as e:
-        try:
-            log = node.core.read_namespaced_pod_log("cuda-view", namespace, container="app")
-        except Exception as exc:  # the log is only for the message
-            log = f"(no log: {exc})"
-        raise AssertionError(f"{e}\n{node.describe(namespace, 'cuda-view')}\n{log}") from None
+    (pod,) = node.apply_example("single-gpu", namespace, probe=loadcheck_pod)
+    log = node.log_until(namespace, pod, "CHECK-END")
+    out = sections(log)
 
-    missing = [path for path, there in seen["files"].items() if not there]
-    assert missing == [], seen
-    # The loader resolves both sonames and the functions run (they return 0), although the
-    # image's loader cache does not list the libraries: the mounts are in glibc's own
-    # default directories.
-    assert seen["calls"] == {"libcuda.so.1": 0, "libnvidia-ml.so.1": 0}, seen
-    assert seen["cache_knows_libcuda"] is False
-    assert seen["smi"] == f"nvidia-smi {driver_root.version}"
-    assert seen["firmware"] == sorted(FIRMWARE)
-    assert seen["sockets"] == {"/" + s: True for s in SOCKETS}
-    assert seen["visible"] and seen["visible"].startswith("GPU-")
-    # An older driver's library left on the host is not the loaded module's: not mounted.
-    assert seen["old"] is False
+    # Each library under each of its names, in both directories: the driver root's file of
+    # the kernel module's version (the older driver's libcuda.so.1 has another content).
+    pairs = [line.split() for line in out["HASHES"]]
+    hashes = {p[1]: p[0] for p in pairs if len(p) == 2}  # else "sha256sum: <path>: No such..."
+    assert hashes == {path: sha256(real) for path, real in expected.items()}, log
+    assert sha256(libs / f"libcuda.so.{OLD_VERSION}") not in hashes.values()
+    # Nothing else of the driver's (no leftover of the old version), all read-only mounts.
+    assert set(out["LIST"]) == set(expected), log
+    for path in expected:
+        assert "ro" in (mount_options(out["MOUNTS"], path) or []), (path, log)
+
+    # The control: the image's own loader cache is real and knows none of them, and nothing
+    # points the loader elsewhere.
+    cache = "\n".join(out["LDCONFIG"])
+    assert "libc.so.6" in cache, log
+    assert "libcuda" not in cache and "libnvidia" not in cache, log
+    assert not any(line.startswith("LD_LIBRARY_PATH=") for line in out["ENV"]), log
+
+    # dlopen by soname, and a program linked against both: the loader gave the driver's
+    # library of the kernel module's version from the system directory; its entry point ran.
+    assert out["DLOPEN"][-1] == "exit=0", log
+    assert out["LINKED"][-1] == "exit=0", log
+    assert "CALLED cuInit=0 nvmlInit_v2=0" in out["LINKED"], log
+    for section in ("DLOPEN", "LINKED"):
+        found = loaded(out[section])
+        assert set(found) == set(LOADED), log
+        for soname, symbol in LOADED.items():
+            assert found[soname]["real"] == f"{TRIPLET_DIR}/{soname}", log
+            assert found[soname][symbol] == "0", log
+            assert found[soname]["version"] == VERSION, log
+
+    # How: the cache missed, the loader's built-in system search path had them.
+    found = loaded(out["DLOPEN"])
+    for soname in LOADED:
+        search = search_of(out["TRACE"], soname)
+        assert search[:1] == ["search cache=/etc/ld.so.cache"], out["TRACE"]
+        assert search[1:2] and search[1].startswith("search path="), search
+        assert search[1].endswith("(system search path)"), search
+        assert f"trying file={found[soname]['path']}" in search, search
+
+    # The tools, the firmware and the daemons' sockets came with them.
+    tools = out["TOOLS"]
+    assert f"nvidia-smi {VERSION}" in tools, log
+    assert set(FIRMWARE) <= set(tools), log
+    assert {f"socket /{s}" for s in SOCKETS} <= set(tools), log
+    for binary in BINARIES:
+        assert mount_options(out["MOUNTS"], f"/usr/bin/{binary}") is not None, log
 
     # The agent reports the prepared device on the claim (its service account may write
     # status.devices of its driver on claims of its node).
+    claim = node.claim_names(namespace, pod)[0]
     claims = node.dynamic.resources.get(api_version="resource.k8s.io/v1", kind="ResourceClaim")
 
     def device_status() -> list[Any] | None:
-        status = claims.get(name="gpu", namespace=namespace).to_dict().get("status") or {}
+        status = claims.get(name=claim, namespace=namespace).to_dict().get("status") or {}
         return status.get("devices") or None
 
     (reported,) = wait_until(device_status, "status.devices on the claim")

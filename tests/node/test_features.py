@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.node.loadcheck import TRIPLET_DIR
 from tests.node.probe import Node, wait_until
 
 pytestmark = pytest.mark.node
@@ -41,6 +42,8 @@ def test_shared_gpu_by_memory(node: Node, shared_gpus: None, namespace: str) -> 
         assert seen.visible_devices() == {dev.attr("uuid")}, seen.log
         assert seen.env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT") == limits[pod], seen.log
         assert seen.env.get("CUDA_MPS_PIPE_DIRECTORY"), seen.log
+        # A share of a GPU gets the driver's libraries as a whole GPU does.
+        assert seen.mount_options(f"{TRIPLET_DIR}/libcuda.so.1"), seen.log
 
 
 def test_dynamic_mig_creates_devices_on_prepare(

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from tests.node.loadcheck import TRIPLET_DIR
 from tests.node.probe import NVIDIA_MAJOR, Node
 
 pytestmark = pytest.mark.node
@@ -29,6 +30,8 @@ def test_mig_device_and_its_capabilities(node: Node, namespace: str) -> None:
     assert seen.devices[parents[0]][0] == NVIDIA_MAJOR
     caps = [p for p in seen.devices if p.startswith("/dev/nvidia-caps/nvidia-cap")]
     assert len(caps) == 2, seen.log
+    # The driver's libraries come with a MIG device as with a whole GPU (test_driverfiles).
+    assert seen.mount_options(f"{TRIPLET_DIR}/libcuda.so.1"), seen.log
 
 
 def test_time_slicing_shares_one_gpu_between_containers(node: Node, namespace: str) -> None:

@@ -9,6 +9,7 @@ import io
 import json
 import platform
 import shutil
+import subprocess
 import sys
 import tarfile
 import tempfile
@@ -20,6 +21,7 @@ from types import ModuleType
 import pytest
 
 from tests import driverroot
+from tests.node import loadcheck
 from tests.node.probe import parse_probe
 
 NODE_DIR = Path(__file__).resolve().parents[2] / "testenv" / "node"
@@ -161,6 +163,38 @@ def test_node_up_makes_a_driver_root_of_this_architecture(node_driver_root: Path
     assert driverroot.VERSION in version
     with pytest.raises(realnode.NodeError, match="simulated driver root"):
         realnode.make_driver_root(libs / f"libcuda.so.{driverroot.VERSION}" / "below-a-file")
+
+
+def test_loadcheck_script_and_parsers_on_the_host(node_driver_root: Path, tmp_path: Path) -> None:
+    """The node test's programs, script and parsers, run here with LD_LIBRARY_PATH standing
+    in for the container's mounts."""
+    libs = node_driver_root / loadcheck.TRIPLET_DIR.lstrip("/")
+    loadcheck.build(tmp_path / "bin", libs)
+    expected = loadcheck.expected_libraries(libs)
+    assert f"{loadcheck.TRIPLET_DIR}/libcuda.so" in expected
+    assert "/usr/lib64/libnvidia-nvvm.so.4" in expected
+    assert "/usr/lib64/libnvidia-nvvm.so" not in expected  # no development name
+    text = loadcheck.script(
+        [str(libs / "libcuda.so.1"), "/absent"], str(tmp_path / "bin"), wait=False
+    )
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LD_LIBRARY_PATH": str(libs)}
+    ran = subprocess.run(["sh", "-c", text], env=env, capture_output=True, text=True, timeout=60)
+    out = loadcheck.sections(ran.stdout)
+    assert set(out) == {*loadcheck.SECTIONS, "END"}
+    digest = hashlib.sha256((libs / f"libcuda.so.{driverroot.VERSION}").read_bytes()).hexdigest()
+    assert f"{digest}  {libs}/libcuda.so.1" in out["HASHES"]
+    assert out["DLOPEN"][-1] == out["LINKED"][-1] == "exit=0", ran.stdout
+    for section in ("DLOPEN", "LINKED"):
+        found = loadcheck.loaded(out[section])
+        assert found["libcuda.so.1"]["real"] == str(libs / f"libcuda.so.{driverroot.VERSION}")
+        assert found["libcuda.so.1"]["cuInit"] == "0"
+        assert found["libnvidia-ml.so.1"]["version"] == driverroot.VERSION
+    search = loadcheck.search_of(out["TRACE"], "libcuda.so.1")
+    assert search[0].startswith("search path=") and search[0].endswith("(LD_LIBRARY_PATH)")
+    assert f"trying file={libs}/libcuda.so.1" in search
+    assert loadcheck.search_of(out["TRACE"], "libnotloaded.so.1") == []
+    with pytest.raises(ValueError, match="incomplete"):
+        loadcheck.sections(ran.stdout.replace("CHECK-END", ""))
 
 
 def test_tearing_down_needs_no_iptables_on_a_fresh_machine(
