@@ -57,7 +57,7 @@ node-images: $(NODE_IMAGES)
 
 # Tools from Debian when missing: buildah and mmdebstrap for the driver's image,
 # libseccomp-dev to build runc, iptables, busybox for the test image, gcc for the simulated
-# driver root's libraries and the loader checks (tests/node/test_driverfiles.py).
+# driver root's libraries and the loader checks (tests/node/test_driver_files.py).
 node-packages:
 	$(NODE_ROOT_CHECK)
 	@missing=""; for p in /usr/include/seccomp.h:libseccomp-dev pkg-config:pkg-config buildah:buildah mmdebstrap:mmdebstrap iptables:iptables busybox:busybox-static gcc:gcc; do \

@@ -12,7 +12,7 @@ daemons' unix sockets.
 
 Used by the unit tests of dra_driver/gpu/container/driverfiles.py and by the real node
 (``testenv/node/realnode.py`` makes its driver root with ``python -m tests.driverroot DIR``),
-where tests/node/test_driverfiles.py checks that a container sees each library and that its
+where tests/node/test_driver_files.py checks that a container sees each library and that its
 loader resolves ``libcuda.so.1`` and ``libnvidia-ml.so.1``.
 """
 

@@ -102,7 +102,7 @@ def make_driver_root(path: Path) -> None:
 
     The agent reads it at start (the chart's ``driverRoot``), so it is made before the chart
     is installed: every claim's CDI spec then mounts its libraries, tools, firmware and
-    sockets, as on a GPU node, and tests/node/test_driverfiles.py checks what a container
+    sockets, as on a GPU node, and tests/node/test_driver_files.py checks what a container
     sees. Needs a C compiler (the libraries are real shared objects).
     """
     made = subprocess.run(

@@ -1,7 +1,7 @@
 /*
  * Load NVIDIA driver libraries the way CUDA programs do, and report what the loader gave.
  *
- * tests/node/test_driverfiles.py builds it twice on the host and runs it in a container of
+ * tests/node/test_driver_files.py builds it twice on the host and runs it in a container of
  * the real node, with the container image's own dynamic loader and /etc/ld.so.cache:
  *
  *   dlopen-check SONAME:SYMBOL...  dlopen()s each soname by name, as the CUDA runtime

@@ -2,7 +2,7 @@
 
 Two programs built on the host from ``loadcheck.c`` (`build`) run in a glibc container with
 `script`, which prints each check between ``CHECK-<NAME>`` lines; `sections`, `loaded` and
-`search_of` read that output back. Used by tests/node/test_driverfiles.py; the parsers are
+`search_of` read that output back. Used by tests/node/test_driver_files.py; the parsers are
 also run against the programs on the host by tests/unit/test_realnode.py.
 """
 
