@@ -172,11 +172,16 @@ async def measure(
 
 
 async def run_all(
-    cluster: LocalCluster, counts: Sequence[int], layouts: Sequence[str]
+    cluster: LocalCluster,
+    counts: Sequence[int],
+    layouts: Sequence[str],
+    out: list[dict[str, Any]],
+    save: Callable[[], None],
 ) -> list[dict[str, Any]]:
+    """Measure every (count, layout); each result is added to ``out`` and saved at once,
+    so an interrupted run keeps what it measured."""
     proc = cluster.processes["kube-apiserver"]
     assert proc.pid is not None
-    out = []
     clients = [await KubeClient.create(str(cluster.kubeconfig)) for _ in range(CLIENTS)]
     try:
         for nodes in counts:
@@ -184,6 +189,7 @@ async def run_all(
                 result = await measure(clients, proc.pid, layout, nodes)
                 print(result, file=sys.stderr, flush=True)
                 out.append(result)
+                save()
     finally:
         for c in clients:
             await c.close()
@@ -195,14 +201,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, nargs="+", default=[10, 100, 500])
     parser.add_argument("--layouts", nargs="+", choices=list(LAYOUTS), default=list(LAYOUTS))
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--append", action="store_true", help="add to the rows already in --json")
     args = parser.parse_args(argv)
     logs.configure("json", "warning")
+    results: list[dict[str, Any]] = []
+    if args.append and args.json and args.json.exists():
+        results = json.loads(args.json.read_text())
+
+    def save() -> None:
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2) + "\n")
+
     with LocalCluster(verbosity=1, scheduler_extra_args=SCHEDULER_ARGS) as cluster:
-        results = asyncio.run(run_all(cluster, args.nodes, args.layouts))
-    text = json.dumps(results, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+        asyncio.run(run_all(cluster, args.nodes, args.layouts, results, save))
+    print(json.dumps(results, indent=2))
     return 0
 
 

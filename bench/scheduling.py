@@ -246,11 +246,15 @@ async def _watch_bindings(
 async def clean_up(client: KubeClient, namespace: str, workload: Workload) -> None:
     """Remove a workload's pods (at once: no kubelet will confirm), claims and class, and
     wait until the claims are gone, so the next workload finds every device free."""
+    # Deleting thousands of objects in one collection call takes the API server a while.
     await client.request(
-        "DELETE", f"/api/v1/namespaces/{namespace}/pods", query={"gracePeriodSeconds": "0"}
+        "DELETE",
+        f"/api/v1/namespaces/{namespace}/pods",
+        query={"gracePeriodSeconds": "0"},
+        timeout=600,
     )
     claims = f"{RESOURCE}/namespaces/{namespace}/resourceclaims"
-    await client.request("DELETE", claims)
+    await client.request("DELETE", claims, timeout=600)
     await client.request("DELETE", f"{RESOURCE}/deviceclasses/{namespace}-{workload.name}")
     deadline = time.monotonic() + 300
     while _check(await client.request("GET", claims), "list claims")["items"]:
