@@ -431,7 +431,8 @@ def render_scale(rows: list[dict[str, Any]]) -> str:
             "and the scheduler allocates and binds. `gpu`: 1-GPU claims until every GPU is "
             "taken; `mig`: 1g.10gb MIG claims on the dynamic layouts until every GPU is carved "
             "full (7 per GPU) or 4,000 pods or 150 s. The scheduler's client limits are lifted "
-            "(`--kube-api-qps=5000 --kube-api-burst=5000`). Pods/s is bound pods over the time "
+            "(`--kube-api-qps=5000 --kube-api-burst=5000`), and the controller manager's, "
+            "which releases the claims between workloads. Pods/s is bound pods over the time "
             "from the first create to the last binding; steady is the rate between the 10th and "
             "90th percent of bindings; latency is a pod's create request to the watch event "
             "that shows it bound.",

@@ -256,7 +256,7 @@ async def clean_up(client: KubeClient, namespace: str, workload: Workload) -> No
     claims = f"{RESOURCE}/namespaces/{namespace}/resourceclaims"
     await client.request("DELETE", claims, timeout=600)
     await client.request("DELETE", f"{RESOURCE}/deviceclasses/{namespace}-{workload.name}")
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + 900
     while _check(await client.request("GET", claims), "list claims")["items"]:
         if time.monotonic() > deadline:
             raise TimeoutError(f"claims of {workload.name} in {namespace} not deleted")

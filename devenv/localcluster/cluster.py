@@ -63,6 +63,7 @@ class LocalCluster:
     controllers: tuple[str, ...] = DEFAULT_CONTROLLERS
     apiserver_extra_args: tuple[str, ...] = ()
     scheduler_extra_args: tuple[str, ...] = ()
+    controller_manager_extra_args: tuple[str, ...] = ()
 
     token: str = field(default_factory=lambda: secrets.token_hex(16))
     ports: Ports | None = None
@@ -287,6 +288,7 @@ class LocalCluster:
             feature_gates=self.feature_gates,
             controllers=self.controllers,
             verbosity=self.verbosity,
+            extra=self.controller_manager_extra_args,
         )
         proc = self._spawn("kube-controller-manager", ["kube-controller-manager", *flags])
         url = f"https://127.0.0.1:{self.ports.controller_manager}/healthz"
