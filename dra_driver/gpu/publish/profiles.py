@@ -13,6 +13,7 @@ from collections.abc import Collection
 
 import structlog
 
+from dra_driver.errors import DriverError
 from dra_driver.gpu.inventory import Inventory
 
 log = structlog.get_logger(__name__)
@@ -20,7 +21,7 @@ log = structlog.get_logger(__name__)
 _PROFILE = re.compile(r"^\d+g\.\d+gb(\+[a-z0-9]+)?$")
 
 
-class ProfileListError(ValueError):
+class ProfileListError(DriverError, ValueError):
     """The profile list is not a comma-separated list of MIG profile names."""
 
 
