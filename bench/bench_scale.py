@@ -163,7 +163,9 @@ async def measure(
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    await client.request("DELETE", SLICES, query={"fieldSelector": f"spec.driver={driver}"})
+    await client.request(
+        "DELETE", SLICES, query={"fieldSelector": f"spec.driver={driver}"}, timeout=600
+    )
     for p in pools:
         await client.request("DELETE", f"/api/v1/nodes/{p.node_name}")
     return {

@@ -416,11 +416,14 @@ def render_scale(rows: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        out.append(
-            f"| {r['nodes']} | {r['layout']} | {r['devices']} | {r['slices']} | "
-            f"{r['publish_all_s']} s | {r.get('watch_mib', '-')} MiB | "
-            f"{r['apiserver_rss_before_mib']} -> {r['apiserver_rss_after_mib']} MiB |"
-        )
+        if r.get("publish_all_s") is None:  # a row whose run ended before these were saved
+            measured = "not recorded | - | - |"
+        else:
+            measured = (
+                f"{r['publish_all_s']} s | {r.get('watch_mib', '-')} MiB | "
+                f"{r['apiserver_rss_before_mib']} -> {r['apiserver_rss_after_mib']} MiB |"
+            )
+        out.append(f"| {r['nodes']} | {r['layout']} | {r['devices']} | {r['slices']} | {measured}")
     scheduled = [(r, s) for r in rows for s in r.get("scheduling", [])]
     if scheduled:
         out += [
