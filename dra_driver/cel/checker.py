@@ -21,6 +21,10 @@ NULLABLE = frozenset(
         "kubernetes.DRADevice",
         "kubernetes.Quantity",
         "kubernetes.Semver",
+        "kubernetes.URL",
+        "kubernetes.NamedFormat",
+        "net.IP",
+        "net.CIDR",
         "google.protobuf.Timestamp",
         "google.protobuf.Duration",
     )
@@ -97,6 +101,11 @@ def unify(param: str, arg: str, bound: dict[str, str]) -> bool:
         return True
     if param in (DYN, FREE) or arg in (DYN, FREE):
         return True
+    if arg.startswith("wrapper(") or param.startswith("wrapper("):
+        # A protobuf wrapper is its value type, or null.
+        if "null" in (param, arg):
+            return True
+        return unify(_unwrapped(param), _unwrapped(arg), bound)
     if "null" in (param, arg) and {param, arg} & NULLABLE:
         return True
     pname, pparams = split(param)
@@ -104,6 +113,11 @@ def unify(param: str, arg: str, bound: dict[str, str]) -> bool:
     if pname != aname or len(pparams) != len(aparams):
         return False
     return all(unify(p, a, bound) for p, a in zip(pparams, aparams, strict=True))
+
+
+def _unwrapped(kind: str) -> str:
+    name, params = split(kind)
+    return params[0] if name == "wrapper" and params else kind
 
 
 def substitute(kind: str, bound: Mapping[str, str]) -> str:
@@ -120,6 +134,7 @@ def same(a: str, b: str) -> bool:
     """Equal types, where the unknown element type of an empty literal equals anything."""
     if a == FREE or b == FREE:
         return True
+    a, b = _unwrapped(a), _unwrapped(b)
     aname, aparams = split(a)
     bname, bparams = split(b)
     if aname != bname or len(aparams) != len(bparams):

@@ -21,11 +21,21 @@ from typing import Any, NoReturn
 from celpy.evaluation import celbytes, celstr
 from lark import Token, Tree
 
-from dra_driver.cel import checker, cost, functions, lib_lists, optional, regex
+from dra_driver.cel import (
+    checker,
+    cost,
+    functions,
+    lib_lists,
+    lib_strings,
+    lib_time,
+    messages,
+    optional,
+    regex,
+)
 from dra_driver.cel.errors import Abort, CompileError, EvalError, NoSuchKey, NoSuchOverload
-from dra_driver.cel.lib_core import TYPE_NAMES
+from dra_driver.cel.lib_core import QUALIFIED_TYPE_NAMES, TYPE_NAMES
 from dra_driver.cel.signatures import SIGNATURES
-from dra_driver.cel.types import CelType, Uint, type_name
+from dra_driver.cel.types import CelType, Duration, Timestamp, Uint, type_name
 from dra_driver.cel.values import (
     INT64_MAX,
     INT64_MIN,
@@ -55,16 +65,21 @@ class Node:
     const: bool = False
     #: True for a list literal whose elements are all literals of a primitive type.
     primitive_list: bool = False
+    #: True when the scheduler's planner knows the value too: literals, and conversions of
+    #: such values (which it evaluates while planning, so their errors are compile errors).
+    planned: bool = False
 
 
-def _const(value: Any, kind: str) -> Node:
-    return Node(lambda _scope: value, kind, const=True)
+def _const(value: Any, kind: str, planned: bool = False) -> Node:
+    return Node(lambda _scope: value, kind, const=True, planned=planned)
 
 
 #: Conversions of a constant are evaluated when the scheduler builds the program, so their
 #: failure is a compile error there ("program instantiation failed").
 _REGEX_FUNCTIONS = frozenset(("matches", "find", "findAll"))
-_CONVERSIONS = frozenset(("int", "uint", "double", "string", "bytes", "bool", "dyn", "type"))
+_CONVERSIONS = frozenset(
+    ("int", "uint", "double", "string", "bytes", "bool", "dyn", "type", "duration", "timestamp")
+)
 
 
 def _folded(fn: Eval, kind: str, args: list[Node], name: str) -> Node:
@@ -72,10 +87,11 @@ def _folded(fn: Eval, kind: str, args: list[Node], name: str) -> Node:
     # once here instead of per device; one that fails stays a runtime error, as CEL requires,
     # except for the conversions the scheduler folds while planning.
     if args and all(a.const for a in args):
+        conversion = name in _CONVERSIONS and len(args) == 1 and args[0].planned
         try:
-            return _const(fn({}), kind)
+            return _const(fn({}), kind, planned=conversion)
         except EvalError as exc:
-            if name in _CONVERSIONS and len(args) == 1:
+            if conversion:
                 raise _PlanError(str(exc)) from None
     return Node(fn, kind)
 
@@ -151,9 +167,40 @@ class Compiler:
                 self.fail(where, f"invalid matches argument ({exc})")
             self.fail_unplaced(f"program instantiation failed: {exc}")
 
+    def check_format(self, where: Token, text: Any, arg_tree: Ast, arg: Node) -> None:
+        """A literal format string's clauses against its arguments' static types, as the
+        scheduler checks them while compiling (a list literal's elements one by one)."""
+        if type(text) is not str:
+            return
+        literal = arg_tree
+        while literal.data != "list_lit" and len(literal.children) == 1:
+            child = literal.children[0]
+            if not isinstance(child, Tree):
+                return
+            literal = child
+        if literal.data == "list_lit":
+            items = literal.children[0] if literal.children else None
+            trees = (
+                [c for c in items.children if isinstance(c, Tree)]
+                if isinstance(items, Tree)
+                else []
+            )
+            if any(t.data == "opt_item" for t in trees):
+                return
+            self.mixed_literals += 1
+            try:
+                kinds = [self.compile(t).type for t in trees]
+            finally:
+                self.mixed_literals -= 1
+        else:
+            return
+        error = lib_strings.format_static_error(text, kinds)
+        if error is not None:
+            self.fail(where, error)
+
     def expect_bool(self, where: Ast | Token, node: Node) -> None:
         """Operands of ``&&``, ``||`` and macro predicates must be bool (or dyn)."""
-        if node.type not in ("bool", "dyn"):
+        if node.type not in ("bool", "dyn", "wrapper(bool)"):
             self.fail(where, f"expected type 'bool' but found '{node.type}'")
 
     def source(self, tree: Ast) -> str:
@@ -318,6 +365,10 @@ class Compiler:
         name = _field_name(name_token)
         qualified = self.qualified_name(target_tree)
         if qualified is not None and qualified.split(".")[0] not in self._names():
+            if f"{qualified}.{name}" in QUALIFIED_TYPE_NAMES:
+                return _const(CelType(f"{qualified}.{name}"), "type")
+            if f"{qualified}.{name}" in messages.CONSTANTS:
+                return _const(messages.CONSTANTS[f"{qualified}.{name}"], "int")
             self.fail(tree, f"undeclared reference to '{qualified}.{name}'")
         target = self.compile(target_tree)
         kind = self.field_type(name_token, target.type, name)
@@ -368,12 +419,42 @@ class Compiler:
             "LSQB", "[", line=target_tree.meta.end_line, column=target_tree.meta.end_column
         )
         kind = self.check(bracket, "_[_]", None, [target.type, key.type])
+        if key.const and isinstance(constant := key.fn({}), Duration | Timestamp):
+            # The scheduler's planner takes only primitive constants as index qualifiers.
+            kind_name = type(constant).__name__
+            self.fail_unplaced(
+                f"program instantiation failed: invalid qualifier type: types.{kind_name}"
+            )
         where = self.source(target_tree)
         get, k = target.fn, key.fn
         return Node(lambda s: _index(get(s), k(s), where), kind)
 
     def _member_object(self, tree: Ast) -> Node:
-        self.fail(tree, "message construction is not supported in DRA selectors")
+        type_tree = tree.children[0]
+        assert isinstance(type_tree, Tree)
+        name = self.qualified_name(type_tree) or ""
+        message = messages.MESSAGES.get(name.lstrip("."))
+        if message is None:
+            self.fail(type_tree, f"undeclared reference to '{name}' (in container '')")
+        inits = tree.children[1] if len(tree.children) > 1 else None
+        items = inits.children if isinstance(inits, Tree) else []
+        fields: list[tuple[str, Eval]] = []
+        for field_token, value_tree in zip(items[::2], items[1::2], strict=True):
+            assert isinstance(field_token, Token) and isinstance(value_tree, Tree)
+            field = str(field_token)
+            expected = message.fields.get(field)
+            if expected is None:
+                self.fail(field_token, f"undefined field '{field}'")
+            value = self.compile(value_tree)
+            if not checker.unify(expected, value.type, {}):
+                self.fail(
+                    value_tree,
+                    f"expected type of field '{field}' is '{expected}' but provided type is "
+                    f"'{checker.describe_call(None, [value.type])[1:-1]}'",
+                )
+            fields.append((field, value.fn))
+        build = message.build
+        return Node(lambda s: build({f: fn(s) for f, fn in fields}), message.result)
 
     def _member_dot_arg(self, tree: Ast) -> Node:
         target_tree, name_token = tree.children[:2]
@@ -401,13 +482,13 @@ class Compiler:
         finally:
             self.mixed_literals -= name == "format"
         kind = self.check(_call_position(name_token), name, target.type, [c.type for c in compiled])
+        if name == "format" and target.const and len(args) == 1:
+            self.check_format(name_token, target.fn({}), args[0], compiled[0])
         if name == "format" and target.const and all(c.const for c in compiled):
-            # The scheduler formats constant arguments while compiling: errors are compile errors.
             try:
-                text = _call(function, [target.fn, *(c.fn for c in compiled)], name)({})
-            except EvalError as exc:
-                self.fail(name_token, str(exc))
-            return _const(text, kind)
+                return _const(_call(function, [target.fn, compiled[0].fn], name)({}), kind)
+            except EvalError:
+                pass  # a value only evaluation rejects ("%f" of "x"): a runtime error
         if name in _REGEX_FUNCTIONS and compiled:
             self.check_pattern(name_token, name, compiled[0])
         if name in ("or", "orValue") and len(compiled) == 1:
@@ -431,6 +512,8 @@ class Compiler:
             tree = child
         if tree.data == "ident":
             return str(tree.children[0])
+        if tree.data == "dot_ident":
+            return "." + str(tree.children[0])
         if tree.data == "member_dot":
             inner, name = tree.children
             if isinstance(name, Token) and name.type == "QUOTED_IDENT":
@@ -461,7 +544,7 @@ class Compiler:
         if name in self.variables:
             return Node(lambda s: s[name], self.variables[name])
         if name in TYPE_NAMES:
-            return _const(CelType(name), "type")
+            return _const(CelType(name), "type", planned=True)
         self.fail(token, f"undeclared reference to '{name}'")
 
     def _dot_ident(self, tree: Ast) -> Node:
@@ -486,6 +569,11 @@ class Compiler:
             self.fail(token, f"undeclared reference to '{name}'")
         compiled = [self.compile(a) for a in args]
         kind = self.check(_call_position(token), name, None, [c.type for c in compiled])
+        if name in ("duration", "timestamp") and len(args) == 1 and _is_literal(args[0]):
+            # The scheduler validates literal arguments while compiling.
+            invalid = lib_time.literal_error(name, compiled[0].fn({}))
+            if invalid is not None:
+                self.fail(args[0], invalid)
         if name == "matches" and len(compiled) == 2:
             self.check_pattern(token, name, compiled[1])
         call = _call(function, [c.fn for c in compiled], name)
@@ -576,24 +664,24 @@ class Compiler:
         text = str(token)
         kind = token.type
         if kind == "BOOL_LIT":
-            return _const(text == "true", "bool")
+            return _const(text == "true", "bool", planned=True)
         if kind == "NULL_LIT":
-            return _const(None, "null")
+            return _const(None, "null", planned=True)
         if kind in ("STRING_LIT", "MLSTRING_LIT"):
-            return _const(str(celstr(token)), "string")
+            return _const(str(celstr(token)), "string", planned=True)
         if kind == "BYTES_LIT":
-            return _const(bytes(celbytes(token)), "bytes")
+            return _const(bytes(celbytes(token)), "bytes", planned=True)
         if kind == "FLOAT_LIT":
-            return _const(float(text), "double")
+            return _const(float(text), "double", planned=True)
         if kind == "UINT_LIT":
             value = _int_literal(text[:-1])
             if not 0 <= value < 2**64:
                 self.fail(token, "invalid uint literal")
-            return _const(Uint(value), "uint")
+            return _const(Uint(value), "uint", planned=True)
         value = _int_literal(text)
         if not INT64_MIN <= value <= INT64_MAX:
             self.fail(token, "invalid int literal")
-        return _const(value, "int")
+        return _const(value, "int", planned=True)
 
     # -- macros ----------------------------------------------------------------------------
 
@@ -711,6 +799,10 @@ def _int_literal(text: str) -> int:
     body = text[1:] if negative else text
     value = int(body, 16) if body[:2].lower() == "0x" else int(body)
     return -value if negative else value
+
+
+def _is_literal(tree: Ast) -> bool:
+    return _unwrap(tree).data == "literal"
 
 
 def _unwrap(tree: Ast) -> Ast:
@@ -1012,6 +1104,8 @@ def _same_kind(name: str, a: Any, b: Any) -> str:
 
 
 def _add(a: Any, b: Any) -> Any:
+    if isinstance(a, Duration | Timestamp):
+        return lib_time.add(a, b)
     kind = _same_kind("_+_", a, b)
     if kind == "int":
         return check_int(a + b)
@@ -1025,6 +1119,8 @@ def _add(a: Any, b: Any) -> Any:
 
 
 def _sub(a: Any, b: Any) -> Any:
+    if isinstance(a, Duration | Timestamp):
+        return lib_time.subtract(a, b)
     kind = _same_kind("_-_", a, b)
     if kind == "int":
         return check_int(a - b)

@@ -107,7 +107,7 @@ def _compile(expression: str) -> Program | CompileError:
             node = compiler.compile(tree)
     except CompileError as exc:
         return exc
-    if node.type not in ("bool", "dyn"):
+    if node.type not in ("bool", "dyn", "wrapper(bool)"):
         return CompileError(
             expression, f"must evaluate to bool or the unknown type, not {node.type}", 1, 1
         )

@@ -10,7 +10,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from dra_driver.cel import lib_core, lib_k8s, lib_lists, lib_strings, optional
+from dra_driver.cel import (
+    lib_core,
+    lib_format,
+    lib_k8s,
+    lib_lists,
+    lib_net,
+    lib_strings,
+    lib_time,
+    lib_url,
+    optional,
+)
 
 Function = Callable[..., Any]
 
@@ -28,6 +38,10 @@ GLOBAL: dict[str, Function] = {
     **lib_strings.GLOBAL,
     **lib_lists.GLOBAL,
     **lib_k8s.GLOBAL,
+    **lib_time.GLOBAL,
+    **lib_net.GLOBAL,
+    **lib_url.GLOBAL,
+    **lib_format.GLOBAL,
     **optional.GLOBAL,
 }
 
@@ -36,6 +50,10 @@ MEMBER: dict[str, Function] = {
     **lib_strings.MEMBER,
     **lib_lists.MEMBER,
     **lib_k8s.MEMBER,
+    **lib_time.MEMBER,
+    **lib_net.MEMBER,
+    **lib_url.MEMBER,
+    **lib_format.MEMBER,
     **optional.MEMBER,
     "indexOf": _string_or_list(lib_strings.index_of, lib_lists.index_of),
     "lastIndexOf": _string_or_list(lib_strings.last_index_of, lib_lists.last_index_of),

@@ -10,7 +10,17 @@ from typing import Any
 
 from dra_driver.cel.errors import EvalError, NoSuchOverload
 from dra_driver.cel.regex import search
-from dra_driver.cel.types import CelType, Uint, type_name
+from dra_driver.cel.types import (
+    DURATION,
+    NANOS,
+    TIMESTAMP,
+    CelType,
+    Duration,
+    Printable,
+    Timestamp,
+    Uint,
+    type_name,
+)
 from dra_driver.cel.values import INT64_MAX, INT64_MIN, check_uint
 
 Function = Callable[..., Any]
@@ -73,6 +83,10 @@ def to_int(value: Any) -> int:
         if not _INT_TEXT.fullmatch(value):
             raise EvalError(_CONVERSION.format("int"))
         result = int(value)
+    elif isinstance(value, Duration):
+        return value.nanos
+    elif isinstance(value, Timestamp):
+        return value.nanos // NANOS  # Unix seconds, rounded down as Go's Time.Unix
     else:
         raise NoSuchOverload("int", value)
     if not INT64_MIN <= result <= INT64_MAX:
@@ -152,6 +166,8 @@ def to_string(value: Any) -> str:
             return value.decode("utf-8")
         except UnicodeDecodeError:
             raise EvalError("invalid UTF-8 in bytes, cannot convert to string") from None
+    if isinstance(value, Printable):
+        return str(value)
     raise NoSuchOverload("string", value)
 
 
@@ -191,6 +207,9 @@ def type_of(value: Any) -> CelType:
 TYPE_NAMES = (
     "bool", "int", "uint", "double", "string", "bytes", "list", "map", "null_type", "type",
 )  # fmt: skip
+
+#: Type names with a namespace; ``type(d) == google.protobuf.Duration``.
+QUALIFIED_TYPE_NAMES = frozenset((DURATION, TIMESTAMP, "net.IP", "net.CIDR"))
 
 GLOBAL: dict[str, Function] = {
     "size": size,

@@ -7,8 +7,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from dra_driver.cel import checker
 from dra_driver.cel.errors import EvalError, NoSuchOverload
-from dra_driver.cel.types import type_name
+from dra_driver.cel.types import DURATION, TIMESTAMP, type_name
 from dra_driver.cel.values import format_value
 
 Function = Callable[..., Any]
@@ -139,6 +140,37 @@ def quote(text: Any) -> str:
     return format_value(_text("strings.quote", text))
 
 
+def _clauses(text: str) -> list[tuple[str, str | None] | str]:
+    """The literal pieces and ``(verb, precision)`` clauses of a format string."""
+    out: list[tuple[str, str | None] | str] = []
+    i = 0
+    while i < len(text):
+        c = text[i]
+        i += 1
+        if c != "%":
+            out.append(c)
+            continue
+        if i >= len(text):
+            raise EvalError("unexpected end of string")
+        match = _CLAUSE.match(text, i)
+        if match is None:
+            raise EvalError(
+                f'could not parse formatting clause: unrecognized formatting clause "{text[i]}"'
+            )
+        i = match.end()
+        out.append("%" if match.group(2) == "%" else (match.group(2), match.group(1)))
+    return out
+
+
+def _check_count(used: int, given: int) -> None:
+    if used > given:
+        raise EvalError(f"index {given} out of range")
+    if used < given:
+        raise EvalError(
+            f"too many arguments supplied to string.format (expected {used}, got {given})"
+        )
+
+
 def format_string(text: Any, args: Any) -> str:
     """``"...".format([args])`` with the clauses %s %d %f %e %b %o %x %X and %%, and the
     strings extension's rules for which types each clause takes."""
@@ -147,34 +179,33 @@ def format_string(text: Any, args: Any) -> str:
         raise NoSuchOverload("format", text, args)
     out: list[str] = []
     used = 0
-    i = 0
-    while i < len(s):
-        c = s[i]
-        i += 1
-        if c != "%":
-            out.append(c)
-            continue
-        match = _CLAUSE.match(s, i)
-        if i >= len(s):
-            raise EvalError("unexpected end of string")
-        if match is None:
-            raise EvalError(
-                f'could not parse formatting clause: unrecognized formatting clause "{s[i]}"'
-            )
-        i = match.end()
-        precision, verb = match.group(1), match.group(2)
-        if verb == "%":
-            out.append("%")
+    for piece in _clauses(s):
+        if isinstance(piece, str):
+            out.append(piece)
             continue
         if used >= len(args):
             raise EvalError(f"index {used} out of range")
+        verb, precision = piece
         out.append(_format_one(verb, precision, args[used]))
         used += 1
-    if used < len(args):
-        raise EvalError(
-            f"too many arguments supplied to string.format (expected {used}, got {len(args)})"
-        )
+    _check_count(used, len(args))
     return "".join(out)
+
+
+def format_static_error(text: str, kinds: list[str]) -> str | None:
+    """What the scheduler reports while compiling ``text.format([...])`` whose elements have
+    the static types ``kinds``: a bad clause, a wrong count, a clause given a type it never
+    takes (``dyn`` takes anything). None when only evaluation can tell."""
+    try:
+        clauses = [p for p in _clauses(text) if not isinstance(p, str)]
+        _check_count(len(clauses), len(kinds))
+    except EvalError as exc:
+        return str(exc)
+    for (verb, _), kind in zip(clauses, kinds, strict=True):
+        refused = _refused(verb, kind)
+        if refused is not None:
+            return _type_error(verb, refused)
+    return None
 
 
 _CLAUSE = re.compile(r"(?:\.(\d+))?([sdfeboxX%])")
@@ -189,52 +220,167 @@ _TEXT_KINDS = (
     "map",
     "type",
     "null_type",
+    "null",  # the static type of the null literal
+    DURATION,
+    TIMESTAMP,
 )
+#: The types each clause takes; %f and %e take the strings "NaN", "Infinity", "-Infinity".
+_TAKES: dict[str, tuple[str, ...]] = {
+    "s": _TEXT_KINDS,
+    "d": ("int", "uint"),
+    "f": ("double", "string"),
+    "e": ("double", "string"),
+    "b": ("int", "uint", "bool"),
+    "o": ("int", "uint"),
+    "x": ("int", "uint", "string", "bytes"),
+    "X": ("int", "uint", "string", "bytes"),
+}
+_WHAT = {
+    "s": "string clause can only be used on strings, bools, bytes, ints, doubles, maps, "
+    "lists, types, durations, and timestamps",
+    "d": "decimal clause can only be used on integers",
+    "f": "fixed-point clause can only be used on doubles",
+    "e": "scientific clause can only be used on doubles",
+    "b": "only integers and bools can be formatted as binary",
+    "o": "octal clause can only be used on integers",
+    "x": "only integers, byte buffers, and strings can be formatted as hex",
+    "X": "only integers, byte buffers, and strings can be formatted as hex",
+}
+_SPECIAL_DOUBLES = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _takes(verb: str, kind: str) -> bool:
+    return _refused(verb, kind) is None
+
+
+def _refused(verb: str, kind: str) -> str | None:
+    """The type within ``kind`` that the clause cannot format (for %s, a list's or map's
+    elements too), as the scheduler names it; None when it can."""
+    if kind in (checker.DYN, checker.FREE):
+        return None
+    name, params = checker.split(kind)
+    if name == "wrapper" and params:
+        return _refused(verb, params[0])
+    if name not in _TAKES[verb]:
+        return name
+    if verb == "s" and name in ("list", "map"):
+        for param in params:
+            inner = _refused(verb, param)
+            if inner is not None:
+                return inner
+    return None
+
+
+def _type_error(verb: str, kind: str) -> str:
+    return f"error during formatting: {_WHAT[verb]}, was given {kind}"
 
 
 def _format_one(verb: str, precision: str | None, value: Any) -> str:
     from dra_driver.cel.lib_core import to_string
 
     kind = type_name(value)
+    special = kind == "string" and verb in "fe"
+    if not _takes(verb, kind) or (special and value not in _SPECIAL_DOUBLES):
+        raise EvalError(_type_error(verb, kind))
     if verb == "s":
-        if kind not in _TEXT_KINDS:
-            raise EvalError(
-                "error during formatting: string clause can only be used on strings, bools, "
-                "bytes, ints, doubles, maps, lists, types, durations, and timestamps, "
-                f"was given {kind}"
-            )
         if kind in ("list", "map"):
-            return format_value(value)
+            return _nested(value)
         if kind == "null_type":
             return "null"
         return str(value) if kind == "type" else to_string(value)
     if verb == "d":
-        if kind not in ("int", "uint"):
-            raise EvalError(
-                "error during formatting: decimal clause can only be used on integers, "
-                f"was given {kind}"
-            )
         return str(int(value))
     if verb in "fe":
-        if kind != "double":
-            clause = "fixed-point" if verb == "f" else "scientific"
-            raise EvalError(
-                f"error during formatting: {clause} clause can only be used on doubles, "
-                f"was given {kind}"
-            )
+        number = _SPECIAL_DOUBLES[value] if kind == "string" else value
+        if verb == "e":
+            return _scientific(number)
+        if math.isnan(number) or math.isinf(number):
+            return "NaN" if math.isnan(number) else ("\u221e" if number > 0 else "-\u221e")
         digits = 6 if precision is None else int(precision)
-        if math.isnan(value) or math.isinf(value):
-            return "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
-        return f"{value:.{digits}{verb}}"
-    if verb in "bo" and kind == "bool":
+        return f"{number:,.{digits}f}"  # grouped in thousands, as the scheduler prints
+    if kind == "bool":
         return "1" if value else "0"
-    if verb in "boxX" and kind in ("int", "uint"):
+    if kind in ("int", "uint"):
         return format(int(value), verb)
-    if verb in "xX" and kind in ("string", "bytes"):
-        data = value.encode() if isinstance(value, str) else value
-        hexed = data.hex()
-        return hexed.upper() if verb == "X" else hexed
-    raise EvalError(f"error during formatting: clause %{verb} cannot format a {kind}")
+    data = value.encode() if isinstance(value, str) else value
+    hexed = data.hex()
+    return hexed.upper() if verb == "X" else hexed
+
+
+def _nested(value: Any) -> str:
+    """A list or map element as %s shows it: strings quoted, doubles in fixed point, map keys
+    sorted by their text, durations and timestamps as the call that makes them."""
+    from dra_driver.cel.lib_core import to_string
+
+    kind = type_name(value)
+    if kind == "list":
+        return "[" + ", ".join(_nested(v) for v in value) + "]"
+    if kind == "map":
+        entries = sorted((_nested(k), _nested(v)) for k, v in value.items())
+        return "{" + ", ".join(f"{k}:{v}" for k, v in entries) + "}"
+    if kind == "string":
+        return go_quote(value)
+    if kind == "bytes":
+        try:
+            return "b" + go_quote(value.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise EvalError(
+                'error during formatting: could not convert argument "invalid UTF-8 in bytes, '
+                'cannot convert to string" to string'
+            ) from None
+    if kind == "double":
+        if math.isnan(value) or math.isinf(value):
+            return '"NaN"' if math.isnan(value) else ('"+Inf"' if value > 0 else '"-Inf"')
+        return f"{value:.6f}"
+    if kind in (DURATION, TIMESTAMP):
+        call = "duration" if kind == DURATION else "timestamp"
+        return f'{call}("{value}")'
+    if kind == "null_type":
+        return "null"
+    if kind == "type":
+        return str(value)
+    if kind in ("bool", "int", "uint"):
+        return to_string(value)
+    raise EvalError(f"error during formatting: no formatting function for {kind}")
+
+
+_QUOTED = {c: "\\" + e for c, e in zip("\a\b\f\n\r\t\v", "abfnrtv", strict=True)}
+
+
+def go_quote(text: str) -> str:
+    """Go's ``strconv.Quote``: a double-quoted string with Go's escapes."""
+    out = ['"']
+    for ch in text:
+        if ch in ('"', "\\"):
+            out.append("\\" + ch)
+        elif ch in _QUOTED:
+            out.append(_QUOTED[ch])
+        elif ch.isprintable() or ch == " ":
+            out.append(ch)
+        elif ord(ch) < 0x80:
+            out.append(f"\\x{ord(ch):02x}")
+        elif ord(ch) <= 0xFFFF:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(f"\\U{ord(ch):08x}")
+    out.append('"')
+    return "".join(out)
+
+
+_SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
+
+
+def _scientific(value: float) -> str:
+    # The scheduler's %e prints through a localising number printer: six decimals whatever
+    # the precision asked, "\u00d7 10" and a superscript exponent of at least two digits; NaN and
+    # the infinities right-aligned in six columns.
+    if math.isnan(value) or math.isinf(value):
+        text = "NaN" if math.isnan(value) else ("\u221e" if value > 0 else "-\u221e")
+        return text.rjust(6)
+    mantissa, _, exponent = f"{abs(value) if value == 0 else value:.6e}".partition("e")
+    power = int(exponent)
+    shown = f"{'-' if power < 0 else ''}{abs(power):02d}".translate(_SUPERSCRIPT)
+    return f"{mantissa}\u00d710{shown}"
 
 
 MEMBER: dict[str, Function] = {

@@ -7,15 +7,18 @@ Written as ``receiver.(param, ...) -> result`` (member functions) or ``(param, .
 from __future__ import annotations
 
 from dra_driver.cel.checker import Signature, parse_signature
+from dra_driver.cel.lib_format import FORMATS
 
 Q = "kubernetes.Quantity"
 S = "kubernetes.Semver"
 _NUMBERS = ("int", "uint", "double")
-_COMPARABLE = (*_NUMBERS, "string", "bytes", "bool")
-# Timestamps and durations are not implemented, but their overloads decide what type-checks
-# (null is assignable to them, so "null + x" compiles and fails only at runtime).
 _TS = "google.protobuf.Timestamp"
 _DUR = "google.protobuf.Duration"
+IP = "net.IP"
+CIDR = "net.CIDR"
+URL = "kubernetes.URL"
+FORMAT = "kubernetes.NamedFormat"
+_COMPARABLE = (*_NUMBERS, "string", "bytes", "bool", _TS, _DUR)
 
 _TEXT: dict[str, list[str]] = {
     # operators
@@ -47,14 +50,54 @@ _TEXT: dict[str, list[str]] = {
     "startsWith": ["string.(string) -> bool"],
     "endsWith": ["string.(string) -> bool"],
     "matches": ["(string, string) -> bool", "string.(string) -> bool"],
-    "int": ["(int) -> int", "(uint) -> int", "(double) -> int", "(string) -> int"],
+    "int": ["(int) -> int", "(uint) -> int", "(double) -> int", "(string) -> int",
+            f"({_TS}) -> int", f"({_DUR}) -> int"],
     "uint": ["(uint) -> uint", "(int) -> uint", "(double) -> uint", "(string) -> uint"],
     "double": ["(double) -> double", "(int) -> double", "(uint) -> double", "(string) -> double"],
-    "string": [f"({t}) -> string" for t in ("string", "int", "uint", "double", "bool", "bytes")],
+    "string": [f"({t}) -> string"
+               for t in ("string", "int", "uint", "double", "bool", "bytes", _TS, _DUR, IP, CIDR)],
     "bytes": ["(bytes) -> bytes", "(string) -> bytes"],
     "bool": ["(bool) -> bool", "(string) -> bool"],
     "dyn": ["(A) -> dyn"],
     "type": ["(A) -> type"],
+    # timestamps and durations
+    "duration": ["(string) -> " + _DUR, f"({_DUR}) -> {_DUR}"],
+    "timestamp": ["(string) -> " + _TS, "(int) -> " + _TS, f"({_TS}) -> {_TS}"],
+    **{
+        getter: [f"{_TS}.() -> int", f"{_TS}.(string) -> int"]
+        for getter in ("getFullYear", "getMonth", "getDate", "getDayOfMonth", "getDayOfWeek",
+                       "getDayOfYear")
+    },
+    **{
+        getter: [f"{_TS}.() -> int", f"{_TS}.(string) -> int", f"{_DUR}.() -> int"]
+        for getter in ("getHours", "getMinutes", "getSeconds", "getMilliseconds")
+    },
+    # ip and cidr
+    "ip": ["(string) -> " + IP, f"{CIDR}.() -> {IP}"],
+    "isIP": ["(string) -> bool"],
+    "ip.isCanonical": ["(string) -> bool"],
+    "family": [f"{IP}.() -> int"],
+    **{
+        test: [f"{IP}.() -> bool"]
+        for test in ("isUnspecified", "isLoopback", "isLinkLocalMulticast", "isLinkLocalUnicast",
+                     "isGlobalUnicast")
+    },
+    "cidr": ["(string) -> " + CIDR],
+    "isCIDR": ["(string) -> bool"],
+    "containsIP": [f"{CIDR}.(string) -> bool", f"{CIDR}.({IP}) -> bool"],
+    "containsCIDR": [f"{CIDR}.(string) -> bool", f"{CIDR}.({CIDR}) -> bool"],
+    "prefixLength": [f"{CIDR}.() -> int"],
+    "masked": [f"{CIDR}.() -> {CIDR}"],
+    # url
+    "url": ["(string) -> " + URL],
+    "isURL": ["(string) -> bool"],
+    **{part: [f"{URL}.() -> string"]
+       for part in ("getScheme", "getHost", "getHostname", "getPort", "getEscapedPath")},
+    "getQuery": [f"{URL}.() -> map(string, list(string))"],
+    # format
+    "format.named": [f"(string) -> optional_type({FORMAT})"],
+    **{f"format.{name}": [f"() -> {FORMAT}"] for name in FORMATS},
+    "validate": [f"{FORMAT}.(string) -> optional_type(list(string))"],
     # strings extension
     "charAt": ["string.(int) -> string"],
     "indexOf": ["string.(string) -> int", "string.(string, int) -> int", "list(A).(A) -> int"],

@@ -23,11 +23,28 @@ from collections.abc import Mapping
 from typing import Any
 
 from dra_driver.cel.errors import EvalError, NoSuchOverload
-from dra_driver.cel.types import Uint, type_name
+from dra_driver.cel.types import Duration, Timestamp, Uint, type_name
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 UINT64_MAX = 2**64 - 1
+
+
+def string_arg(name: str, value: Any) -> str:
+    """``value`` when it is a string, else the call's "no such overload"."""
+    if type(value) is not str:
+        raise NoSuchOverload(name, value)
+    return value
+
+
+def succeeds(parse: Any, text: str) -> bool:
+    """Whether ``parse(text)`` returns rather than raising an :class:`EvalError`
+    (``isIP``, ``isCIDR``, ``isURL``)."""
+    try:
+        parse(text)
+    except EvalError:
+        return False
+    return True
 
 
 def check_int(value: int) -> int:
@@ -76,7 +93,9 @@ def cel_eq(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-_OPAQUE = frozenset(("kubernetes.Quantity", "kubernetes.Semver"))
+_OPAQUE = frozenset(
+    ("kubernetes.Quantity", "kubernetes.Semver", "net.IP", "net.CIDR", "kubernetes.URL")
+)
 
 
 _MISSING = object()
@@ -102,10 +121,14 @@ def is_missing(value: object) -> bool:
     return value is _MISSING
 
 
+#: Types ordered with themselves only; durations and timestamps order by their instant.
+_ORDERED: frozenset[type] = frozenset((str, int, bytes, bool, Uint, Duration, Timestamp))
+
+
 def cel_compare(op: str, a: Any, b: Any) -> int:
     """-1, 0 or 1 for ordered types; numbers compare across int/uint/double."""
     ta = type(a)
-    if ta is type(b) and ta in (str, int, bytes, bool, Uint):
+    if ta is type(b) and ta in _ORDERED:
         return int(a > b) - int(a < b)
     if _is_number(a) and _is_number(b):
         if a != a or b != b:

@@ -33,8 +33,40 @@ TYPES = [
     "quantity",
     "semver",
     "dyn",
+    "duration",
+    "timestamp",
+    "ip",
+    "cidr",
+    "url",
 ]
 INT64 = 2**63
+DURATIONS = ["0", "1s", "1h30m", "-1.5s", "300ms", "1us", "2562047h", "1.s", ".5h", "1d", "",
+             "9223372036854775807ns", "1h1h", "-0", "90m"]  # fmt: skip
+TIMESTAMPS = [
+    "2024-01-01T00:00:00Z",
+    "1970-01-01T00:00:00.5+01:00",
+    "9999-12-31T23:59:59Z",
+    "0001-01-01T00:00:00Z",
+    "2024-02-29T12:00:00-08:00",
+    "2023-02-29T00:00:00Z",
+    "2024-01-01t00:00:00z",
+    "2024-01-01T00:00:00,123456789123Z",
+    "2024-01-01T00:00:00+24:00",
+]
+IPS = ["10.0.0.1", "::1", "fe80::1", "192.168.0.256", "01.2.3.4", "::ffff:1.2.3.4", "2001:DB8::1",
+       "224.0.0.1", "ff02::1", "0.0.0.0", "169.254.1.1", "fe80::1%eth0", "", "1.2.3",
+       "255.255.255.255", "::"]  # fmt: skip
+CIDRS = ["10.0.0.0/8", "10.1.2.3/8", "::/0", "2001:db8::/32", "1.2.3.4/33", "1.2.3.4/08",
+         "1.2.3.4", "::ffff:1.2.3.0/120", "0.0.0.0/0", "fe80::%eth0/64", "10.1.0.0/16"]  # fmt: skip
+URLS = ["https://example.com/a?b=c&b=d", "http://[::1]:8080/x", "/rel/path", "mailto:a@b",
+        "example.com", "http://a b/", "http://a:80x/", "HTTP://Host/%41?q=%zz", "", "*",
+        "http://u:p@h/p#f", "ftp://h/p%2Fq", "http://[zz]/", "http://h/a b?x=1;y=2"]  # fmt: skip
+FORMATS = ["dns1123Label", "dns1123Subdomain", "dns1035Label", "qualifiedName",
+           "dns1123LabelPrefix", "dns1123SubdomainPrefix", "dns1035LabelPrefix", "labelValue",
+           "uri", "uuid", "byte", "date", "datetime"]  # fmt: skip
+ZONES = ["UTC", "+05:30", "-02:00", "America/New_York", "Europe/Berlin", "x:y", "Nowhere/X", ""]
+TEXTS = [*IPS, *CIDRS, *URLS, *TIMESTAMPS, "my-name", "My_Name", "a.b", "example.com/x",
+         "6a1f3c2e-0000-1111-2222-333344445555", "aGVsbG8=", "2024-02-29", "abc-"]  # fmt: skip
 QUANTITIES = [
     "0",
     "1",
@@ -139,6 +171,15 @@ def _literal(draw: Draw, kind: str) -> str:
         return f'quantity("{draw(st.sampled_from(QUANTITIES))}")'
     if kind == "semver":
         return f'semver("{draw(st.sampled_from(VERSIONS))}")'
+    if kind == "duration":
+        return f"duration({_string_literal(draw(st.sampled_from(DURATIONS)))})"
+    if kind == "timestamp":
+        if draw(st.booleans()):
+            return f"timestamp({draw(st.sampled_from([0, 1, -1, 1704067200, 253402300799]))})"
+        return f"timestamp({_string_literal(draw(st.sampled_from(TIMESTAMPS)))})"
+    if kind in ("ip", "cidr", "url"):
+        values = {"ip": IPS, "cidr": CIDRS, "url": URLS}[kind]
+        return f"{kind}({_string_literal(draw(st.sampled_from(values)))})"
     return (
         "null"
         if draw(st.booleans())
@@ -301,6 +342,74 @@ def _list_fns(draw: Draw, d: int) -> str:
     return f"{expr(draw, 'list', d)}.filter(x, x == {expr(draw, 'int', d)})"
 
 
+def _text(draw: Draw, d: int) -> str:
+    # Strings the network, URL and format functions have something to say about.
+    if draw(st.booleans()):
+        return _string_literal(draw(st.sampled_from(TEXTS)))
+    return expr(draw, "string", d)
+
+
+def _time_compare(draw: Draw, d: int) -> str:
+    kind = draw(st.sampled_from(["duration", "timestamp"]))
+    op = draw(st.sampled_from(["==", "!=", "<", "<=", ">", ">="]))
+    return f"{expr(draw, kind, d)} {op} {expr(draw, kind, d)}"
+
+
+def _network_pred(draw: Draw, d: int) -> str:
+    choice = draw(st.integers(0, 3))
+    if choice == 0:
+        test = draw(
+            st.sampled_from(
+                ["isUnspecified", "isLoopback", "isLinkLocalMulticast", "isLinkLocalUnicast",
+                 "isGlobalUnicast"]
+            )
+        )  # fmt: skip
+        return f"{expr(draw, 'ip', d)}.{test}()"
+    if choice == 1:
+        other = expr(draw, "ip", d) if draw(st.booleans()) else _text(draw, d)
+        return f"{expr(draw, 'cidr', d)}.containsIP({other})"
+    if choice == 2:
+        other = expr(draw, "cidr", d) if draw(st.booleans()) else _text(draw, d)
+        return f"{expr(draw, 'cidr', d)}.containsCIDR({other})"
+    fn = draw(st.sampled_from(["isIP", "isCIDR", "isURL", "ip.isCanonical"]))
+    return f"{fn}({_text(draw, d)})"
+
+
+def _format_pred(draw: Draw, d: int) -> str:
+    if draw(st.integers(0, 3)) == 0:
+        return f"format.named({_string_literal(draw(st.sampled_from([*FORMATS, 'x'])))}).hasValue()"
+    return f"format.{draw(st.sampled_from(FORMATS))}().validate({_text(draw, d)}).hasValue()"
+
+
+def _time_int(draw: Draw, d: int) -> str:
+    if draw(st.booleans()):
+        getter = draw(st.sampled_from(["getHours", "getMinutes", "getSeconds", "getMilliseconds"]))
+        return f"{expr(draw, 'duration', d)}.{getter}()"
+    getter = draw(
+        st.sampled_from(
+            ["getFullYear", "getMonth", "getDate", "getDayOfMonth", "getDayOfWeek",
+             "getDayOfYear", "getHours", "getMinutes", "getSeconds", "getMilliseconds"]
+        )
+    )  # fmt: skip
+    zone = _string_literal(draw(st.sampled_from(ZONES))) if draw(st.booleans()) else ""
+    return f"{expr(draw, 'timestamp', d)}.{getter}({zone})"
+
+
+def _library_string(draw: Draw, d: int) -> str:
+    choice = draw(st.integers(0, 2))
+    if choice == 0:
+        kind = draw(st.sampled_from(["duration", "timestamp", "ip", "cidr"]))
+        return f"string({expr(draw, kind, d)})"
+    if choice == 1:
+        part = draw(
+            st.sampled_from(["getScheme", "getHost", "getHostname", "getPort", "getEscapedPath"])
+        )
+        return f"{expr(draw, 'url', d)}.{part}()"
+    verb = draw(st.sampled_from(["%s", "%e", "%f", "%d", "%.2f"]))
+    kind = draw(st.sampled_from(["double", "duration", "timestamp", "string", "list", "int"]))
+    return f"{_string_literal(verb)}.format([{expr(draw, kind, d)}])"
+
+
 def _ternary(kind: str) -> Callable[[Draw, int], str]:
     return lambda draw, d: (
         f"({expr(draw, 'bool', d)} ? {expr(draw, kind, d)} : {expr(draw, kind, d)})"
@@ -327,11 +436,33 @@ _COMPOSITES: dict[str, list[Callable[[Draw, int], str]]] = {
         _not,
         _optional,
         _ternary("bool"),
+        _time_compare,
+        _network_pred,
+        _format_pred,
     ],
-    "int": [_arith("int"), _int_fns, _int_fns, _ternary("int")],
+    "int": [_arith("int"), _int_fns, _int_fns, _ternary("int"), _time_int],
     "uint": [_arith("uint")],
     "double": [_arith("double")],
-    "string": [_string_fns, _string_fns, _ternary("string")],
+    "string": [_string_fns, _string_fns, _ternary("string"), _library_string],
+    "duration": [
+        lambda draw, d: f"({expr(draw, 'duration', d)} + {expr(draw, 'duration', d)})",
+        lambda draw, d: f"({expr(draw, 'timestamp', d)} - {expr(draw, 'timestamp', d)})",
+        lambda draw, d: f"duration({_text(draw, d)})",
+    ],
+    "timestamp": [
+        lambda draw, d: f"({expr(draw, 'timestamp', d)} + {expr(draw, 'duration', d)})",
+        lambda draw, d: f"({expr(draw, 'timestamp', d)} - {expr(draw, 'duration', d)})",
+        lambda draw, d: f"timestamp({expr(draw, 'int', d)})",
+    ],
+    "ip": [
+        lambda draw, d: f"{expr(draw, 'cidr', d)}.ip()",
+        lambda draw, d: f"ip({_text(draw, d)})",
+    ],
+    "cidr": [
+        lambda draw, d: f"{expr(draw, 'cidr', d)}.masked()",
+        lambda draw, d: f"cidr({_text(draw, d)})",
+    ],
+    "url": [lambda draw, d: f"url({_text(draw, d)})"],
     "list": [_list_fns],
     "quantity": [
         lambda draw, d: (
