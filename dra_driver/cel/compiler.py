@@ -438,7 +438,7 @@ class Compiler:
             self.fail(type_tree, f"undeclared reference to '{name}' (in container '')")
         inits = tree.children[1] if len(tree.children) > 1 else None
         items = inits.children if isinstance(inits, Tree) else []
-        fields: list[tuple[str, Eval]] = []
+        fields: list[tuple[str, str, Eval]] = []
         for field_token, value_tree in zip(items[::2], items[1::2], strict=True):
             assert isinstance(field_token, Token) and isinstance(value_tree, Tree)
             field = str(field_token)
@@ -452,9 +452,12 @@ class Compiler:
                     f"expected type of field '{field}' is '{expected}' but provided type is "
                     f"'{checker.describe_call(None, [value.type])[1:-1]}'",
                 )
-            fields.append((field, value.fn))
-        build = message.build
-        return Node(lambda s: build({f: fn(s) for f, fn in fields}), message.result)
+            fields.append((field, expected, value.fn))
+        build, full = message.build, name.lstrip(".")
+        return Node(
+            lambda s: build({f: messages.field_value(full, f, t, fn(s)) for f, t, fn in fields}),
+            message.result,
+        )
 
     def _member_dot_arg(self, tree: Ast) -> Node:
         target_tree, name_token = tree.children[:2]

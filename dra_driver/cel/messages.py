@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dra_driver.cel.errors import EvalError
-from dra_driver.cel.types import NANOS, Duration, Timestamp, Uint
+from dra_driver.cel.types import NANOS, Duration, Timestamp, Uint, type_name
 from dra_driver.cel.values import INT64_MAX, INT64_MIN
 
 Fields = dict[str, Any]
@@ -91,6 +91,19 @@ def _value(fields: Fields) -> Any:
 
 
 _INT32 = (-(2**31), 2**31 - 1)
+
+
+def field_value(message: str, field: str, expected: str, value: Any) -> Any:
+    """``value`` when it fits the field's type (checked at runtime for dyn values), else the
+    scheduler's "field type conversion error"."""
+    want = expected.split("(", 1)[0]
+    if want == "dyn" or type_name(value) == want:
+        return value
+    raise EvalError(
+        f"field type conversion error for {message}.{field} value type: "
+        f"unsupported conversion from {type_name(value)!r} to {want!r}"
+    )
+
 
 # -- google.protobuf.Any: the packed message in protobuf's wire format -------------------------
 

@@ -410,6 +410,33 @@ def _library_string(draw: Draw, d: int) -> str:
     return f"{_string_literal(verb)}.format([{expr(draw, kind, d)}])"
 
 
+_MESSAGES = {
+    "Int64Value": "value",
+    "Int32Value": "value",
+    "UInt32Value": "value",
+    "DoubleValue": "value",
+    "FloatValue": "value",
+    "StringValue": "value",
+    "BoolValue": "value",
+    "BytesValue": "value",
+    "Duration": "seconds",
+    "Timestamp": "nanos",
+    "Struct": "fields",
+    "ListValue": "values",
+    "Value": "number_value",
+    "Any": "type_url",
+}
+
+
+def _message(draw: Draw, d: int) -> str:
+    # A well-known message whose field gets a value of any type (often the wrong one).
+    name = draw(st.sampled_from(sorted(_MESSAGES)))
+    value = expr(draw, draw(st.sampled_from(TYPES)), d)
+    if draw(st.booleans()):
+        value = f"dyn({value})"
+    return f"google.protobuf.{name}{{{_MESSAGES[name]}: {value}}}"
+
+
 def _ternary(kind: str) -> Callable[[Draw, int], str]:
     return lambda draw, d: (
         f"({expr(draw, 'bool', d)} ? {expr(draw, kind, d)} : {expr(draw, kind, d)})"
@@ -470,7 +497,7 @@ _COMPOSITES: dict[str, list[Callable[[Draw, int], str]]] = {
         )
     ],
     "semver": [lambda draw, d: f"semver({expr(draw, 'string', d)})"],
-    "dyn": [lambda draw, d: f"{A}[{_string_literal(draw(st.sampled_from(NAMES)))}]"],
+    "dyn": [lambda draw, d: f"{A}[{_string_literal(draw(st.sampled_from(NAMES)))}]", _message],
 }
 
 
