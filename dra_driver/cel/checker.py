@@ -15,6 +15,8 @@ from functools import lru_cache
 
 DYN = "dyn"
 FREE = "_"
+#: Unpacks to any value: checked like dyn, except that a selector may not evaluate to it.
+ANY = "google.protobuf.Any"
 #: Object types, which null is assignable to (the call then fails at runtime).
 NULLABLE = frozenset(
     (
@@ -99,7 +101,7 @@ def unify(param: str, arg: str, bound: dict[str, str]) -> bool:
             return unify(bound[param], arg, bound)
         bound[param] = arg
         return True
-    if param in (DYN, FREE) or arg in (DYN, FREE):
+    if param in (DYN, FREE, ANY) or arg in (DYN, FREE, ANY):
         return True
     if arg.startswith("wrapper(") or param.startswith("wrapper("):
         # A protobuf wrapper is its value type, or null.

@@ -200,7 +200,7 @@ class Compiler:
 
     def expect_bool(self, where: Ast | Token, node: Node) -> None:
         """Operands of ``&&``, ``||`` and macro predicates must be bool (or dyn)."""
-        if node.type not in ("bool", "dyn", "wrapper(bool)"):
+        if node.type not in ("bool", "dyn", "wrapper(bool)", checker.ANY):
             self.fail(where, f"expected type 'bool' but found '{node.type}'")
 
     def source(self, tree: Ast) -> str:

@@ -72,14 +72,25 @@ def _json(value: Any) -> Any:
     return value
 
 
+def _nanos(name: str, fields: Fields) -> int:
+    # The nanos field is an int32.
+    nanos: int = fields.get("nanos", 0)
+    if not _INT32[0] <= nanos <= _INT32[1]:
+        raise EvalError(
+            f"field type conversion error for google.protobuf.{name}.nanos value type: "
+            "integer overflow"
+        )
+    return nanos
+
+
 def _duration(fields: Fields) -> Duration:
     # Saturates at the int64 nanosecond range, as Go's durationpb.AsDuration does.
-    nanos = fields.get("seconds", 0) * NANOS + fields.get("nanos", 0)
+    nanos = fields.get("seconds", 0) * NANOS + _nanos("Duration", fields)
     return Duration(min(max(nanos, INT64_MIN), INT64_MAX))
 
 
 def _timestamp(fields: Fields) -> Timestamp:
-    return Timestamp(fields.get("seconds", 0) * NANOS + fields.get("nanos", 0))
+    return Timestamp(fields.get("seconds", 0) * NANOS + _nanos("Timestamp", fields))
 
 
 def _value(fields: Fields) -> Any:
@@ -229,7 +240,9 @@ MESSAGES: dict[str, Message] = {
     ),
 }
 
-MESSAGES["google.protobuf.Any"] = Message({"type_url": "string", "value": "bytes"}, "dyn", _unpack)
+MESSAGES["google.protobuf.Any"] = Message(
+    {"type_url": "string", "value": "bytes"}, "google.protobuf.Any", _unpack
+)
 
 #: Enum constants, which are ints: ``google.protobuf.NullValue.NULL_VALUE``.
 CONSTANTS: dict[str, int] = {"google.protobuf.NullValue.NULL_VALUE": 0}

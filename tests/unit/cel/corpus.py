@@ -1335,6 +1335,18 @@ def _messages() -> list[str]:
         "google.protobuf.ListValue{values: dyn([1])}[0] == 1",
         "google.protobuf.BoolValue{value: dyn(null)} == false",
         "google.protobuf.Value{struct_value: {'a': null}}.a == null",
+        "google.protobuf.Value{bool_value: true}",
+        "google.protobuf.Any{type_url: 'type.googleapis.com/google.protobuf.BoolValue', value: b'\\x08\\x01'}",
+        "google.protobuf.Any{} && true",
+        "google.protobuf.Value{bool_value: true} && true",
+        "google.protobuf.BoolValue{value: true} || false",
+        "google.protobuf.Value{} + 1 == 1",
+        "google.protobuf.Any{} + 1 == 1",
+        "google.protobuf.Any{type_url: dyn(1.5 <= 1.0)}",
+        "type(google.protobuf.Any{type_url: 'type.googleapis.com/google.protobuf.BoolValue', value: b'\\x08\\x01'}) == bool",
+        "google.protobuf.Timestamp{nanos: 3000000000} == timestamp(1)",
+        "google.protobuf.Duration{nanos: -3000000000} == duration('1s')",
+        "google.protobuf.Duration{nanos: 2147483647} > duration('1s')",
     ]
 
 
