@@ -33,7 +33,7 @@ from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.mig.backend import MigBackend
 from dra_driver.gpu.mig.factory import make_mig_backend
 from dra_driver.gpu.publish.profiles import published_inventory
-from dra_driver.gpu.publish.publisher import MigPublishing
+from dra_driver.gpu.publish.publisher import CONSUMABLE, NodePublishing
 from dra_driver.gpu.sharing.factory import make_sharing_backend
 from dra_driver.gpu.sharing.shared_gpus import parse_selection, shared_uuids
 from dra_driver.gpu.state.checkpoint import read_boot_id
@@ -158,7 +158,7 @@ class NodeAgent:
         shared = shared_uuids(inventory, parse_selection(settings.shared_gpus))
         if shared:
             log.info("sharing GPUs by memory", gpus=sorted(shared))
-        self.mig_publishing = MigPublishing(mig, inventory, shared)
+        self.publishing = NodePublishing(mig, inventory, shared)
         self.slices = SliceController(
             client,
             driver=self.driver,
@@ -192,15 +192,30 @@ class NodeAgent:
 
     async def publish(self) -> None:
         """Hand the publisher the pool as it should be now (health taints included)."""
-        pool = self.mig_publishing.pool(self.node, self.driver, self.health.taints())
+        pool = self.publishing.pool(self.node, self.driver, self.health.taints())
         metrics.PUBLISHED_DEVICES.set(sum(len(s.devices) for s in pool.slices))
         metrics.PUBLISHED_SLICES.set(len(pool.slices))
         await self.slices.set_pool(pool)
 
     async def _on_dropped(self, gates: frozenset[str]) -> None:
-        """The API server drops fields: give up dynamic MIG if that is what it drops."""
-        if await self.mig_publishing.on_dropped(gates):
-            self._spawn(self.publish())
+        """The API server drops fields: give up what needs them, republish, tell the Node."""
+        given_up = await self.publishing.on_dropped(gates)
+        if not given_up:
+            return
+        if CONSUMABLE in given_up:
+            # Allocations of the formerly shared GPUs are whole GPUs now, without a share.
+            await asyncio.to_thread(self.state.stop_sharing_by_memory)
+        self._spawn(self.publish())
+        for gate, consequence in given_up.items():
+            self._spawn(
+                post_event(
+                    self.client,
+                    kind="Node",
+                    name=self.node,
+                    reason="DRAFeatureUnavailable",
+                    message=f"{self.driver}: the API server does not support {gate}; {consequence}",
+                )
+            )
 
     def on_health_event(self, event: HealthEvent) -> None:
         """Taint or untaint devices and tell the kubelet; called on the event loop."""

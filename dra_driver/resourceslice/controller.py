@@ -414,7 +414,7 @@ class SliceController:
         if not dropped:
             return
         self._dropped |= set(dropped)
-        log_dropped(self._log, dropped)
+        log_dropped(self._log, dropped, handled=self._on_dropped is not None)
         if self._on_dropped is not None:
             outcome = self._on_dropped(frozenset(feature_gate_for(p) for p in dropped))
             if inspect.isawaitable(outcome):

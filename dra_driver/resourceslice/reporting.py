@@ -15,10 +15,12 @@ def describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
-def log_dropped(log: Any, dropped: Mapping[str, str]) -> None:
-    """Warn about newly dropped fields (path -> first slice), one line per feature gate."""
+def log_dropped(log: Any, dropped: Mapping[str, str], *, handled: bool = False) -> None:
+    """Report newly dropped fields (path -> first slice), one line per feature gate: a
+    warning, or at debug level when the driver ``handled`` them with a line of its own."""
+    level = log.debug if handled else log.warning
     for gate, paths in describe_dropped(dropped).items():
-        log.warning(
+        level(
             "the API server dropped fields from the slices; the feature gate is probably "
             "disabled, publishing without these fields",
             feature_gate=gate,

@@ -68,29 +68,41 @@ class Catalog:
         node_name: str,
         driver: str = DEFAULT_DRIVER_NAME,
         taints: Mapping[str, Sequence[JSON]] | None = None,
+        *,
+        withdraw_tainted: bool = False,
     ) -> DesiredPool:
         """The pool to publish: pool name = node name, slices packed by API limits.
 
         ``taints`` (device name -> device taints) marks unhealthy devices. A placement
         without taints of its own carries those of its whole GPU: they share its health.
+        ``withdraw_tainted``: leave the devices that would carry taints out instead, for an
+        API server without device taints (nothing else keeps the scheduler off them).
         """
         taints = taints or {}
 
-        def tainted(name: str, inherit: bool) -> JSON:
-            device = self._device(name)
+        def own_taints(name: str, inherit: bool) -> list[JSON]:
             own = list(taints.get(name, ()))
             if not own and inherit:
                 own = list(taints.get(gpu_device_name(self.entries[name].gpu), ()))
-            return {**device, "taints": own} if own else device
+            return own
+
+        def tainted(names: Sequence[str], inherit: bool) -> list[JSON]:
+            out = []
+            for name in names:
+                device, own = self._device(name), own_taints(name, inherit)
+                if own and withdraw_tainted:
+                    continue
+                out.append({**device, "taints": own} if own else device)
+            return out
 
         return DesiredPool(
             driver=driver,
             pool_name=node_name,
             node_name=node_name,
             slices=contents_for(
-                [tainted(n, False) for n in self.plain],
+                tainted(self.plain, False),
                 self.counter_sets,
-                [[tainted(n, True) for n in group] for group in self.groups],
+                [tainted(group, True) for group in self.groups],
             ),
         )
 

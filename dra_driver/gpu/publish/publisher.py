@@ -1,10 +1,13 @@
-"""Which pool a node publishes: static devices, dynamic MIG placements, or the fallback.
+"""Which pool a node publishes: static devices, dynamic MIG placements, or a fallback.
 
-Dynamic MIG needs the API server's DRAPartitionableDevices feature. Where it is off the
-server silently drops ``sharedCounters`` and ``consumesCounters``; the slices would then offer
-overlapping placements with nothing to stop the scheduler from handing out both. So when the
-publisher reports those fields dropped, the node says so once, loudly, and publishes what a
-node without dynamic MIG would: whole GPUs and the MIG devices that exist.
+Some of what the node publishes needs an optional feature of the API server: dynamic MIG
+needs DRAPartitionableDevices (``sharedCounters``, ``consumesCounters``), GPUs shared by memory
+need DRAConsumableCapacity (``allowMultipleAllocations``, a capacity's ``requestPolicy``) and
+health taints need DRADeviceTaints. Where a feature is off, or the server predates it, the
+server accepts the slices but silently drops those fields, which the slice publisher notices.
+The node then gives the feature up, says so once, and publishes what works without it
+(:data:`WITHOUT`): never overlapping placements with nothing to stop the scheduler from
+handing out both, never an unhealthy GPU offered as healthy.
 """
 
 from __future__ import annotations
@@ -22,7 +25,18 @@ from dra_driver.resourceslice.pool import DesiredPool
 
 log = structlog.get_logger(__name__)
 
-FEATURE_GATE = "DRAPartitionableDevices"
+PARTITIONABLE = "DRAPartitionableDevices"
+CONSUMABLE = "DRAConsumableCapacity"
+TAINTS = "DRADeviceTaints"
+
+#: What the node does without each optional feature it publishes with.
+WITHOUT: Mapping[str, str] = {
+    PARTITIONABLE: "no dynamic MIG: publishing whole GPUs and the MIG devices that exist",
+    CONSUMABLE: "no sharing by memory: the shared GPUs are published as whole GPUs",
+    TAINTS: "unhealthy GPUs are withdrawn from the slices instead of tainted",
+}
+#: For fields of another feature: the publisher stops sending them back and goes on.
+OTHER_FIELDS = "publishing without the dropped fields"
 
 
 def fallback_inventory(inventory: Inventory, backend: MigBackend) -> Inventory:
@@ -41,9 +55,8 @@ def fallback_inventory(inventory: Inventory, backend: MigBackend) -> Inventory:
     return live.model_copy(update={"gpus": gpus})
 
 
-class MigPublishing:
-    """Chooses the catalogue to publish and falls back when the cluster lacks partitionable
-    devices."""
+class NodePublishing:
+    """Chooses the catalogue to publish and falls back when the cluster lacks a feature."""
 
     def __init__(
         self,
@@ -57,11 +70,17 @@ class MigPublishing:
         self.shared = shared
         self.catalog = build_catalog(inventory, dynamic=backend is not None, shared=shared)
         self.fallback: Inventory | None = None  # set once dynamic MIG had to be given up
+        self.given_up: set[str] = set()  # feature gates found off, each handled once
 
     @property
     def dynamic(self) -> bool:
         """Whether MIG placements with counters are being published."""
         return self.backend is not None and self.fallback is None
+
+    @property
+    def taints_supported(self) -> bool:
+        """Whether unhealthy devices are published with taints (else withdrawn)."""
+        return TAINTS not in self.given_up
 
     def pool(
         self,
@@ -70,19 +89,34 @@ class MigPublishing:
         taints: Mapping[str, Sequence[dict[str, Any]]] | None = None,
     ) -> DesiredPool:
         """The pool to publish now."""
-        return self.catalog.pool(node_name, driver, taints)
-
-    async def on_dropped(self, gates: Iterable[str]) -> bool:
-        """Handle the publisher's dropped-fields report; True if the pool must be republished."""
-        if not self.dynamic or FEATURE_GATE not in set(gates):
-            return False
-        assert self.backend is not None
-        log.error(
-            "dynamic MIG is not possible on this cluster: the API server drops sharedCounters "
-            "and consumesCounters (feature gate DRAPartitionableDevices is off); publishing "
-            "whole GPUs and existing MIG devices instead",
-            feature_gate=FEATURE_GATE,
+        return self.catalog.pool(
+            node_name, driver, taints, withdraw_tainted=not self.taints_supported
         )
-        self.fallback = await asyncio.to_thread(fallback_inventory, self._inventory, self.backend)
-        self.catalog = build_catalog(self.fallback, shared=self.shared)
-        return True
+
+    async def on_dropped(self, gates: Iterable[str]) -> dict[str, str]:
+        """Handle the publisher's dropped-fields report: give up each newly missing feature.
+
+        Returns feature gate -> what the node does without it, for the gates not handled
+        before (empty: nothing changed, no need to republish). Logs one line per gate.
+        """
+        new = sorted(set(gates) - self.given_up)
+        if not new:
+            return {}
+        self.given_up.update(new)
+        if PARTITIONABLE in new and self.backend is not None:
+            self.fallback = await asyncio.to_thread(
+                fallback_inventory, self._inventory, self.backend
+            )
+        if CONSUMABLE in new:
+            self.shared = frozenset()
+        if PARTITIONABLE in new or CONSUMABLE in new:
+            self.catalog = build_catalog(
+                self.fallback or self._inventory, dynamic=self.dynamic, shared=self.shared
+            )
+        out = {gate: WITHOUT.get(gate, OTHER_FIELDS) for gate in new}
+        for gate, consequence in out.items():
+            log.warning(
+                f"the API server does not support {gate}; {consequence}",
+                feature_gate=gate,
+            )
+        return out

@@ -110,6 +110,8 @@ class DeviceState:
         self._mig_minors = mig_minors
         self._device_nodes = device_nodes
         self._lock = threading.Lock()
+        self._inventory = inventory
+        self._dynamic = mig is not None
         self._catalog = build_catalog(inventory, dynamic=mig is not None, shared=shared_gpus)
         self._sharing = SharingManager(sharing, state_dir / "mps")
         self._carver = Carver(mig, {g.uuid: g for g in inventory.gpus})
@@ -128,6 +130,13 @@ class DeviceState:
         self._data = start.data
         #: The corruption start-up found, and what it kept for want of proof it is unused.
         self.corrupt, self.kept = start.corrupt, start.kept
+
+    def stop_sharing_by_memory(self) -> None:
+        """Treat every GPU as a whole GPU from now on: the API server lacks consumable
+        capacity, so the scheduler allocates the formerly shared GPUs whole, without shares.
+        Shares prepared before stay recorded and are unprepared from their records."""
+        with self._lock:
+            self._catalog = build_catalog(self._inventory, dynamic=self._dynamic)
 
     # --- paths ----------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from dra_driver.gpu.discovery.simulated import build_inventory, load_profile
 from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.mig.backend import MigError
 from dra_driver.gpu.mig.simulated import SIMULATED_STATE_FILE, SimulatedMig
-from dra_driver.gpu.publish.publisher import MigPublishing
+from dra_driver.gpu.publish.publisher import NodePublishing
 from dra_driver.gpu.state.checkpoint import ClaimState, stored_claims
 from dra_driver.gpu.state.device_state import ClaimError, DeviceState
 from dra_driver.gpu.state.evidence import Evidence
@@ -287,11 +287,15 @@ async def test_dropped_counters_fall_back_to_static_devices(tmp_path: Path) -> N
     backend = _backend(tmp_path)
     gpu = inventory.gpus[0]
     backend.set_mig_mode(gpu, True)  # left in MIG mode without instances
-    publishing = MigPublishing(backend, inventory)
+    publishing = NodePublishing(backend, inventory)
     dynamic = publishing.pool(NODE, DRIVER)
     assert dynamic.slices[0].shared_counters
-    assert not await publishing.on_dropped(frozenset({"DRADeviceTaints"}))
-    assert await publishing.on_dropped(frozenset({"DRAPartitionableDevices"}))
+    # Without device taints the placements stay: only health publishing changes.
+    assert list(await publishing.on_dropped(frozenset({"DRADeviceTaints"}))) == ["DRADeviceTaints"]
+    assert publishing.pool(NODE, DRIVER).slices[0].shared_counters
+    assert list(await publishing.on_dropped(frozenset({"DRAPartitionableDevices"}))) == [
+        "DRAPartitionableDevices"
+    ]
     static = publishing.pool(NODE, DRIVER)
     devices = [d for s in static.slices for d in s.devices]
     assert [d["name"] for d in devices] == ["gpu-0"]

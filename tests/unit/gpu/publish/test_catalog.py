@@ -54,7 +54,7 @@ def test_slices_command_prints_what_the_agent_publishes(
     inventory = SimulatedDiscovery(profile, NODE).discover()
     mig = build_mig(settings, inventory)
     agent = NodeAgent(settings, inventory, build_state(settings, inventory, mig), None, mig)
-    published = render_pool(agent.mig_publishing.pool(NODE, DRIVER, agent.health.taints()))
+    published = render_pool(agent.publishing.pool(NODE, DRIVER, agent.health.taints()))
 
     assert printed == published
     # Counters for every MIG-capable GPU that is not shared ("all" shares those not in MIG mode).
@@ -97,3 +97,21 @@ def test_dynamic_catalogue_still_knows_existing_mig_devices() -> None:
         entry = dynamic.get(name)
         assert entry is not None
         assert (entry.device is None) == (name not in published)
+
+
+async def test_without_device_taints_unhealthy_devices_are_withdrawn() -> None:
+    from dra_driver.gpu.publish.publisher import NodePublishing
+
+    inventory = SimulatedDiscovery("dgx-h100", NODE).discover()
+    publishing = NodePublishing(None, inventory)
+    taint = {"key": f"{DRIVER}/xid", "value": "79", "effect": "NoSchedule"}
+
+    def devices() -> dict[str, dict[str, object]]:
+        pool = render_pool(publishing.pool(NODE, DRIVER, {"gpu-1": [taint]}))
+        return {d["name"]: d for s in pool for d in s["spec"].get("devices") or []}
+
+    assert devices()["gpu-1"]["taints"] == [taint]
+    assert list(await publishing.on_dropped(frozenset({"DRADeviceTaints"}))) == ["DRADeviceTaints"]
+    assert not publishing.taints_supported
+    assert "gpu-1" not in devices() and "gpu-0" in devices()
+    assert not any("taints" in d for d in devices().values())

@@ -10,7 +10,7 @@ import pytest
 
 from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
 from dra_driver.gpu.publish.catalog import build_catalog
-from dra_driver.gpu.publish.publisher import MigPublishing
+from dra_driver.gpu.publish.publisher import NodePublishing
 from dra_driver.gpu.sharing.shared_gpus import (
     Selection,
     SelectionError,
@@ -93,7 +93,7 @@ def test_dynamic_mig_publishes_no_placements_of_a_shared_gpu(tmp_path: Path) -> 
     inventory = SimulatedDiscovery("dgx-h100", NODE).discover()
     first = inventory.gpus[0]
     backend = SimulatedMig(tmp_path / "mig.json", inventory)
-    publishing = MigPublishing(backend, inventory, frozenset({first.uuid}))
+    publishing = NodePublishing(backend, inventory, frozenset({first.uuid}))
     slices = render_pool(publishing.pool(NODE, DRIVER))
     assert check_pool(slices) == []
     devices = _devices(slices)
@@ -226,3 +226,32 @@ def test_exclusive_claim_and_shares_exclude_each_other(tmp_path: Path) -> None:
     claim = ClaimToPrepare(ref=claim.ref, claim={}, results=claim.results, config=(cfg,))
     out = state.prepare([claim])
     assert isinstance(out["t"], Exception) and "remove the TimeSlicing config" in str(out["t"])
+
+
+async def test_without_consumable_capacity_shared_gpus_are_published_and_prepared_whole(
+    tmp_path: Path,
+) -> None:
+    sim = SimulatedSharing(tmp_path / "sim.json")
+    state, uuid = _state(tmp_path, sim)
+    inventory = SimulatedDiscovery("dgx-h100", NODE).discover()
+    publishing = NodePublishing(None, inventory, frozenset({uuid}))
+    assert _devices(render_pool(publishing.pool(NODE, DRIVER)))["gpu-0"]["allowMultipleAllocations"]
+
+    given_up = await publishing.on_dropped(frozenset({"DRAConsumableCapacity"}))
+    assert list(given_up) == ["DRAConsumableCapacity"] and "whole GPUs" in given_up["DRAConsumableCapacity"]
+    devices = _devices(render_pool(publishing.pool(NODE, DRIVER)))
+    assert not any(d.get("allowMultipleAllocations") for d in devices.values())
+    assert not any("requestPolicy" in c for d in devices.values() for c in d.get("capacity", {}).values())
+    assert await publishing.on_dropped(frozenset({"DRAConsumableCapacity"})) == {}  # once
+
+    # The scheduler now allocates the GPU whole, without a share: prepare takes it as such.
+    whole = ClaimToPrepare(
+        ref=ClaimRef("ns", "claim-x", "x"),
+        claim={},
+        results=({"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-0"},),
+        config=(),
+    )
+    assert isinstance(state.prepare([whole])["x"], Exception)
+    state.stop_sharing_by_memory()
+    out = state.prepare([whole])["x"]
+    assert isinstance(out, list) and out[0].cdi_device_ids == ("k8s.gpu.dra.dev/claim=x-gpu-0",)
