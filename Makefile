@@ -6,14 +6,18 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test unit e2e lint demo proto clean fuzz-cel
+.PHONY: install test unit e2e e2e-core test-versions lint demo proto clean fuzz-cel
 .DEFAULT_GOAL := help
 
 help:
 	@echo "make install   venv + editable install with dev tools"
 	@echo "make demo      local control plane, two simulated GPU nodes, the driver, example pods"
-	@echo "make test      lint + unit + end-to-end tests + the real-node tier (root; builds on first use)"
+	@echo "make test      lint + unit + end-to-end tests + the real-node tier (root; builds on first use),"
+	@echo "               then the core end-to-end tests on the oldest Kubernetes release listed"
 	@echo "make unit      unit tests only;  make e2e  end-to-end tests only"
+	@echo "               K8S=1.35 (a minor or a full version from testenv/versions) runs test or"
+	@echo "               e2e against that Kubernetes release instead of the newest"
+	@echo "make test-versions  the end-to-end tests against every release in testenv/versions"
 	@echo "make tools    helm, kustomize and hadolint for the manifest tests (built once)"
 	@echo "make cluster   start a local control plane;  make cluster-down  stop it"
 	@echo "make node-up   control plane + one real node (kubelet, containerd, runc) + the chart; root"
@@ -38,18 +42,36 @@ unit: install tools
 	$(BIN)/pytest -m "not e2e"
 
 e2e: install testenv
-	$(BIN)/pytest -m e2e
+	$(TESTENV_ENV) $(BIN)/pytest -m e2e
 
+# What must work on every release: the driver, its publisher, the examples, device health.
+E2E_CORE := tests/e2e/test_driver.py tests/e2e/test_publisher.py tests/e2e/test_examples.py \
+            tests/e2e/test_health.py
+
+e2e-core: install testenv
+	$(TESTENV_ENV) $(BIN)/pytest -m e2e $(E2E_CORE)
+
+# The whole suite against one release (K8S, default the newest); without K8S, as CI runs it,
+# then the core end-to-end tests against the oldest release too.
 test: install testenv celref tools lint
-	$(BIN)/pytest
+	$(TESTENV_ENV) DRA_CELREF_BIN=$(CELREF_BIN) $(BIN)/pytest
+ifeq ($(K8S),)
+	$(MAKE) --no-print-directory e2e-core K8S=$(K8S_OLDEST)
+endif
 	$(MAKE) --no-print-directory test-node
+
+# One release at a time: each build needs the whole machine (see testenv/README.md).
+test-versions: install
+	@failed=""; for v in $(TESTENV_VERSIONS); do \
+	  $(MAKE) --no-print-directory e2e K8S=$$v || failed="$$failed $$v"; done; \
+	  [ -z "$$failed" ] || { echo "end-to-end tests failed on:$$failed" >&2; exit 1; }
 
 # The generated half of tests/unit/cel/test_differential.py with a fresh seed and no bound.
 fuzz-cel: install celref
-	CEL_FUZZ=1 $(BIN)/pytest -m "not e2e" -x -q -p no:cacheprovider tests/unit/cel/test_differential.py -k generated
+	CEL_FUZZ=1 DRA_CELREF_BIN=$(CELREF_BIN) $(BIN)/pytest -m "not e2e" -x -q -p no:cacheprovider tests/unit/cel/test_differential.py -k generated
 
 demo: install testenv
-	$(BIN)/dra-driver demo
+	$(TESTENV_ENV) $(BIN)/dra-driver demo
 
 proto: install
 	hack/gen-proto.sh

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devenv.localcluster.features import gate_off_reason
 from devenv.localcluster.flags import (
     ADMIN_GROUPS,
     ADMIN_USER,
@@ -36,8 +37,33 @@ from devenv.localcluster.processes import (
     run_testenv,
     wait_for,
 )
+from devenv.localcluster.releases import minor_of
 
 PORT_ATTEMPTS = 3
+#: Which feature gates the control plane runs with: ``all`` DRA gates of the release (and what
+#: they need), or the release's ``default`` set, as a cluster that sets no gate runs.
+GATE_MODES = ("all", "default")
+GATES_ENV = "DRA_K8S_GATES"
+
+
+def gate_mode_from_env() -> str:
+    """``$DRA_K8S_GATES`` (``all`` or ``default``), ``all`` when unset."""
+    mode = os.environ.get(GATES_ENV, "") or "all"
+    if mode not in GATE_MODES:
+        raise ClusterError(f"{GATES_ENV}={mode!r}: want one of {', '.join(GATE_MODES)}")
+    return mode
+
+
+def parse_gate_list(text: str) -> dict[str, tuple[str, bool]]:
+    """``testenv feature-gates --list`` output -> gate -> (stage, default)."""
+    gates: dict[str, tuple[str, bool]] = {}
+    for line in text.splitlines():
+        parts = line.split("\t")
+        if len(parts) >= 3 and parts[2].startswith("default="):
+            gates[parts[0]] = (parts[1], parts[2] == "default=true")
+    return gates
+
+
 CONTROL_PLANE_STOP_ORDER = ("kube-controller-manager", "kube-scheduler", "kube-apiserver", "etcd")
 
 
@@ -64,6 +90,7 @@ class LocalCluster:
     apiserver_extra_args: tuple[str, ...] = ()
     scheduler_extra_args: tuple[str, ...] = ()
     controller_manager_extra_args: tuple[str, ...] = ()
+    gates: str = field(default_factory=gate_mode_from_env)
 
     token: str = field(default_factory=lambda: secrets.token_hex(16))
     ports: Ports | None = None
@@ -113,7 +140,7 @@ class LocalCluster:
     def _ask(self, query: str) -> str:
         """What the testenv binary reports about its release (asked once)."""
         if query not in self._answers:
-            self._answers[query] = run_testenv(self._binary(), query)
+            self._answers[query] = run_testenv(self._binary(), *query.split())
         return self._answers[query]
 
     @property
@@ -122,14 +149,48 @@ class LocalCluster:
         return self._ask("version")
 
     @property
+    def minor(self) -> int:
+        """The Kubernetes minor version, e.g. 34."""
+        return minor_of(self.version)
+
+    @property
     def feature_gates(self) -> str:
-        """The ``--feature-gates`` value enabling every DRA gate of the release."""
-        return self._ask("feature-gates")
+        """The ``--feature-gates`` value: every DRA gate of the release, or none (defaults)."""
+        return self._ask("feature-gates") if self.gates == "all" else ""
 
     @property
     def runtime_config(self) -> str:
-        """The ``--runtime-config`` value enabling the release's DRA API versions."""
-        return self._ask("runtime-config")
+        """The ``--runtime-config`` value enabling the release's DRA API versions (all gates
+        only: with the defaults, the API versions served by default)."""
+        return self._ask("runtime-config") if self.gates == "all" else ""
+
+    @property
+    def enabled_gates(self) -> frozenset[str]:
+        """The DRA feature gates (and those they need) that are on in this control plane."""
+        listed = parse_gate_list(self._ask("feature-gates --list"))
+        if self.gates == "all":
+            return frozenset(listed)
+        return frozenset(name for name, (_, default) in listed.items() if default)
+
+    def gate_stage(self, gate: str) -> str | None:
+        """The release's maturity of a DRA gate (ALPHA, BETA, GA), None if it has no such gate."""
+        found = parse_gate_list(self._ask("feature-gates --list")).get(gate)
+        return found[0] if found else None
+
+    def feature_off(self, gate: str) -> str | None:
+        """Why the DRA feature of ``gate`` is off in this control plane, None when it is on."""
+        return gate_off_reason(
+            gate,
+            version=self.version,
+            minor=self.minor,
+            listed=parse_gate_list(self._ask("feature-gates --list")),
+            enabled=self.enabled_gates,
+        )
+
+    @property
+    def known_controllers(self) -> frozenset[str]:
+        """The controllers this release's kube-controller-manager knows."""
+        return frozenset(self._ask("controllers").split())
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -286,7 +347,8 @@ class LocalCluster:
             cert_dir=self.base / "controller-manager-certs",
             pki_dir=self.pki_dir,
             feature_gates=self.feature_gates,
-            controllers=self.controllers,
+            # A controller newer than the release would stop kube-controller-manager.
+            controllers=tuple(c for c in self.controllers if c in self.known_controllers),
             verbosity=self.verbosity,
             extra=self.controller_manager_extra_args,
         )

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from devenv.localcluster.releases import release_cache, selected_release
 from dra_driver.errors import DriverError
 
 LOG_TAIL_LINES = 40
@@ -66,11 +67,13 @@ def repo_root() -> Path:
 
 
 def binary_path() -> Path:
-    """Where the testenv binary is: ``$DRA_TESTENV_BIN`` or ``.cache/testenv/bin/testenv``."""
+    """Where the testenv binary is: ``$DRA_TESTENV_BIN``, else the selected release's
+    ``.cache/testenv/<version>/bin/testenv`` (see :mod:`devenv.localcluster.releases`)."""
     env = os.environ.get("DRA_TESTENV_BIN")
     if env:
         return Path(env)
-    return repo_root() / ".cache" / "testenv" / "bin" / "testenv"
+    root = repo_root()
+    return release_cache(root, selected_release(root)) / "bin" / "testenv"
 
 
 def checked_binary(path: Path | None = None) -> Path:

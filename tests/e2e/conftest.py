@@ -6,7 +6,8 @@ own namespace and unique node names, and start ``kubelet-dra`` nodes as they nee
 
 Options: ``--keep-cluster`` (or ``DRA_KEEP_CLUSTER=1``) leaves the control plane running
 after the session and prints its kubeconfig. ``DRA_TESTENV_BIN`` points at a prebuilt
-testenv binary; otherwise it is built with ``make testenv`` (needs Go).
+testenv binary; otherwise it is built with ``make testenv`` (needs Go) for the release
+``DRA_K8S_VERSION`` names (default: the newest in ``testenv/versions``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from devenv.localcluster import (
     repo_root,
     save_state,
 )
+from devenv.localcluster.releases import release_cache, selected_release
 from dra_driver.kube import KubeClient
 
 E2E_MARK = "e2e"
@@ -85,13 +87,15 @@ def pytest_report_header(config: pytest.Config) -> str | None:
         out = subprocess.run([str(path), "version"], capture_output=True, text=True, timeout=30)
     except OSError:
         return None
-    return f"e2e control plane: Kubernetes {out.stdout.strip()} ({path})"
+    gates = os.environ.get("DRA_K8S_GATES") or "all"
+    return f"e2e control plane: Kubernetes {out.stdout.strip()}, feature gates: {gates} ({path})"
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     for c in _started:
         terminalreporter.write_sep("-", "e2e control plane")
-        terminalreporter.write_line(f"tests ran against Kubernetes {c.version} at {c.server}")
+        gates = "every DRA feature gate on" if c.gates == "all" else "default feature gates"
+        terminalreporter.write_line(f"tests ran against Kubernetes {c.version} ({gates}) at {c.server}")
         if c.keep:
             terminalreporter.write_line(f"kept running; logs in {c.logs_dir}")
             if save_state(c):
@@ -103,7 +107,7 @@ def _build_binary() -> None:
     if not _binary_needs_build():
         return
     root = repo_root()
-    log = root / ".cache" / "testenv" / "build.log"
+    log = release_cache(root, selected_release(root)) / "build.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     with log.open("w") as f:
@@ -116,6 +120,7 @@ def _build_binary() -> None:
                 "-f",
                 "testenv/testenv.mk",
                 "testenv",
+                f"K8S={selected_release(root)}",
             ],
             stdout=f,
             stderr=subprocess.STDOUT,

@@ -79,10 +79,15 @@ def _scheduling_message(kube_api: Any, namespace: str, name: str) -> str:
 
 
 @pytest.mark.parametrize("example", sorted(EXAMPLES))
-def test_example(example: str, demo_nodes: dict[str, GpuNode], kube_api: Any) -> None:
+def test_example(
+    example: str, cluster: LocalCluster, demo_nodes: dict[str, GpuNode], kube_api: Any
+) -> None:
     from kubernetes.dynamic import DynamicClient
 
     expect: Expect = EXAMPLES[example]
+    for gate in expect.gates:
+        if why := cluster.feature_off(gate):
+            pytest.skip(f"example {example} needs {gate}: {why}")
     core = k.CoreV1Api(kube_api)
     namespace = f"ex-{example}-{uuid.uuid4().hex[:5]}"[:63]
     core.create_namespace({"metadata": {"name": namespace, "labels": expect.namespace_labels}})

@@ -1,5 +1,6 @@
-"""Health, claim status and metrics end to end: an injected Xid taints the device, the real
-scheduler stops using it, the kubelet's health stream reports it, and clearing it restores both."""
+"""Health, claim status and metrics end to end: an injected Xid taints the device (or, where
+the API server has no device taints, withdraws it), the real scheduler stops using it, the
+kubelet's health stream reports it, and clearing it restores both."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from typing import Any
 
 import pytest
 
+from devenv.localcluster import LocalCluster
 from devenv.simnode import GpuNode
 from tests.e2e.conftest import raw, wait_until
-from tests.e2e.gpu import DRIVER, apply, claim_of, gpu_pod, node_slices
+from tests.e2e.gpu import DRIVER, apply, claim_of, gpu_pod, node_slices, published_devices
 
 pytestmark = pytest.mark.e2e
 
@@ -54,11 +56,29 @@ def _inject(node: GpuNode, device: str, *flag: str) -> None:
     assert main(args) == 0
 
 
+def _node_events(kube_api: Any, node: str, reason: str) -> list[str]:
+    from kubernetes import client as k
+
+    events = raw(k.CoreV1Api(kube_api).list_namespaced_event, "default")["items"]
+    return [
+        str(e.get("message", ""))
+        for e in events
+        if e["involvedObject"].get("name") == node and e.get("reason") == reason
+    ]
+
+
 def test_xid_taints_reports_and_recovers(
-    gpu_node: Callable[..., GpuNode], gpu_class: str, kube_api: Any, namespace: str
+    gpu_node: Callable[..., GpuNode],
+    gpu_class: str,
+    cluster: LocalCluster,
+    kube_api: Any,
+    namespace: str,
 ) -> None:
     from kubernetes import client as k
 
+    taints_off = cluster.feature_off("DRADeviceTaints")
+    if taints_off:
+        print(f"{taints_off}: expecting unhealthy GPUs withdrawn instead of tainted")
     port = _free_port()
     node = gpu_node("l4x4", extra=[f"--metrics-port={port}"])
     wait_until(lambda: len(_taints(kube_api, node.name)) == 4, 30, "slices published")
@@ -83,18 +103,18 @@ def test_xid_taints_reports_and_recovers(
     assert not any(_taints(kube_api, node.name).values())
     for dev in ("gpu-0", "gpu-1", "gpu-2", "gpu-3"):
         _inject(node, dev, "--xid=79")
-    wait_until(lambda: all(t for t in _taints(kube_api, node.name).values()), 10, "all devices tainted")
-    taint = _taints(kube_api, node.name)[used][0]
-    assert taint["key"] == f"{DRIVER}/xid" and taint["value"] == "79" and taint["effect"] == "NoSchedule"
+    if taints_off:
+        # The first taint is dropped by the API server; the driver notices, says so once on
+        # the Node, and withdraws the unhealthy GPUs instead.
+        wait_until(lambda: not published_devices(kube_api, node.name), 20, "all devices withdrawn")
+        (message,) = wait_until(lambda: _node_events(kube_api, node.name, "DRAFeatureUnavailable"), 20, "Node event")
+        assert "DRADeviceTaints" in message and "withdrawn" in message
+    else:
+        wait_until(lambda: all(t for t in _taints(kube_api, node.name).values()), 10, "all devices tainted")
+        taint = _taints(kube_api, node.name)[used][0]
+        assert taint["key"] == f"{DRIVER}/xid" and taint["value"] == "79" and taint["effect"] == "NoSchedule"
 
-    # The kubelet's health stream marks the device of the running pod unhealthy.
-    def unhealthy() -> bool:
-        entries = (node.node.health() or {}).get("entries", [])
-        return any(e["pod"] == "first" and e["health"] == "Unhealthy" for e in entries)
-
-    wait_until(unhealthy, 30, "kubelet health stream reports Unhealthy")
-
-    # The real scheduler keeps new claims off tainted devices.
+    # The real scheduler keeps new claims off unhealthy devices.
     apply(kube_api, namespace, gpu_pod("second", node.name, "second-gpu"))
 
     def unschedulable() -> str:
@@ -104,17 +124,12 @@ def test_xid_taints_reports_and_recovers(
 
     assert "cannot allocate" in wait_until(unschedulable, 30, "second pod unschedulable")
 
-    # Recovery clears the taints; the pending pod runs and the stream says Healthy again.
+    # Recovery clears the taints (or publishes the GPUs again); the pending pod runs.
     for dev in ("gpu-0", "gpu-1", "gpu-2", "gpu-3"):
         _inject(node, dev, "--clear")
+    wait_until(lambda: len(_taints(kube_api, node.name)) == 4, 10, "all devices published")
     wait_until(lambda: not any(_taints(kube_api, node.name).values()), 10, "taints cleared")
     node.node.wait_pod_record(namespace, "second", lambda r: bool(r.get("containers")), timeout=60)
-
-    def healthy() -> bool:
-        entries = (node.node.health() or {}).get("entries", [])
-        return any(e["pod"] == "first" and e["health"] == "Healthy" for e in entries)
-
-    wait_until(healthy, 30, "kubelet health stream reports Healthy")
 
     # The work shows up in the metrics.
     text = _metrics(port)
@@ -124,3 +139,61 @@ def test_xid_taints_reports_and_recovers(
     assert _value(text, "dra_driver_api_requests_total", verb="GET", code="200") > 0
     assert _value(text, "dra_driver_prepared_claims") == 2
     assert _value(text, "dra_driver_build_info", driver=DRIVER) == 1
+
+
+def _named_claim_pod(name: str, node: str) -> str:
+    """A pod with a ResourceClaim of its own name. Kubernetes 1.34's kubelet reports device
+    health only for a claim whose name is the pod's name for it (not for template claims)."""
+    return f"""
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {{name: {name}}}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly: {{deviceClassName: {DRIVER}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}}}
+spec:
+  nodeSelector: {{e2e-node: {node}}}
+  terminationGracePeriodSeconds: 1
+  resourceClaims:
+  - name: {name}
+    resourceClaimName: {name}
+  containers:
+  - name: main
+    image: registry.k8s.io/pause:3.10
+    resources:
+      claims: [{{name: {name}}}]
+"""
+
+
+def test_kubelet_health_stream_reports_and_recovers(
+    gpu_node: Callable[..., GpuNode],
+    gpu_class: str,
+    cluster: LocalCluster,
+    kube_api: Any,
+    namespace: str,
+) -> None:
+    if why := cluster.feature_off("ResourceHealthStatus"):
+        pytest.skip(f"the kubelet streams no device health: {why}")
+    from kubernetes import client as k
+
+    node = gpu_node("l4x4")
+    wait_until(lambda: len(_taints(kube_api, node.name)) == 4, 30, "slices published")
+    apply(kube_api, namespace, _named_claim_pod("watched", node.name))
+    node.node.wait_pod_record(namespace, "watched", lambda r: bool(r.get("containers")), timeout=60)
+    claim = raw(k.ResourceV1Api(kube_api).read_namespaced_resource_claim, "watched", namespace)
+    used = claim["status"]["allocation"]["devices"]["results"][0]["device"]
+
+    def reported(health: str) -> bool:
+        entries = (node.node.health() or {}).get("entries", [])
+        return any(e["pod"] == "watched" and e["health"] == health for e in entries)
+
+    _inject(node, used, "--xid=79")
+    wait_until(lambda: reported("Unhealthy"), 30, "kubelet health stream reports Unhealthy")
+    _inject(node, used, "--clear")
+    wait_until(lambda: reported("Healthy"), 30, "kubelet health stream reports Healthy")

@@ -57,7 +57,8 @@ class Expect:
     ``devices`` maps node profile -> regular expression that every allocated device of the
     example's claims matches on that node; a pod may land only on those profiles. ``count``
     is the number of devices per claim. A Pending example has no devices; ``message`` is
-    part of the pod's FailedScheduling event.
+    part of the pod's FailedScheduling event. ``gates``: the DRA feature gates the example
+    needs; where one is off the example is skipped, with the reason.
     """
 
     scheduled: bool = True
@@ -65,6 +66,7 @@ class Expect:
     count: int | None = 1
     namespace_labels: dict[str, str] = field(default_factory=dict)
     message: str = ""
+    gates: tuple[str, ...] = ()
 
 
 ANY_WHOLE_GPU = {"dgx-h100": r"gpu-[0-7]", "mixed": r"gpu-[23]"}
@@ -77,7 +79,7 @@ EXAMPLES: dict[str, Expect] = {
     "gpu-compute-capability": Expect(devices=ANY_WHOLE_GPU),
     "two-gpus-same-pcie-root": Expect(devices={"dgx-h100": r"gpu-[0-7]"}, count=2),
     "gpus-same-numa-node": Expect(devices={"dgx-h100": r"gpu-[0-3]|gpu-[4-7]"}, count=4),
-    "prioritized-list": Expect(devices=ANY_H100),
+    "prioritized-list": Expect(devices=ANY_H100, gates=("DRAPrioritizedList",)),
     "shared-claim": Expect(devices=ANY_WHOLE_GPU),
     "time-slicing": Expect(devices=ANY_WHOLE_GPU),
     "mps": Expect(devices=ANY_WHOLE_GPU),
@@ -86,7 +88,10 @@ EXAMPLES: dict[str, Expect] = {
     "dynamic-mig": Expect(devices={"mixed": r"gpu-0-mig-3g40gb-9-0|gpu-1-mig-4g40gb-5-0"}),
     "mig-multiple-same-parent": Expect(devices={"mixed": r"gpu-1-mig-1g10gb-19-[45]"}, count=2),
     "admin-access": Expect(
-        devices=ANY_WHOLE_GPU, count=None, namespace_labels={ADMIN_ACCESS_LABEL: "true"}
+        devices=ANY_WHOLE_GPU,
+        count=None,
+        namespace_labels={ADMIN_ACCESS_LABEL: "true"},
+        gates=("DRAAdminAccess",),
     ),
     "all-gpus": Expect(devices=ANY_WHOLE_GPU, count=None),
     "selector-typo": Expect(
@@ -94,7 +99,13 @@ EXAMPLES: dict[str, Expect] = {
     ),
     # The demo nodes share no GPU (no --shared-gpus): the shared class matches nothing there;
     # tests/e2e/test_shared_gpus.py runs it on a node that shares its GPU.
-    "shared-gpu-memory": Expect(scheduled=False, count=None, message="cannot allocate all claims"),
+    # Without consumable capacity the API server would drop the capacity requests.
+    "shared-gpu-memory": Expect(
+        scheduled=False,
+        count=None,
+        message="cannot allocate all claims",
+        gates=("DRAConsumableCapacity",),
+    ),
 }
 
 
@@ -265,9 +276,12 @@ def test_base_object_accepted(dyn: DynamicClient, driver_namespace: str, obj: Ob
 
 @pytest.mark.parametrize("directory", example_dirs(), ids=lambda p: p.name)
 def test_example_accepted(
-    dyn: DynamicClient, kube_api: Any, namespace: str, directory: Path
+    dyn: DynamicClient, cluster: LocalCluster, kube_api: Any, namespace: str, directory: Path
 ) -> None:
     expect = EXAMPLES[directory.name]
+    for gate in expect.gates:
+        if why := cluster.feature_off(gate):
+            pytest.skip(f"example {directory.name} needs {gate}: {why}")
     if expect.namespace_labels:
         k.CoreV1Api(kube_api).patch_namespace(
             namespace, {"metadata": {"labels": expect.namespace_labels}}

@@ -15,7 +15,10 @@ import pytest
 import yaml
 
 from devenv import localcluster as lc
+from devenv.localcluster import cluster as lc_cluster
+from devenv.localcluster import releases
 from devenv.localcluster.cluster import stop_rank
+from devenv.localcluster.features import gate_off_reason
 from devenv.localcluster.processes import pid_alive
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -204,7 +207,12 @@ def test_parse_node_spec_rejects(spec: str) -> None:
 
 def test_binary_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("DRA_TESTENV_BIN", raising=False)
-    assert lc.binary_path() == ROOT / ".cache" / "testenv" / "bin" / "testenv"
+    monkeypatch.delenv("DRA_K8S_VERSION", raising=False)
+    newest = _listed()[-1]
+    assert lc.binary_path() == ROOT / ".cache" / "testenv" / newest / "bin" / "testenv"
+    oldest = _listed()[0]
+    monkeypatch.setenv("DRA_K8S_VERSION", oldest.removeprefix("v").rsplit(".", 1)[0])
+    assert lc.binary_path() == ROOT / ".cache" / "testenv" / oldest / "bin" / "testenv"
     monkeypatch.setenv("DRA_TESTENV_BIN", str(tmp_path / "te"))
     assert lc.binary_path() == tmp_path / "te"
 
@@ -269,24 +277,27 @@ def test_managed_process_signal_constant() -> None:
     assert lc.ManagedProcess.stop.__defaults__ == (10.0, signal.SIGTERM)
 
 
-# --- the Kubernetes version lives in testenv/K8S_VERSION only ---------------------------
+# --- the Kubernetes releases live in testenv/versions only ------------------------------
 
 
-def _k8s_version() -> str:
-    return (ROOT / "testenv" / "K8S_VERSION").read_text().strip()
+def _listed() -> tuple[str, ...]:
+    return releases.parse_versions(releases.versions_file(ROOT).read_text())
 
 
-def test_k8s_version_file_format() -> None:
-    assert re.fullmatch(r"v1\.\d+\.\d+", _k8s_version())
+def test_versions_file_lists_one_release_per_minor_from_1_34() -> None:
+    listed = _listed()
+    minors = [releases.minor_of(v) for v in listed]
+    assert minors[0] == 34, "resource.k8s.io/v1 is GA since 1.34: the oldest release tested"
+    assert minors == sorted(set(minors)), "one release per minor"
 
 
-def test_go_mod_agrees_with_k8s_version() -> None:
-    version = _k8s_version()
+@pytest.mark.parametrize("version", _listed())
+def test_each_modfile_agrees_with_its_release(version: str) -> None:
     minor_patch = version.split(".", 1)[1]
     staging = f"v0.{minor_patch}"
-    gomod = (ROOT / "testenv" / "go.mod").read_text()
+    gomod = (ROOT / "testenv" / "mod" / version / "go.mod").read_text()
     assert re.search(rf"^\s*k8s\.io/kubernetes {re.escape(version)}\b", gomod, re.M), (
-        f"go.mod does not require k8s.io/kubernetes {version}; run testenv/pin.sh"
+        f"mod/{version}/go.mod does not require k8s.io/kubernetes {version}; run testenv/pin.sh"
     )
     replaces = re.findall(
         r"^\s*(?:replace\s+)?(k8s\.io/[\w.-]+) => (k8s\.io/[\w.-]+) (v\S+)\s*$", gomod, re.M
@@ -295,6 +306,92 @@ def test_go_mod_agrees_with_k8s_version() -> None:
     for src, dst, ver in replaces:
         assert src == dst
         assert ver == staging, f"{src} pinned to {ver}, want {staging}; run testenv/pin.sh"
+    assert (ROOT / "testenv" / "mod" / version / "go.sum").stat().st_size > 0
+
+
+def test_go_mod_is_the_newest_release() -> None:
+    for name in ("go.mod", "go.sum"):
+        link = ROOT / "testenv" / name
+        assert link.is_symlink() and link.readlink() == Path("mod") / _listed()[-1] / name
+
+
+@pytest.mark.parametrize(
+    ("want", "expected"),
+    [("", "v1.37.2"), ("1.35", "v1.35.4"), ("v1.35", "v1.35.4"), ("1.35.4", "v1.35.4")],
+)
+def test_resolve_release(want: str, expected: str) -> None:
+    listed = ("v1.34.4", "v1.35.4", "v1.36.3", "v1.37.2")
+    assert releases.resolve_release(want, listed) == expected
+
+
+@pytest.mark.parametrize("want", ["1.33", "1.3", "1.35.9", "2.0"])
+def test_resolve_release_refuses_unlisted(want: str) -> None:
+    with pytest.raises(releases.ReleaseError, match="not listed"):
+        releases.resolve_release(want, ("v1.34.4", "v1.35.4"))
+
+
+def test_parse_versions_sorts_and_refuses_junk() -> None:
+    assert releases.parse_versions("# c\nv1.35.4\nv1.34.10 # x\n") == ("v1.34.10", "v1.35.4")
+    with pytest.raises(releases.ReleaseError):
+        releases.parse_versions("1.35")
+    with pytest.raises(releases.ReleaseError):
+        releases.parse_versions("# nothing\n")
+
+
+@pytest.mark.parametrize("want", ["", "1.34", "v1.35", "1.36", _listed()[-1]])
+def test_pin_script_resolves_as_python_does(want: str) -> None:
+    out = subprocess.run(
+        ["bash", str(ROOT / "testenv" / "pin.sh"), "--resolve", want],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == releases.resolve_release(want, _listed())
+
+
+def test_pin_script_tags_mark_the_newer_releases() -> None:
+    def tags(version: str) -> list[str]:
+        out = subprocess.run(
+            ["bash", str(ROOT / "testenv" / "pin.sh"), "--tags", version],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split()
+
+    listed = _listed()
+    assert tags(listed[-1]) == []
+    assert tags(listed[0]) == [f"k8spre1.{releases.minor_of(v)}" for v in listed[1:]]
+
+
+_GATES = {"DRAPartitionableDevices": ("ALPHA", False), "DRAAdminAccess": ("BETA", True)}
+
+
+@pytest.mark.parametrize(
+    ("gate", "minor", "enabled", "expected"),
+    [
+        ("DRAPartitionableDevices", 34, {"DRAPartitionableDevices"}, None),
+        ("DRAPartitionableDevices", 34, set(), "(alpha) is off by default in Kubernetes v1.N"),
+        ("DRAListTypeAttributes", 34, set(), "has no DRAListTypeAttributes (new in 1.36)"),
+        ("DRAPrioritizedList", 37, set(), None),  # graduated, the gate removed
+    ],
+)
+def test_gate_off_reason(gate: str, minor: int, enabled: set[str], expected: str | None) -> None:
+    got = gate_off_reason(gate, version="v1.N", minor=minor, listed=_GATES, enabled=enabled)
+    if expected is None:
+        assert got is None
+    else:
+        assert got is not None and expected in got
+
+
+def test_gate_list_parsing() -> None:
+    text = "DRAAdminAccess\tBETA\tdefault=true\tDRA\nDRADeviceTaints\tALPHA\tdefault=false\tDRA\n"
+    assert lc_cluster.parse_gate_list(text) == {
+        "DRAAdminAccess": ("BETA", True),
+        "DRADeviceTaints": ("ALPHA", False),
+    }
 
 
 def test_pin_script_check_mode() -> None:

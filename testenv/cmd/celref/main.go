@@ -121,7 +121,12 @@ func main() {
 	flag.Parse()
 
 	// The scheduler keeps the 10 most recent selectors; the size only affects speed.
-	cache := cel.NewCache(10, cel.Features{EnableConsumableCapacity: *consumable, EnableListTypeAttributes: *listAttrs})
+	features, err := celFeatures(*consumable, *listAttrs)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "celref:", err)
+		os.Exit(2)
+	}
+	cache := cel.NewCache(10, features)
 	ctx := context.Background()
 	in := bufio.NewScanner(os.Stdin)
 	in.Buffer(make([]byte, 0, 1<<20), 1<<30)

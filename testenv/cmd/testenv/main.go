@@ -46,6 +46,7 @@ commands:
   keys                     write service-account keys and certificates (--dir)
   feature-gates            print --feature-gates value enabling all DRA gates (--list: one per line)
   runtime-config           print --runtime-config value for the DRA API versions
+  controllers              print the controllers kube-controller-manager knows, one per line
   testplugin               trivial DRA kubelet plugin for harness tests
   version                  print the Kubernetes version
 `
@@ -78,6 +79,12 @@ func main() {
 		err = printGates(args)
 	case "runtime-config":
 		fmt.Println(gates.RuntimeConfigValue())
+	case "controllers":
+		// Newer releases add controllers (resourcepoolstatusrequest-controller in 1.36);
+		// naming an unknown one stops kube-controller-manager.
+		for _, c := range controllermanager.KnownControllers() {
+			fmt.Println(c)
+		}
 	case "version":
 		fmt.Println(buildinfo.KubernetesVersion())
 	case "-h", "--help", "help":

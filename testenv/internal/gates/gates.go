@@ -56,7 +56,7 @@ func matches(name featuregate.Feature) bool {
 // every gate they depend on, sorted by name.
 func Selected() ([]Gate, error) {
 	all := utilfeature.DefaultMutableFeatureGate.GetAll()
-	deps := utilfeature.DefaultFeatureGate.Dependencies()
+	deps := dependencies()
 
 	reason := map[featuregate.Feature]string{}
 	var queue []featuregate.Feature

@@ -70,7 +70,7 @@ func (pw *podWorker) updateHealth(ctx context.Context, pod *v1.Pod) error {
 			return nil
 		}
 		status := cur.Status.DeepCopy()
-		pw.manager.UpdateAllocatedResourcesStatus(klog.FromContext(ctx), cur, status)
+		updateAllocatedResourcesStatus(ctx, pw.manager, cur, status)
 		cur.Status = *status
 		final = cur
 		if len(status.ContainerStatuses) == 0 {
@@ -95,9 +95,7 @@ func (pw *podWorker) writeHealth(pod *v1.Pod) error {
 				e := healthEntry{
 					Namespace: pod.Namespace, Pod: pod.Name, PodUID: string(pod.UID), Container: cs.Name,
 					Resource: string(rs.Name), ResourceID: string(rh.ResourceID), Health: string(rh.Health), Time: now,
-				}
-				if rh.Message != nil {
-					e.Message = *rh.Message
+					Message: healthMessage(rh),
 				}
 				pw.health[pod.Namespace+"/"+pod.Name+"/"+cs.Name+"/"+e.Resource+"/"+e.ResourceID] = e
 			}

@@ -136,14 +136,14 @@ func Main(args []string) error {
 		return fmt.Errorf("DRA manager: %w", err)
 	}
 	pw := newPodWorker(client, recorder, manager, o.nodeName, rootDir, o.cdiDirs)
-	if err := manager.Start(ctx, pw.activePods, nodes.get, pw.sourcesReady()); err != nil {
+	if err := manager.Start(ctx, pw.activePods, getNodeFunc(nodes), pw.sourcesReady()); err != nil {
 		return fmt.Errorf("start DRA manager: %w", err)
 	}
-	defer manager.Stop()
+	defer stopManager(manager)
 
 	plugins := pluginmanager.NewPluginManager(registryDir(rootDir), recorder)
 	plugins.AddHandler(pluginwatcherapi.DRAPlugin, manager.GetWatcherHandler())
-	go plugins.Run(ctx, pw.sourcesReady(), ctx.Done())
+	go runPlugins(ctx, plugins, pw.sourcesReady())
 
 	logger.Info("kubelet-dra running", "rootDir", rootDir, "registry", registryDir(rootDir), "cdiDirs", []string(o.cdiDirs))
 	if err := pw.run(ctx); err != nil && !errors.Is(err, context.Canceled) {

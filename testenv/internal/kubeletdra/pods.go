@@ -347,7 +347,7 @@ func (pw *podWorker) markRunning(ctx context.Context, pod *v1.Pod) error {
 		})
 	}
 	if utilfeature.DefaultFeatureGate.Enabled(features.ResourceHealthStatus) {
-		pw.manager.UpdateAllocatedResourcesStatus(klog.FromContext(ctx), pod, status)
+		updateAllocatedResourcesStatus(ctx, pw.manager, pod, status)
 	}
 	pod.Status = *status
 	_, err := pw.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, pod, metav1.UpdateOptions{})

@@ -88,14 +88,17 @@ func Main(args []string) error {
 	logger := klog.Background().WithName("testplugin")
 	ctx = klog.NewContext(ctx, logger)
 
-	helper, err := kubeletplugin.Start(ctx, p,
+	opts, err := healthOptions(*healthFile)
+	if err != nil {
+		return err
+	}
+	helper, err := kubeletplugin.Start(ctx, p, append([]kubeletplugin.Option{
 		kubeletplugin.DriverName(*driver),
 		kubeletplugin.NodeName(*node),
 		kubeletplugin.KubeClient(client),
 		kubeletplugin.RegistrarDirectoryPath(*registryDir),
 		kubeletplugin.PluginDataDirectoryPath(*pluginDir),
-		kubeletplugin.HealthService(*healthFile != ""),
-	)
+	}, opts...)...)
 	if err != nil {
 		return fmt.Errorf("start kubelet plugin: %w", err)
 	}
@@ -217,48 +220,6 @@ func (p *plugin) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 
 func (p *plugin) HandleError(ctx context.Context, err error, msg string) {
 	klog.FromContext(ctx).Error(err, msg)
-}
-
-func (p *plugin) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
-	if p.health == "" {
-		return kubeletplugin.ErrHealthNotSupported
-	}
-	ticker := time.NewTicker(time.Second)
-	defer ticker.Stop()
-	var last string
-	sent := time.Time{}
-	for {
-		data, _ := os.ReadFile(p.health)
-		unhealthy := map[string]bool{}
-		for _, line := range strings.Split(string(data), "\n") {
-			if s := strings.TrimSpace(line); s != "" {
-				unhealthy[s] = true
-			}
-		}
-		key := fmt.Sprint(unhealthy)
-		if key != last || time.Since(sent) > 10*time.Second {
-			var report kubeletplugin.DeviceHealthReport
-			for _, d := range p.devices {
-				h := kubeletplugin.DeviceHealth{PoolName: p.pool, DeviceName: d, Health: kubeletplugin.HealthStatusHealthy, LastUpdated: time.Now()}
-				if unhealthy[d] {
-					h.Health = kubeletplugin.HealthStatusUnhealthy
-					h.Message = "marked unhealthy in " + p.health
-				}
-				report.Devices = append(report.Devices, h)
-			}
-			select {
-			case <-ctx.Done():
-				return nil
-			case reports <- report:
-			}
-			last, sent = key, time.Now()
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-ticker.C:
-		}
-	}
 }
 
 func writeAtomic(path string, data []byte) error {

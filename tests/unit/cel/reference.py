@@ -13,8 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from devenv.localcluster.releases import parse_versions, release_cache, versions_file
+
 ROOT = Path(__file__).resolve().parents[3]
-BINARY = Path(os.environ.get("DRA_CELREF_BIN", ROOT / ".cache" / "testenv" / "bin" / "celref"))
+# The engine follows the newest release's scheduler, whichever release the tests run on.
+NEWEST = parse_versions(versions_file(ROOT).read_text())[-1]
+BINARY = Path(os.environ.get("DRA_CELREF_BIN") or release_cache(ROOT, NEWEST) / "bin" / "celref")
 MISSING = f"the reference CEL binary {BINARY} is absent: build it with `make celref`"
 
 
