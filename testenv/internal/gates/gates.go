@@ -144,8 +144,8 @@ func FlagValue(gs []Gate) string {
 
 // RuntimeConfigValue renders RuntimeConfig as the value of --runtime-config.
 func RuntimeConfigValue() string {
-	parts := make([]string, 0, len(RuntimeConfig))
-	for _, gv := range RuntimeConfig {
+	parts := make([]string, 0, len(RuntimeConfig)+len(releaseRuntimeConfig))
+	for _, gv := range append(RuntimeConfig, releaseRuntimeConfig...) {
 		parts = append(parts, gv+"=true")
 	}
 	return strings.Join(parts, ",")
