@@ -49,6 +49,15 @@ DRIVER: dict[str, str] = {
     "DRAOptionalNodeOperations": "not used yet",
     "DRAPartitionableDevicesType": "not used yet",
     "DRAResourcePoolStatus": "not used yet",
+    "DRAResourceClaimGranularStatusAuthorization": "writing `status.devices` needs the "
+    "`resourceclaims/driver` grant (`associated-node:patch`) the chart and kustomize give",
+    "DRASchedulerFilterTimeout": "scheduler only",
+    "KubeletPodResourcesDynamicResources": "kubelet only",
+    "ResourceHealthStatusMessage": "kubelet only",
+    "DRAFractionalCapacityRange": "not used",
+    "DRAWorkloadResourceClaims": "not used",
+    "GenericWorkload": "not used (the test control plane serves its API when the gate is on)",
+    "NodeDeclaredFeatures": "not used",
 }
 
 
@@ -82,7 +91,9 @@ def table() -> str:
         cells = []
         for version in releases:
             stage, default = columns[version].get(name, ("", ""))
-            cells.append(f"{stage.lower()}, {'on' if default == 'true' else 'off'}" if stage else "-")
+            cells.append(
+                f"{stage.lower()}, {'on' if default == 'true' else 'off'}" if stage else "-"
+            )
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {DRIVER.get(name, '')} |")
     return "\n".join(lines)
 
