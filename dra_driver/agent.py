@@ -208,14 +208,15 @@ class NodeAgent:
         self._spawn(self.publish())
         for gate, consequence in given_up.items():
             self._spawn(
-                post_event(
-                    self.client,
-                    kind="Node",
-                    name=self.node,
-                    reason="DRAFeatureUnavailable",
-                    message=f"{self.driver}: the API server does not support {gate}; {consequence}",
+                self._node_event(
+                    "DRAFeatureUnavailable",
+                    f"{self.driver}: the API server does not support {gate}; {consequence}",
                 )
             )
+
+    async def _node_event(self, reason: str, message: str) -> None:
+        """An Event on this agent's Node (best effort)."""
+        await post_event(self.client, kind="Node", name=self.node, reason=reason, message=message)
 
     def on_health_event(self, event: HealthEvent) -> None:
         """Taint or untaint devices and tell the kubelet; called on the event loop."""
@@ -237,15 +238,7 @@ class NodeAgent:
         self._spawn(self.publish())
         self._spawn(self.broadcaster.publish(self.health.device_health(self.node)))
         if event.problem == "gpu-lost":
-            self._spawn(
-                post_event(
-                    self.client,
-                    kind="Node",
-                    name=self.node,
-                    reason="GPULost",
-                    message=f"GPU {event.uuid} is lost",
-                )
-            )
+            self._spawn(self._node_event("GPULost", f"GPU {event.uuid} is lost"))
 
     async def _watch_health(self) -> None:
         if self.settings.backend == "simulated":
@@ -271,21 +264,14 @@ class NodeAgent:
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set; slices and prepared claims stay in place afterwards."""
         if self.state.corrupt is not None:
-            await post_event(
-                self.client,
-                kind="Node",
-                name=self.node,
-                reason="CheckpointCorrupt",
-                message=f"{self.state.corrupt}; rebuilt from the claims' CDI specs",
+            await self._node_event(
+                "CheckpointCorrupt", f"{self.state.corrupt}; rebuilt from the claims' CDI specs"
             )
         metrics.KEPT_DEVICES.set(len(self.state.kept))
         if self.state.kept:
-            await post_event(
-                self.client,
-                kind="Node",
-                name=self.node,
-                reason="DevicesKept",
-                message="kept, since nothing proves them unused: " + ", ".join(self.state.kept),
+            await self._node_event(
+                "DevicesKept",
+                "kept, since nothing proves them unused: " + ", ".join(self.state.kept),
             )
         await self.publish()
         liveness = None
