@@ -104,12 +104,24 @@ def _value(fields: Fields) -> Any:
 _INT32 = (-(2**31), 2**31 - 1)
 
 
+_TEXT_OBJECTS = frozenset(
+    ("kubernetes.Semver", "kubernetes.Quantity", "net.IP", "net.CIDR", "kubernetes.URL")
+)
+
+
 def field_value(message: str, field: str, expected: str, value: Any) -> Any:
     """``value`` when it fits the field's type (checked at runtime for dyn values), else the
     scheduler's "field type conversion error"."""
     want = expected.split("(", 1)[0]
-    if want == "dyn" or type_name(value) == want:
+    kind = type_name(value)
+    if want == "dyn" or kind == want:
         return value
+    # Go converts these natively: Kubernetes' object types to their text, an empty list to
+    # empty bytes (a list of ints is refused: they are not uint8 there).
+    if want == "string" and kind in _TEXT_OBJECTS:
+        return value.text if kind == "kubernetes.URL" else str(value)
+    if want == "bytes" and kind == "list" and not value:
+        return b""
     raise EvalError(
         f"field type conversion error for {message}.{field} value type: "
         f"unsupported conversion from {type_name(value)!r} to {want!r}"

@@ -1347,6 +1347,17 @@ def _messages() -> list[str]:
         "google.protobuf.Timestamp{nanos: 3000000000} == timestamp(1)",
         "google.protobuf.Duration{nanos: -3000000000} == duration('1s')",
         "google.protobuf.Duration{nanos: 2147483647} > duration('1s')",
+        "google.protobuf.StringValue{value: dyn(semver('1.2.3'))} == '1.2.3'",
+        "google.protobuf.StringValue{value: dyn(quantity('1Gi'))} == '1Gi'",
+        "google.protobuf.BytesValue{value: dyn([])} == b''",
+        "google.protobuf.BytesValue{value: dyn([65, 66])} == b'AB'",
+        "google.protobuf.StringValue{value: dyn(duration('1s'))} == '1s'",
+        "google.protobuf.StringValue{value: dyn(b'a')} == 'a'",
+        "google.protobuf.Int64Value{value: dyn(1.0)} == 1",
+        "google.protobuf.StringValue{value: dyn(ip('1.2.3.4'))} == '1.2.3.4'",
+        "google.protobuf.StringValue{value: dyn(cidr('1.2.3.4/8'))} == '1.2.3.4/8'",
+        "google.protobuf.StringValue{value: dyn(url('http://a'))} == 'http://a'",
+        "google.protobuf.Value{string_value: dyn(semver('1.2.3'))} == '1.2.3'",
     ]
 
 
