@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -20,15 +21,11 @@ from dra_driver.gpu.container.driverfiles import kernel_driver_version
 from dra_driver.gpu.discovery.base import discover_async
 from dra_driver.gpu.discovery.factory import make_discovery
 from dra_driver.gpu.driver import GpuDriver
-from dra_driver.gpu.health import (
-    INJECT_FILE,
-    HealthBroadcaster,
-    HealthEvent,
-    HealthTracker,
-    NvmlEventWatcher,
-    parse_xids,
-    watch_injected,
-)
+from dra_driver.gpu.health.broadcast import HealthBroadcaster
+from dra_driver.gpu.health.injected import INJECT_FILE, InjectedProber, watch_injected
+from dra_driver.gpu.health.nvml import NvmlEventWatcher, NvmlProber
+from dra_driver.gpu.health.recheck import Prober, recheck_forever
+from dra_driver.gpu.health.tracker import HealthEvent, HealthTracker, parse_xids
 from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.mig.backend import MigBackend
 from dra_driver.gpu.mig.factory import make_mig_backend
@@ -219,26 +216,45 @@ class NodeAgent:
         await post_event(self.client, kind="Node", name=self.node, reason=reason, message=message)
 
     def on_health_event(self, event: HealthEvent) -> None:
-        """Taint or untaint devices and tell the kubelet; called on the event loop."""
+        """Taint devices and tell the kubelet; called on the event loop."""
         label = "gpu-lost" if event.problem == "gpu-lost" else str(event.xid or "")
-        if event.problem != "recovered":
-            ignored = event.problem == "xid" and event.xid in self.health.ignored_xids
-            metrics.HEALTH_EVENTS.labels(xid=label, ignored=str(ignored).lower()).inc()
-        if not self.health.apply(event):
+        ignored = event.problem == "xid" and event.xid in self.health.ignored_xids
+        metrics.HEALTH_EVENTS.labels(xid=label, ignored=str(ignored).lower()).inc()
+        if not self.health.apply(event, time.monotonic()):
             return
-        bad = self.health.unhealthy()
-        metrics.UNHEALTHY_DEVICES.set(len(bad))
         log.warning(
             "device health changed",
             uuid=event.uuid,
             problem=event.problem,
             xid=event.xid,
-            unhealthy=sorted(bad),
+            unhealthy=sorted(self.health.unhealthy()),
         )
-        self._spawn(self.publish())
-        self._spawn(self.broadcaster.publish(self.health.device_health(self.node)))
+        self._health_changed()
         if event.problem == "gpu-lost":
             self._spawn(self._node_event("GPULost", f"GPU {event.uuid} is lost"))
+
+    def on_recovered(self, source: str, cleared: dict[str, str]) -> None:
+        """A re-check found ``source`` healthy: untaint its devices and say so on the Node."""
+        log.info(
+            "device healthy again after re-check",
+            uuid=source,
+            devices=sorted(cleared),
+            unhealthy=sorted(self.health.unhealthy()),
+        )
+        self._health_changed()
+        was = "; ".join(sorted(set(cleared.values())))
+        self._spawn(
+            self._node_event(
+                "DeviceRecovered",
+                f"{', '.join(sorted(cleared))} healthy again after re-check of {source} "
+                f"(was: {was}); schedulable again",
+            )
+        )
+
+    def _health_changed(self) -> None:
+        metrics.UNHEALTHY_DEVICES.set(len(self.health.unhealthy()))
+        self._spawn(self.publish())
+        self._spawn(self.broadcaster.publish(self.health.device_health(self.node)))
 
     async def _watch_health(self) -> None:
         if self.settings.backend == "simulated":
@@ -253,12 +269,26 @@ class NodeAgent:
         finally:
             watcher.stop()
 
+    def _prober(self) -> Prober:
+        if self.settings.backend == "simulated":
+            return InjectedProber(self.state.state_dir / INJECT_FILE)
+        return NvmlProber()
+
+    async def _recheck_health(self) -> None:
+        await recheck_forever(
+            self.health,
+            self._prober(),
+            self.settings.health_recheck_interval,
+            self.on_recovered,
+        )
+
     def background_loops(self) -> dict[str, Callable[[], Awaitable[None]]]:
         """The loops the agent runs beside the kubelet plugin, by name (each supervised)."""
         return {
             "publisher": self.slices.run,
             "claim-reporter": self.reporter.run,
             "health": self._watch_health,
+            "health-recheck": self._recheck_health,
         }
 
     async def run(self, stop: asyncio.Event) -> None:

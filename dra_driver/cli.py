@@ -106,6 +106,7 @@ _AGENT = (
     "metrics_port",
     "health_port",
     "ignored_xids",
+    "health_recheck_interval",
     "dynamic_mig",
     "mig_profiles",
     "shared_gpus",
@@ -141,7 +142,7 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _inject_health(settings: Settings, ns: argparse.Namespace) -> int:
-    from dra_driver.gpu.health import INJECT_FILE, inject
+    from dra_driver.gpu.health.injected import INJECT_FILE, inject
 
     path = settings.plugins_dir / settings.driver_name / INJECT_FILE
     if not path.parent.is_dir():
@@ -159,7 +160,11 @@ def _inject_arguments(parser: argparse.ArgumentParser) -> None:
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--xid", type=int, help="report this Xid error")
     what.add_argument("--lost", action="store_true", help="report the GPU as lost")
-    what.add_argument("--clear", action="store_true", help="the device recovered")
+    what.add_argument(
+        "--clear",
+        action="store_true",
+        help="the device is fine again (the agent's next re-check untaints it)",
+    )
 
 
 COMMANDS: dict[str, Command] = {

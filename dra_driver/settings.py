@@ -116,6 +116,13 @@ class Settings(BaseModel):
         pattern=r"^(\d+(,\d+)*)?$",
         description="Xid errors caused by applications, which do not taint a GPU",
     )
+    health_recheck_interval: float = Field(
+        60.0,
+        ge=0,
+        le=86400,
+        description="seconds between re-checks of unhealthy GPUs; one found healthy again "
+        "is untainted, with an Event on the Node (0: never, taints stay until a restart)",
+    )
 
 
 def env_name(field: str) -> str:

@@ -29,7 +29,8 @@ DRIVER: dict[str, str] = {
     "DRAConsumableCapacity": "GPUs shared by memory (`--shared-gpus`); off: those GPUs are "
     "published whole, with a Warning log line and a `DRAFeatureUnavailable` Node Event",
     "DRADeviceBindingConditions": "not used yet",
-    "DRADeviceTaints": "unhealthy GPUs are tainted (`NoSchedule`, Xid / lost); off: they are "
+    "DRADeviceTaints": "unhealthy GPUs are tainted (`NoSchedule`, Xid / lost) and untainted "
+    "when a re-check finds them healthy (`DeviceRecovered` Node Event); off: they are "
     "withdrawn from the slices instead, with a log line and a Node Event",
     "DRADeviceTaintRules": "not used (cluster admins' rules; the driver taints devices itself)",
     "DRAExtendedResource": "the `extended.gpu.dra.dev` class lets a pod ask for "

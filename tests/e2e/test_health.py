@@ -1,6 +1,7 @@
 """Health, claim status and metrics end to end: an injected Xid taints the device (or, where
 the API server has no device taints, withdraws it), the real scheduler stops using it, the
-kubelet's health stream reports it, and clearing it restores both."""
+kubelet's health stream reports it, and once the device is fine again the agent's re-check
+restores both."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from tests.e2e.conftest import raw, wait_until
 from tests.e2e.gpu import DRIVER, apply, claim_of, gpu_pod, node_slices, published_devices
 
 pytestmark = pytest.mark.e2e
+
+#: Seconds between the agent's re-checks of unhealthy devices in these tests.
+RECHECK = 2
 
 
 def _free_port() -> int:
@@ -84,7 +88,9 @@ def test_xid_taints_reports_and_recovers(
     if taints_off:
         print(f"{taints_off}: expecting unhealthy GPUs withdrawn instead of tainted")
     port = _free_port()
-    node = gpu_node("l4x4", extra=[f"--metrics-port={port}"])
+    node = gpu_node(
+        "l4x4", extra=[f"--metrics-port={port}", f"--health-recheck-interval={RECHECK}"]
+    )
     wait_until(lambda: len(_taints(kube_api, node.name)) == 4, 30, "slices published")
 
     apply(kube_api, namespace, gpu_pod("first", node.name, "first-gpu"))
@@ -149,11 +155,19 @@ def test_xid_taints_reports_and_recovers(
 
     assert "cannot allocate" in wait_until(unschedulable, 30, "second pod unschedulable")
 
-    # Recovery clears the taints (or publishes the GPUs again); the pending pod runs.
+    # The GPUs are fine again: the agent's re-check finds it, clears the taints (or publishes
+    # the GPUs again) and says so on the Node; the pending pod runs.
     for dev in ("gpu-0", "gpu-1", "gpu-2", "gpu-3"):
         _inject(node, dev, "--clear")
-    wait_until(lambda: len(_taints(kube_api, node.name)) == 4, 10, "all devices published")
-    wait_until(lambda: not any(_taints(kube_api, node.name).values()), 10, "taints cleared")
+    wait_until(lambda: len(_taints(kube_api, node.name)) == 4, 20, "all devices published")
+    wait_until(lambda: not any(_taints(kube_api, node.name).values()), 20, "taints cleared")
+    recovered = wait_until(
+        lambda: (m := _node_events(kube_api, node.name, "DeviceRecovered")) and len(m) == 4 and m,
+        20,
+        "a DeviceRecovered Event per GPU",
+    )
+    assert sorted(m.split()[0] for m in recovered) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+    assert all("re-check" in m and "critical Xid 79 error" in m for m in recovered)
     node.node.wait_pod_record(namespace, "second", lambda r: bool(r.get("containers")), timeout=60)
 
     # The work shows up in the metrics.
@@ -215,7 +229,7 @@ def test_kubelet_health_stream_reports_and_recovers(
         )
     from kubernetes import client as k
 
-    node = gpu_node("l4x4")
+    node = gpu_node("l4x4", extra=[f"--health-recheck-interval={RECHECK}"])
     wait_until(lambda: len(_taints(kube_api, node.name)) == 4, 30, "slices published")
     apply(kube_api, namespace, _named_claim_pod("watched", node.name))
     node.node.wait_pod_record(namespace, "watched", lambda r: bool(r.get("containers")), timeout=60)

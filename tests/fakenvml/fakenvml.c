@@ -13,6 +13,13 @@
  *                   doing its work, e.g. "nvmlDeviceGetMemoryInfo" or "nvmlInitWithFlags=9".
  *   FAKE_NVML_EVENTS  path of the events file (format at the end of this comment) that
  *                   nvmlEventSetWait_v2 reads; unset: no events ever happen.
+ *   FAKE_NVML_HEALTH  path of the health file, read on every call that asks about health, so
+ *                   a test can change a GPU's state while a program runs. One line a state:
+ *                   "<gpu-uuid> <state>", state one of: lost (nvmlDeviceGetHandleByUUID
+ *                   returns NVML_ERROR_GPU_IS_LOST), pages-pending (retired pages wait for
+ *                   a reset), remap-pending, remap-failed (nvmlDeviceGetRemappedRows),
+ *                   no-retire, no-remap (those two calls are NOT_SUPPORTED). Unset or no
+ *                   line: healthy, both calls supported.
  *
  * Symbol names and struct layouts follow nvml.h exactly as nvidia-ml-py resolves them
  * (e.g. nvmlDeviceGetCount_v2, nvmlDeviceGetPciInfo_v3, nvmlDeviceGetAttributes_v2): a
@@ -727,6 +734,23 @@ static nvmlDevice_t device_by_uuid(const char *uuid) {
     return NULL;
 }
 
+/* Whether the health file has the line "<uuid> <state>". */
+static int health_is(const char *uuid, const char *state) {
+    const char *path = getenv("FAKE_NVML_HEALTH");
+    if (!path || !*path)
+        return 0;
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    char line[256], who[TEXT], what[32];
+    int found = 0;
+    while (!found && fgets(line, sizeof line, f))
+        found = sscanf(line, "%95s %31s", who, what) == 2 && strcmp(who, uuid) == 0 &&
+                strcmp(what, state) == 0;
+    fclose(f);
+    return found;
+}
+
 nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
     FAIL_POINT("nvmlDeviceGetHandleByUUID");
     NEED_INIT();
@@ -735,6 +759,9 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
     nvmlDevice_t found = device_by_uuid(uuid);
     if (!found)
         return NVML_ERROR_NOT_FOUND;
+    fake_gpu *parent = gpu_of(found);
+    if (health_is(parent->uuid, "lost"))
+        return NVML_ERROR_GPU_IS_LOST;
     *device = found;
     return NVML_SUCCESS;
 }
@@ -944,6 +971,37 @@ nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice
     if (!mig_of(migDevice) || !device)
         return NVML_ERROR_INVALID_ARGUMENT;
     *device = &g_gpus[migDevice->gpu].handle;
+    return NVML_SUCCESS;
+}
+
+/* ---- health ----------------------------------------------------------------------------- */
+
+nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device, int *isPending) {
+    FAIL_POINT("nvmlDeviceGetRetiredPagesPendingStatus");
+    NEED_INIT();
+    fake_gpu *gpu = whole_gpu(device);
+    if (!gpu || !isPending)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (health_is(gpu->uuid, "no-retire"))
+        return NVML_ERROR_NOT_SUPPORTED;
+    *isPending = health_is(gpu->uuid, "pages-pending");
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrRows,
+                                       unsigned int *uncRows, unsigned int *isPending,
+                                       unsigned int *failureOccurred) {
+    FAIL_POINT("nvmlDeviceGetRemappedRows");
+    NEED_INIT();
+    fake_gpu *gpu = whole_gpu(device);
+    if (!gpu || !corrRows || !uncRows || !isPending || !failureOccurred)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (health_is(gpu->uuid, "no-remap"))
+        return NVML_ERROR_NOT_SUPPORTED;
+    *isPending = (unsigned int)health_is(gpu->uuid, "remap-pending");
+    *failureOccurred = (unsigned int)health_is(gpu->uuid, "remap-failed");
+    *corrRows = 0;
+    *uncRows = *isPending || *failureOccurred;
     return NVML_SUCCESS;
 }
 

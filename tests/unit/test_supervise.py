@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 from dra_driver.agent import NodeAgent, build_state
 from dra_driver.claimreport import DeviceStatus
 from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
-from dra_driver.gpu.health import INJECT_FILE, inject
+from dra_driver.gpu.health.injected import INJECT_FILE, inject
 from dra_driver.kubeletplugin.interfaces import ClaimRef
 from dra_driver.settings import Settings
 from dra_driver.supervise import Heartbeats, supervise

@@ -6,15 +6,15 @@ import asyncio
 from pathlib import Path
 
 from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
-from dra_driver.gpu.health import (
-    HealthBroadcaster,
-    HealthEvent,
-    HealthTracker,
+from dra_driver.gpu.health.broadcast import HealthBroadcaster
+from dra_driver.gpu.health.injected import (
+    InjectedProber,
     inject,
     injected_events,
-    parse_xids,
     read_injected,
 )
+from dra_driver.gpu.health.recheck import recheck_once
+from dra_driver.gpu.health.tracker import HealthEvent, HealthTracker, parse_xids
 from dra_driver.gpu.publish.catalog import build_catalog
 from dra_driver.kubeletplugin.interfaces import HealthStatus
 from dra_driver.resourceslice.pool import render_pool
@@ -30,45 +30,52 @@ def _tracker(profile: str = "mixed") -> tuple[HealthTracker, list[str]]:
 
 def test_xid_on_a_gpu_taints_it_and_its_mig_devices() -> None:
     tracker, uuids = _tracker()
-    assert tracker.apply(HealthEvent(uuids[0], "xid", 79))
+    assert tracker.apply(HealthEvent(uuids[0], "xid", 79), 0.0)
     taints = tracker.taints()
-    assert sorted(taints) == ["gpu-0-mig-1g10gb-19-6", "gpu-0-mig-2g20gb-14-4", "gpu-0-mig-3g40gb-9-0"]
+    assert sorted(taints) == [
+        "gpu-0-mig-1g10gb-19-6",
+        "gpu-0-mig-2g20gb-14-4",
+        "gpu-0-mig-3g40gb-9-0",
+    ]
     assert taints["gpu-0-mig-3g40gb-9-0"][0] | {"timeAdded": "x"} == {
         "key": f"{DRIVER}/xid",
         "value": "79",
         "effect": "NoSchedule",
         "timeAdded": "x",
     }
-    assert not tracker.apply(HealthEvent(uuids[0], "xid", 79))  # nothing new
+    assert not tracker.apply(HealthEvent(uuids[0], "xid", 79), 0.0)  # nothing new
 
 
 def test_ignored_xids_change_nothing() -> None:
     tracker, uuids = _tracker()
     for xid in parse_xids("13,31,43,45,68,109"):
-        assert not tracker.apply(HealthEvent(uuids[2], "xid", xid))
+        assert not tracker.apply(HealthEvent(uuids[2], "xid", xid), 0.0)
     assert tracker.taints() == {}
 
 
 def test_lost_gpu_and_recovery() -> None:
     tracker, uuids = _tracker()
-    assert tracker.apply(HealthEvent(uuids[2], "gpu-lost"))
+    assert tracker.apply(HealthEvent(uuids[2], "gpu-lost"), 0.0)
     assert tracker.taints()["gpu-2"][0]["key"] == f"{DRIVER}/gpu-lost"
     health = {d.device_name: d for d in tracker.device_health("n")}
     assert health["gpu-2"].status is HealthStatus.UNHEALTHY and "lost" in health["gpu-2"].message
     assert health["gpu-3"].status is HealthStatus.HEALTHY
-    assert tracker.apply(HealthEvent(uuids[2], "recovered"))
+    assert tracker.recover(uuids[2]) == {
+        "gpu-2": "GPU is lost (fell off the bus or stopped answering)"
+    }
     assert tracker.taints() == {}
+    assert tracker.recover(uuids[2]) == {}
 
 
 def test_unknown_device_is_ignored() -> None:
     tracker, _ = _tracker()
-    assert not tracker.apply(HealthEvent("GPU-nope", "xid", 79))
+    assert not tracker.apply(HealthEvent("GPU-nope", "xid", 79), 0.0)
 
 
 def test_tainted_pool_stays_valid() -> None:
     inventory = SimulatedDiscovery("dgx-h100", "n").discover()
     tracker = HealthTracker(inventory, DRIVER)
-    tracker.apply(HealthEvent(inventory.gpus[3].uuid, "xid", 48))
+    tracker.apply(HealthEvent(inventory.gpus[3].uuid, "xid", 48), 0.0)
     slices = render_pool(build_catalog(inventory).pool("n", DRIVER, tracker.taints()))
     assert check_pool(slices) == []
     tainted = [d for s in slices for d in s["spec"]["devices"] if d.get("taints")]
@@ -80,9 +87,21 @@ def test_injection_file_round_trip(tmp_path: Path) -> None:
     inject(path, "gpu-1", {"xid": 79})
     inject(path, "gpu-2", {"lost": True})
     state = read_injected(path)
-    assert injected_events({}, state) == [HealthEvent("gpu-1", "xid", 79), HealthEvent("gpu-2", "gpu-lost")]
+    assert injected_events({}, state) == [
+        HealthEvent("gpu-1", "xid", 79),
+        HealthEvent("gpu-2", "gpu-lost"),
+    ]
     inject(path, "gpu-1", None)
-    assert injected_events(state, read_injected(path)) == [HealthEvent("gpu-1", "recovered")]
+    # Clearing is no event (a GPU never says it is fine again): the re-check notices.
+    assert injected_events(state, read_injected(path)) == []
+    assert InjectedProber(path).probe(["gpu-1", "gpu-2"]) == {
+        "gpu-1": None,
+        "gpu-2": "still failing: {'lost': True}",
+    }
+    inject(path, "gpu-1", {"xid": 48})
+    assert injected_events(read_injected(path) | {"gpu-1": {"xid": 79}}, read_injected(path)) == [
+        HealthEvent("gpu-1", "xid", 48)
+    ]
 
 
 async def test_broadcaster_sends_full_lists_to_every_stream() -> None:
@@ -90,8 +109,68 @@ async def test_broadcaster_sends_full_lists_to_every_stream() -> None:
     hub = HealthBroadcaster(tracker.device_health("n"))
     first, second = hub.watch(), hub.watch()
     assert len(await anext(first)) == 4 and len(await anext(second)) == 4
-    tracker.apply(HealthEvent(uuids[1], "xid", 79))
+    tracker.apply(HealthEvent(uuids[1], "xid", 79), 0.0)
     await hub.publish(tracker.device_health("n"))
     for stream in (first, second):
         devices = await asyncio.wait_for(anext(stream), 2)
         assert [d.device_name for d in devices if d.status is HealthStatus.UNHEALTHY] == ["gpu-1"]
+
+
+def test_recheck_is_due_an_interval_after_the_latest_event() -> None:
+    tracker, uuids = _tracker("l4x4")
+    tracker.apply(HealthEvent(uuids[0], "xid", 79), 100.0)
+    tracker.apply(HealthEvent("gpu-1", "gpu-lost"), 105.0)
+    assert tracker.due(109.9, 10) == []
+    assert tracker.due(110.0, 10) == [uuids[0]]
+    # The same problem again postpones the re-check without changing the taint.
+    since = tracker.taints()["gpu-0"][0]["timeAdded"]
+    assert not tracker.apply(HealthEvent(uuids[0], "xid", 79), 108.0)
+    assert tracker.due(112.0, 10) == []
+    assert tracker.due(118.0, 10) == [uuids[0], "gpu-1"]
+    assert tracker.taints()["gpu-0"][0]["timeAdded"] == since
+
+
+def test_recovery_clears_only_what_its_source_caused() -> None:
+    tracker, uuids = _tracker()  # mixed: gpu-0 is in MIG mode
+    mig = "gpu-0-mig-1g10gb-19-6"
+    tracker.apply(HealthEvent(mig, "xid", 94), 0.0)
+    tracker.apply(HealthEvent(uuids[2], "xid", 79), 0.0)
+    assert tracker.recover(uuids[2]) == {"gpu-2": "critical Xid 79 error"}
+    assert sorted(tracker.unhealthy()) == [mig]
+    # A later GPU-wide event takes the MIG device over: its recovery clears all of them.
+    tracker.apply(HealthEvent(uuids[0], "gpu-lost"), 1.0)
+    assert tracker.recover(mig) == {}
+    assert len(tracker.recover(uuids[0])) == 3 and tracker.unhealthy() == {}
+
+
+class _Prober:
+    def __init__(self, healthy: set[str]) -> None:
+        self.healthy = healthy
+        self.asked: list[list[str]] = []
+
+    def probe(self, sources: list[str]) -> dict[str, str | None]:
+        self.asked.append(list(sources))
+        return {s: None if s in self.healthy else "still bad" for s in sources}
+
+
+async def test_recheck_untaints_only_what_the_probe_finds_healthy() -> None:
+    tracker, uuids = _tracker("l4x4")
+    tracker.apply(HealthEvent(uuids[0], "xid", 79), 0.0)
+    tracker.apply(HealthEvent(uuids[1], "gpu-lost"), 0.0)
+    prober = _Prober({uuids[1]})
+    recovered: list[tuple[str, dict[str, str]]] = []
+
+    def sink(source: str, cleared: dict[str, str]) -> None:
+        recovered.append((source, cleared))
+
+    await recheck_once(tracker, prober, 1e9, sink)  # nothing is that old yet
+    assert prober.asked == [] and recovered == []
+    await recheck_once(tracker, prober, 0.0, sink)
+    assert prober.asked == [sorted(uuids[:2])]
+    assert recovered == [
+        (uuids[1], {"gpu-1": "GPU is lost (fell off the bus or stopped answering)"})
+    ]
+    assert sorted(tracker.unhealthy()) == ["gpu-0"]
+    prober.healthy.add(uuids[0])
+    await recheck_once(tracker, prober, 0.0, sink)
+    assert tracker.unhealthy() == {} and [s for s, _ in recovered] == [uuids[1], uuids[0]]

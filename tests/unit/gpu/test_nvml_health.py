@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from dra_driver.gpu.health import HealthEvent, NvmlEventWatcher
+from dra_driver.gpu.health.nvml import NvmlEventWatcher
+from dra_driver.gpu.health.tracker import HealthEvent
 from tests.unit.gpu.discovery.test_nvml_backend import FakeNode, fake_lib_dir, make_node
 
 __all__ = ["fake_lib_dir"]  # the stand-in library's fixture, shared with the backend tests
@@ -31,7 +32,7 @@ QUIET = 3 * WAIT_MS / 1000
 _WATCH = """
 import asyncio, dataclasses, json, sys, threading, time
 from dra_driver import logs
-from dra_driver.gpu.health import NvmlEventWatcher
+from dra_driver.gpu.health.nvml import NvmlEventWatcher
 logs.configure("json")  # logs go to stderr, as in the agent; stdout carries the events
 
 def alive():
@@ -289,3 +290,64 @@ def test_stop_ends_the_thread_within_one_wait(node: FakeNode, tmp_path: Path) ->
         _clean(watch.stderr())
     finally:
         watch.close()
+
+
+_PROBE = """
+import json, sys
+from dra_driver.gpu.health.nvml import NvmlProber
+print(json.dumps(NvmlProber().probe(json.loads(sys.argv[1]))))
+"""
+
+
+def _probe(node: FakeNode, health: Path, uuids: list[str], **env: str) -> dict[str, str | None]:
+    result = subprocess.run(
+        [sys.executable, "-c", _PROBE, json.dumps(uuids)],
+        env=node.env(FAKE_NVML_HEALTH=str(health), **env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    _clean(result.stderr)
+    answer: dict[str, str | None] = json.loads(result.stdout)
+    return answer
+
+
+def test_probe_reports_what_still_needs_a_reset(node: FakeNode, tmp_path: Path) -> None:
+    health = tmp_path / "nvml.health"
+    gpus = [g.uuid for g in node.inventory.gpus]
+    health.write_text(
+        f"{gpus[1]} lost\n{gpus[2]} pages-pending\n{gpus[3]} remap-pending\n"
+        f"{gpus[4]} remap-failed\n{gpus[5]} no-retire\n{gpus[5]} no-remap\n"
+    )
+    assert _probe(node, health, [*gpus[:6], "GPU-unknown"]) == {
+        gpus[0]: None,
+        gpus[1]: "GPU is lost",
+        gpus[2]: "retired memory pages wait for a GPU reset",
+        gpus[3]: "remapped rows wait for a GPU reset",
+        gpus[4]: "row remapping failed",
+        gpus[5]: None,  # neither check exists on this GPU: reachable is healthy
+        "GPU-unknown": "GPU not reachable: Not Found",
+    }
+    # The same GPUs after a reset: healthy, as the agent's next re-check finds them.
+    health.write_text("")
+    assert set(_probe(node, health, gpus[:6]).values()) == {None}
+
+
+def test_probe_of_a_mig_device_asks_its_gpu(tmp_path: Path, fake_lib_dir: Path) -> None:
+    mixed = make_node("mixed", tmp_path, fake_lib_dir)
+    gpu = mixed.inventory.gpus[0]
+    assert gpu.mig_enabled
+    mig = gpu.mig_devices[0].uuid
+    health = tmp_path / "nvml.health"
+    health.write_text(f"{gpu.uuid} remap-pending\n")
+    assert _probe(mixed, health, [mig]) == {mig: "remapped rows wait for a GPU reset"}
+    health.write_text("")
+    assert _probe(mixed, health, [mig]) == {mig: None}
+
+
+def test_probe_without_nvml_reports_every_device(node: FakeNode, tmp_path: Path) -> None:
+    uuid = node.inventory.gpus[0].uuid
+    answer = _probe(node, tmp_path / "none", [uuid], FAKE_NVML_FAIL="nvmlInitWithFlags=9")
+    assert answer == {uuid: "NVML did not initialise: Driver Not Loaded"}

@@ -1,0 +1,153 @@
+"""Current health of every published device: pure bookkeeping of conditions, no I/O.
+
+A condition comes from an event (an Xid, a lost GPU) about a source: a GPU or MIG UUID, or on
+simulated nodes a device name. It lasts until a re-check of that source finds it healthy
+(:mod:`dra_driver.gpu.health.recheck`): Xid events say something happened, never that it is
+over.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import structlog
+
+from dra_driver.gpu.inventory import Inventory
+from dra_driver.gpu.publish.devices import devices_for_gpu
+from dra_driver.kubeletplugin.interfaces import DeviceHealth, HealthStatus
+
+log = structlog.get_logger(__name__)
+
+#: Xids caused by applications (bad memory access, user-triggered resets, ...): no taint.
+DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+
+Problem = Literal["xid", "gpu-lost"]
+
+
+@dataclass(frozen=True)
+class HealthEvent:
+    """Something happened to a GPU (or MIG device) identified by UUID (or device name)."""
+
+    uuid: str
+    problem: Problem
+    xid: int | None = None
+
+
+@dataclass(frozen=True)
+class _Condition:
+    problem: Problem
+    xid: int | None
+    since: str  # wall clock, for the taint's timeAdded
+    source: str  # the event's UUID or name: what a re-check probes
+    at: float  # monotonic seconds of the latest event, for re-check timing
+
+
+def parse_xids(text: str) -> frozenset[int]:
+    """``"13,31,43"`` -> {13, 31, 43}."""
+    return frozenset(int(x) for x in text.split(",") if x.strip())
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class HealthTracker:
+    """Which published devices are unhealthy, why, and since when."""
+
+    def __init__(
+        self,
+        inventory: Inventory,
+        driver_name: str,
+        ignored_xids: Iterable[int] = DEFAULT_IGNORED_XIDS,
+    ) -> None:
+        self.driver_name = driver_name
+        self.ignored_xids = frozenset(ignored_xids)
+        # UUID -> the published device names it affects (a GPU affects its MIG devices).
+        self._affects: dict[str, tuple[str, ...]] = {}
+        self._devices: list[str] = []
+        # Device names work too, so a simulated node can be poked by name.
+        for gpu in inventory.gpus:
+            names = tuple(d["name"] for d in devices_for_gpu(gpu, inventory))
+            self._devices += names
+            self._affects[gpu.uuid] = names
+            self._affects[f"gpu-{gpu.minor}"] = names
+            if gpu.mig_enabled:
+                for mig, name in zip(gpu.mig_devices, names, strict=True):
+                    self._affects[mig.uuid] = (name,)
+                    self._affects[name] = (name,)
+        self._conditions: dict[str, _Condition] = {}
+
+    def apply(self, event: HealthEvent, now: float) -> bool:
+        """Record an event seen at monotonic time ``now``; True if any device's health changed.
+
+        A repeat of a device's current problem changes nothing but postpones its re-check.
+        """
+        names = self._affects.get(event.uuid)
+        if names is None:
+            log.warning(
+                "health event for an unknown device", uuid=event.uuid, problem=event.problem
+            )
+            return False
+        if event.problem == "xid" and event.xid in self.ignored_xids:
+            return False
+        changed = False
+        for name in names:
+            old = self._conditions.get(name)
+            if old is not None and (old.problem, old.xid) == (event.problem, event.xid):
+                self._conditions[name] = _Condition(
+                    old.problem, old.xid, old.since, event.uuid, now
+                )
+                continue
+            self._conditions[name] = _Condition(event.problem, event.xid, _now(), event.uuid, now)
+            changed = True
+        return changed
+
+    def due(self, now: float, interval: float) -> list[str]:
+        """The sources whose conditions are at least ``interval`` seconds old: re-check them."""
+        return sorted({c.source for c in self._conditions.values() if now - c.at >= interval})
+
+    def recover(self, source: str) -> dict[str, str]:
+        """A re-check found ``source`` healthy: clear what it caused; device -> former reason."""
+        cleared = {n: c for n, c in self._conditions.items() if c.source == source}
+        for name in cleared:
+            del self._conditions[name]
+        return {name: self._reason(c) for name, c in cleared.items()}
+
+    def unhealthy(self) -> dict[str, str]:
+        """Unhealthy device name -> a human reason."""
+        return {name: self._reason(c) for name, c in self._conditions.items()}
+
+    @staticmethod
+    def _reason(condition: _Condition) -> str:
+        if condition.problem == "gpu-lost":
+            return "GPU is lost (fell off the bus or stopped answering)"
+        return f"critical Xid {condition.xid} error"
+
+    def taints(self) -> dict[str, list[dict[str, Any]]]:
+        """Device name -> the taints to publish on it."""
+        out: dict[str, list[dict[str, Any]]] = {}
+        for name, c in self._conditions.items():
+            taint: dict[str, Any] = {"effect": "NoSchedule", "timeAdded": c.since}
+            if c.problem == "gpu-lost":
+                taint["key"] = f"{self.driver_name}/gpu-lost"
+            else:
+                taint["key"] = f"{self.driver_name}/xid"
+                taint["value"] = str(c.xid)
+            out[name] = [taint]
+        return out
+
+    def device_health(self, pool_name: str) -> list[DeviceHealth]:
+        """The complete device list as the kubelet's health stream carries it."""
+        bad = self.unhealthy()
+        return [
+            DeviceHealth(
+                pool_name=pool_name,
+                device_name=name,
+                status=HealthStatus.UNHEALTHY if name in bad else HealthStatus.HEALTHY,
+                message=bad.get(name, ""),
+            )
+            for name in self._devices
+        ]
