@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import random
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -32,6 +31,7 @@ from dra_driver.resourceslice.planner import Plan, plan
 from dra_driver.resourceslice.pool import DesiredPool, NodeOwner
 from dra_driver.resourceslice.publisher import Publisher
 from dra_driver.resourceslice.rawapi import CONNECTION_ERRORS, ApiError, RawApi
+from dra_driver.resourceslice.reflector import Reflector
 from dra_driver.resourceslice.reporting import ApiErrorReporter, describe, log_dropped
 from dra_driver.resourceslice.store import SliceStore, field_selector, meta
 
@@ -45,8 +45,6 @@ log = structlog.get_logger(__name__)
 #: them, and hammering the API server would not help.
 _MAX_EAGER_ROUNDS = 4
 
-#: ValueError: a garbled watch stream; like a lost connection, the watch position is gone.
-_WATCH_ERRORS: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, ValueError)
 _RELIST_ERRORS: tuple[type[BaseException], ...] = (ApiError, *CONNECTION_ERRORS)
 
 
@@ -108,6 +106,18 @@ class SliceController:
         self._dropped: set[str] = set()
         self._eager_rounds = 0
         self._generation = 0
+        self._reflector = Reflector(
+            lambda: self._api.list_slices(self._selector),
+            lambda version, timeout: self._api.watch_slices(self._selector, version, timeout),
+            resource="resourceslices",
+            on_listed=self._listed_slices,
+            on_event=self._slice_event,
+            log=self._log,
+            reporter=self._reporter,
+            backoff_cap=backoff_cap,
+            watch_timeout=watch_timeout,
+            reached=self._reached,
+        )
 
         #: API writes made so far (creates + updates + deletes); reads are not counted.
         self.writes = 0
@@ -166,78 +176,24 @@ class SliceController:
 
     # ----------------------------------------------------------------- watching
 
-    async def _relist(self) -> str:
-        listing = await self._api.list_slices(self._selector)
-        self._store.replace(listing.get("items") or [])
+    def _listed_slices(self, items: list[JSON]) -> None:
+        self._store.replace(items)
         self._listed.set()
         self._recovered.set()
         self._wake.set()
-        return str((listing.get("metadata") or {}).get("resourceVersion", ""))
+
+    def _slice_event(self, kind: str, obj: JSON) -> None:
+        if kind == "DELETED":
+            self._store.forget(obj)
+        else:
+            self._store.remember(obj)
+        self._wake.set()
+
+    async def _relist(self) -> str:
+        return await self._reflector.relist()
 
     async def _watch_loop(self) -> None:
-        backoff = Backoff(cap=self._backoff_cap)
-        version: str | None = None
-        while True:
-            try:
-                if version is None:
-                    version = await self._relist()
-                    self._log.debug("listed slices", slices=len(self._store.objects), rv=version)
-                version = await self._watch(version)
-                backoff.reset()
-            except ApiError as err:
-                version = None
-                if err.status == 410:
-                    self._log.info("watch expired, re-listing")
-                    continue
-                self._reporter.report(err)
-                await pause(backoff.next_delay(err.retry_after), self._reached)
-            except _WATCH_ERRORS as err:
-                version = None
-                # Only the first failure of an outage is worth a warning; retries are noise.
-                level = self._log.warning if backoff.attempt == 0 else self._log.debug
-                delay = backoff.next_delay()
-                level(
-                    "lost the watch on resourceslices, will re-list",
-                    error=describe(err),
-                    retry_in=round(delay, 2),
-                )
-                await pause(delay, self._reached)
-
-    async def _watch(self, version: str) -> str | None:
-        """Follow one watch request; return where to resume, or None to re-list."""
-        low, high = self._watch_timeout
-        timeout = random.randint(low, high) if high > low else low
-        started = asyncio.get_running_loop().time()
-        events = 0
-        async for event in self._api.watch_slices(self._selector, version, timeout):
-            kind = event.get("type")
-            obj = event.get("object") or {}
-            if kind == "ERROR":
-                code = int(obj.get("code") or 0)
-                if code == 410:
-                    self._log.info("watch expired, re-listing")
-                    return None
-                raise ApiError(
-                    code or 500,
-                    str(obj.get("reason", "")),
-                    str(obj.get("message", "")),
-                    verb="watch",
-                    resource="resourceslices",
-                )
-            events += 1
-            version = str(meta(obj).get("resourceVersion") or version)
-            if kind == "BOOKMARK":
-                continue
-            if kind == "DELETED":
-                self._store.forget(obj)
-            else:
-                self._store.remember(obj)
-            self._wake.set()
-        if events == 0 and asyncio.get_running_loop().time() - started < 1.0:
-            # A watch that ends at once without a word is a proxy or server misbehaving; going
-            # straight back would spin, so treat it like a lost connection.
-            raise ConnectionError("watch ended immediately")
-        return version
+        await self._reflector.run()
 
     # ----------------------------------------------------------------- reconciling
 

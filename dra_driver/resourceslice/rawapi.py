@@ -168,15 +168,19 @@ class RawApi:
 
     async def list_slices(self, field_selector: str) -> JSON:
         """LIST ResourceSlices matching a field selector (the whole list, paging followed)."""
+        return await self.list_objects(SLICES_PATH, "resourceslices", field_selector)
+
+    async def list_objects(self, path: str, resource: str, field_selector: str = "") -> JSON:
+        """LIST the objects at ``path`` (the whole list, paging followed): ``items`` and the
+        list's ``metadata`` (its resourceVersion is where a watch starts)."""
         items: list[JSON] = []
         cont = ""
         while True:
-            query = [("fieldSelector", field_selector), ("limit", "500")]
+            query = [("fieldSelector", field_selector)] if field_selector else []
+            query.append(("limit", "500"))
             if cont:
                 query.append(("continue", cont))
-            page = await self._json(
-                "GET", SLICES_PATH, verb="list", resource="resourceslices", query=query
-            )
+            page = await self._json("GET", path, verb="list", resource=resource, query=query)
             items.extend(page.get("items") or [])
             meta = page.get("metadata") or {}
             cont = meta.get("continue") or ""
@@ -232,13 +236,27 @@ class RawApi:
             raise
         return True
 
-    async def watch_slices(
+    def watch_slices(
         self, field_selector: str, resource_version: str, timeout_seconds: int
     ) -> AsyncIterator[JSON]:
         """Stream watch events (``{"type": ..., "object": ...}``) from ``resource_version``."""
-        query = [
-            ("watch", "true"),
-            ("fieldSelector", field_selector),
+        return self.watch_objects(
+            SLICES_PATH, "resourceslices", field_selector, resource_version, timeout_seconds
+        )
+
+    async def watch_objects(
+        self,
+        path: str,
+        resource: str,
+        field_selector: str,
+        resource_version: str,
+        timeout_seconds: int,
+    ) -> AsyncIterator[JSON]:
+        """Stream watch events of the objects at ``path`` from ``resource_version``."""
+        query = [("watch", "true")]
+        if field_selector:
+            query.append(("fieldSelector", field_selector))
+        query += [
             ("resourceVersion", resource_version),
             ("allowWatchBookmarks", "true"),
             ("timeoutSeconds", str(timeout_seconds)),
@@ -246,7 +264,7 @@ class RawApi:
         # No total limit: the server ends the watch after timeoutSeconds. A connection that
         # stays silent well past that is dead (e.g. the server froze), so it is given up.
         async with self._client.stream(
-            "GET", SLICES_PATH, query=query, connect_timeout=10, read_timeout=timeout_seconds + 30
+            "GET", path, query=query, connect_timeout=10, read_timeout=timeout_seconds + 30
         ) as response:
             if not response.ok:
                 raise _api_error(
@@ -255,7 +273,7 @@ class RawApi:
                     response.headers,
                     await response.read(),
                     verb="watch",
-                    resource="resourceslices",
+                    resource=resource,
                 )
             async for line in response.lines():
                 event = json.loads(line)
