@@ -37,6 +37,7 @@ from dra_driver.gpu.state.checkpoint import read_boot_id
 from dra_driver.gpu.state.device_state import DeviceState
 from dra_driver.gpu.state.evidence import NO_EVIDENCE, Evidence, claims_in_use
 from dra_driver.kube import KubeClient
+from dra_driver.kubeletplugin.binding import BindingWatcher
 from dra_driver.kubeletplugin.claims import KubeClaimFetcher
 from dra_driver.kubeletplugin.liveness import serve_liveness
 from dra_driver.kubeletplugin.node_service import error_text
@@ -155,7 +156,9 @@ class NodeAgent:
         shared = shared_uuids(inventory, parse_selection(settings.shared_gpus))
         if shared:
             log.info("sharing GPUs by memory", gpus=sorted(shared))
-        self.publishing = NodePublishing(mig, inventory, shared)
+        self.publishing = NodePublishing(
+            mig, inventory, shared, binding=settings.dynamic_mig and settings.mig_binding_conditions
+        )
         self.slices = SliceController(
             client,
             driver=self.driver,
@@ -168,6 +171,7 @@ class NodeAgent:
         self.reporter = ClaimReporter(client, self.driver, self.node)
         self.heartbeats = Heartbeats()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.plugin_driver = GpuDriver(state, self.reporter, on_carve_failed=self.on_carve_failed)
         self.plugin = Plugin(
             PluginConfig(
                 driver_name=self.driver,
@@ -176,7 +180,7 @@ class NodeAgent:
                 plugins_dir=settings.plugins_dir,
                 pod_uid=settings.pod_uid or None,
             ),
-            GpuDriver(state, self.reporter),
+            self.plugin_driver,
             KubeClaimFetcher(client),
             health=self.broadcaster,
             on_registered=lambda: self._spawn(self.publish()),
@@ -251,6 +255,25 @@ class NodeAgent:
             )
         )
 
+    def on_carve_failed(self, gpus: tuple[str, ...], message: str) -> None:
+        """Creating MIG devices failed before binding: keep new claims off those GPUs (a
+        ``mig-failed`` taint) until a re-check after ``--mig-failure-hold``."""
+        hold = self.settings.mig_failure_hold
+        now = time.monotonic()
+        for uuid in gpus:
+            event = HealthEvent(uuid, "mig-failed", message=message, hold=hold)
+            if not self.health.apply(event, now):
+                continue
+            log.warning("MIG device creation failed: GPU tainted", uuid=uuid, error=message)
+            self._spawn(
+                self._node_event(
+                    "MIGCreateFailed",
+                    f"creating a MIG device on GPU {uuid} failed; no new MIG devices there "
+                    f"for {hold:g}s: {message}",
+                )
+            )
+        self._health_changed()
+
     def _health_changed(self) -> None:
         metrics.UNHEALTHY_DEVICES.set(len(self.health.unhealthy()))
         self._spawn(self.publish())
@@ -282,14 +305,31 @@ class NodeAgent:
             self.on_recovered,
         )
 
+    async def _under_node_lock(self, work: Callable[[], Awaitable[None]]) -> None:
+        async with self.plugin.lock.hold():
+            await work()
+
+    async def _prepare_before_binding(self) -> None:
+        watcher = BindingWatcher(
+            self.client,
+            self.plugin_driver,
+            driver_name=self.driver,
+            pool=self.node,
+            locked=self._under_node_lock,
+        )
+        await watcher.run()
+
     def background_loops(self) -> dict[str, Callable[[], Awaitable[None]]]:
         """The loops the agent runs beside the kubelet plugin, by name (each supervised)."""
-        return {
+        loops: dict[str, Callable[[], Awaitable[None]]] = {
             "publisher": self.slices.run,
             "claim-reporter": self.reporter.run,
             "health": self._watch_health,
             "health-recheck": self._recheck_health,
         }
+        if self.publishing.binding:
+            loops["claim-binding"] = self._prepare_before_binding
+        return loops
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set; slices and prepared claims stay in place afterwards."""

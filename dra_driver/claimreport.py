@@ -35,6 +35,28 @@ class DeviceStatus(NamedTuple):
 
     device: str
     data: Mapping[str, Any]
+    #: The binding conditions its allocation waits for: True, since it is prepared.
+    binding: Sequence[str] = ()
+    #: Preparing it failed: its binding failure conditions (set True) and why.
+    failure: tuple[Sequence[str], str] | None = None
+
+
+def _condition(kind: str, reason: str, message: str, now: str) -> dict[str, str]:
+    return {
+        "type": kind,
+        "status": "True",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": now,
+    }
+
+
+def _conditions(d: DeviceStatus, now: str) -> list[dict[str, str]]:
+    if d.failure is not None:
+        kinds, message = d.failure
+        return [_condition(k, "PrepareFailed", message[:1000], now) for k in kinds]
+    prepared = "prepared on the node; CDI spec written"
+    return [_condition(k, "Prepared", prepared, now) for k in ("Ready", *d.binding)]
 
 
 def status_body(
@@ -51,15 +73,7 @@ def status_body(
                     "driver": driver,
                     "pool": pool,
                     "device": d.device,
-                    "conditions": [
-                        {
-                            "type": "Ready",
-                            "status": "True",
-                            "reason": "Prepared",
-                            "message": "prepared on the node; CDI spec written",
-                            "lastTransitionTime": now,
-                        }
-                    ],
+                    "conditions": _conditions(d, now),
                     "data": dict(d.data),
                 }
                 for d in devices
@@ -87,15 +101,27 @@ class ClaimReporter:
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
 
-    def set_devices(self, ref: ClaimRef, devices: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
-        """Publish the claim's prepared devices, (device name, data) each (an empty list
-        clears them); a driver passes plain pairs and needs nothing from this module."""
+    def set_devices(self, ref: ClaimRef, devices: Sequence[tuple[Any, ...]]) -> None:
+        """Publish the claim's prepared devices, (device name, data) or (device name, data,
+        binding conditions) each (an empty list clears them); a driver passes plain tuples
+        and needs nothing from this module."""
         queued = self._pending.get(ref.uid)
         if not devices and queued is not None and queued[1]:
             # Cleared before its devices were written: the API server never saw them.
             del self._pending[ref.uid]
             return
         self._pending[ref.uid] = (ref, [DeviceStatus(*d) for d in devices])
+        self._wake.set()
+
+    def binding_failed(
+        self, ref: ClaimRef, devices: Sequence[tuple[str, Sequence[str]]], message: str
+    ) -> None:
+        """Preparing the claim before binding failed: set each device's binding failure
+        conditions, (device name, condition types) each, so the scheduler tries elsewhere."""
+        self._pending[ref.uid] = (
+            ref,
+            [DeviceStatus(name, {}, (), (kinds, message)) for name, kinds in devices],
+        )
         self._wake.set()
 
     @property

@@ -108,6 +108,8 @@ _AGENT = (
     "ignored_xids",
     "health_recheck_interval",
     "dynamic_mig",
+    "mig_binding_conditions",
+    "mig_failure_hold",
     "mig_profiles",
     "shared_gpus",
     *_LOGGING,

@@ -100,6 +100,20 @@ class Settings(BaseModel):
         description="create MIG devices on demand: publish every MIG placement with shared "
         "counters (needs the DRAPartitionableDevices feature)",
     )
+    mig_binding_conditions: bool = Field(
+        False,
+        description="with --dynamic-mig, publish MIG placements with binding conditions: the "
+        "agent creates a claim's MIG device before the scheduler binds the pod, and a failure "
+        "sends the pod elsewhere instead of failing its start (needs "
+        "DRADeviceBindingConditions; adds the scheduler's 5 s poll to each MIG pod's start)",
+    )
+    mig_failure_hold: float = Field(
+        300.0,
+        ge=0,
+        le=86400,
+        description="seconds a GPU on which creating a MIG device failed stays tainted "
+        "(gpu.dra.dev/mig-failed) before a re-check may clear it",
+    )
     mig_profiles: str = Field(
         "",
         description="with --dynamic-mig, publish placements of these MIG profiles only, "

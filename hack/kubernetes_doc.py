@@ -28,7 +28,10 @@ DRIVER: dict[str, str] = {
     "(example `admin-access`); off: the example is skipped",
     "DRAConsumableCapacity": "GPUs shared by memory (`--shared-gpus`); off: those GPUs are "
     "published whole, with a Warning log line and a `DRAFeatureUnavailable` Node Event",
-    "DRADeviceBindingConditions": "not used yet",
+    "DRADeviceBindingConditions": "dynamic MIG placements carry binding conditions "
+    "(`--mig-binding-conditions`): the MIG device is made before the pod is bound, a failure "
+    "reschedules the pod (`tests/e2e/test_binding.py`); off: MIG devices are made at prepare, "
+    "with a Node Event",
     "DRADeviceTaints": "unhealthy GPUs are tainted (`NoSchedule`, Xid / lost) and untainted "
     "when a re-check finds them healthy (`DeviceRecovered` Node Event); off: they are "
     "withdrawn from the slices instead, with a log line and a Node Event",

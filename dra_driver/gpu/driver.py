@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
+
+import structlog
 
 from dra_driver import metrics
 from dra_driver.gpu.state.device_state import DeviceState
+from dra_driver.gpu.state.planner import CarveError
 from dra_driver.kubeletplugin import run_blocking
 from dra_driver.kubeletplugin.interfaces import (
     ClaimRef,
@@ -16,17 +19,35 @@ from dra_driver.kubeletplugin.interfaces import (
     UnprepareResult,
 )
 
+log = structlog.get_logger(__name__)
+
 
 class ClaimStatus(Protocol):
     """Where prepare outcomes go (the claim status writer, :mod:`dra_driver.claimreport`)."""
 
-    def set_devices(self, ref: ClaimRef, devices: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
-        """The claim's prepared devices, (device name, data) each; empty clears them."""
+    def set_devices(self, ref: ClaimRef, devices: Sequence[tuple[Any, ...]]) -> None:
+        """The claim's prepared devices, (device name, data, binding conditions) each;
+        empty clears them."""
+        ...
+
+    def binding_failed(
+        self, ref: ClaimRef, devices: Sequence[tuple[str, Sequence[str]]], message: str
+    ) -> None:
+        """Preparing before binding failed: set these devices' binding failure conditions."""
         ...
 
     def prepare_failed(self, ref: ClaimRef, message: str) -> None:
         """A claim could not be prepared; ``message`` says why."""
         ...
+
+
+#: Told when creating MIG devices failed for a claim before binding: the GPUs' UUIDs, why.
+CarveFailed = Callable[[tuple[str, ...], str], None]
+
+
+def _conditions(claim: ClaimToPrepare, key: str) -> dict[str, list[str]]:
+    """Device name -> the allocation's ``bindingConditions`` (or failure conditions)."""
+    return {str(r.get("device")): list(r.get(key) or []) for r in claim.results}
 
 
 class GpuDriver:
@@ -37,9 +58,15 @@ class GpuDriver:
     With a ``reporter``, prepared devices appear in the claims' status and failures as events.
     """
 
-    def __init__(self, state: DeviceState, reporter: ClaimStatus | None = None) -> None:
+    def __init__(
+        self,
+        state: DeviceState,
+        reporter: ClaimStatus | None = None,
+        on_carve_failed: CarveFailed | None = None,
+    ) -> None:
         self.state = state
         self.reporter = reporter
+        self.on_carve_failed = on_carve_failed
 
     async def prepare(self, claims: Sequence[ClaimToPrepare]) -> Mapping[str, PrepareResult]:
         """Prepare a batch of claims."""
@@ -53,12 +80,53 @@ class GpuDriver:
                 if isinstance(outcome, Exception):
                     self.reporter.prepare_failed(claim.ref, str(outcome))
                 elif outcome is not None:
-                    record = self.state.record(claim.ref.uid)
-                    devices = record.devices if record else []
-                    self.reporter.set_devices(
-                        claim.ref, [(d.device_name, {"uuid": d.uuid}) for d in devices]
-                    )
+                    self._report_prepared(self.reporter, claim)
         return results
+
+    def _report_prepared(self, reporter: ClaimStatus, claim: ClaimToPrepare) -> None:
+        # Prepared is what every binding condition of this driver waits for.
+        binding = _conditions(claim, "bindingConditions")
+        record = self.state.record(claim.ref.uid)
+        reporter.set_devices(
+            claim.ref,
+            [
+                (d.device_name, {"uuid": d.uuid}, binding.get(d.device_name, []))
+                for d in (record.devices if record else [])
+            ],
+        )
+
+    async def prepare_before_binding(self, claim: ClaimToPrepare) -> None:
+        """Prepare a claim the scheduler waits for (binding conditions) and set its
+        conditions: all True, or on failure its failure conditions, so the scheduler
+        deallocates it and schedules the pod again."""
+        started = time.perf_counter()
+        results = await run_blocking(self.state.prepare, [claim], True)
+        metrics.observe_batch(metrics.PREPARE_SECONDS, started, dict(results))
+        metrics.PREPARED_CLAIMS.set(self.state.prepared_count())
+        outcome = results.get(claim.ref.uid)
+        if isinstance(outcome, CarveError) and self.on_carve_failed is not None:
+            self.on_carve_failed(outcome.gpus, str(outcome))
+        if self.reporter is None:
+            return
+        if isinstance(outcome, Exception) or outcome is None:
+            message = str(outcome) if outcome is not None else "no result"
+            failures = _conditions(claim, "bindingFailureConditions")
+            self.reporter.binding_failed(claim.ref, list(failures.items()), message)
+            self.reporter.prepare_failed(claim.ref, message)
+        else:
+            self._report_prepared(self.reporter, claim)
+
+    async def allocated(self, claims: Mapping[str, frozenset[str]]) -> None:
+        """Unprepare what was prepared before binding for a claim that is no longer
+        allocated those devices (deallocated by the scheduler, deleted): no pod ran."""
+        early = await run_blocking(self.state.prepared_before_binding)
+        stale = [ref for uid, (ref, names) in early.items() if claims.get(uid) != names]
+        if stale:
+            log.info(
+                "unpreparing claims prepared before binding: no longer allocated",
+                claims=[str(r) for r in stale],
+            )
+            await self.unprepare(stale)
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, UnprepareResult]:
         """Unprepare a batch of claims."""

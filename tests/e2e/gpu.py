@@ -146,3 +146,15 @@ def claim_of(kube_api: Any, namespace: str, pod: str) -> dict[str, Any]:
     ]
     assert len(mine) == 1, claims
     return dict(mine[0])
+
+
+def node_events(kube_api: Any, node: str, reason: str) -> list[str]:
+    """Messages of the Events with ``reason`` posted on Node ``node``."""
+    from kubernetes import client as k
+
+    events = raw(k.CoreV1Api(kube_api).list_namespaced_event, "default")["items"]
+    return [
+        str(e.get("message", ""))
+        for e in events
+        if e["involvedObject"].get("name") == node and e.get("reason") == reason
+    ]

@@ -16,7 +16,15 @@ import pytest
 from devenv.localcluster import LocalCluster
 from devenv.simnode import GpuNode
 from tests.e2e.conftest import raw, wait_until
-from tests.e2e.gpu import DRIVER, apply, claim_of, gpu_pod, node_slices, published_devices
+from tests.e2e.gpu import (
+    DRIVER,
+    apply,
+    claim_of,
+    gpu_pod,
+    node_events,
+    node_slices,
+    published_devices,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -62,17 +70,6 @@ def _inject(node: GpuNode, device: str, *flag: str) -> None:
 
     args = ["inject-health", device, *flag, f"--plugins-dir={node.node.plugins_dir}"]
     assert main(args) == 0
-
-
-def _node_events(kube_api: Any, node: str, reason: str) -> list[str]:
-    from kubernetes import client as k
-
-    events = raw(k.CoreV1Api(kube_api).list_namespaced_event, "default")["items"]
-    return [
-        str(e.get("message", ""))
-        for e in events
-        if e["involvedObject"].get("name") == node and e.get("reason") == reason
-    ]
 
 
 def test_xid_taints_reports_and_recovers(
@@ -131,7 +128,7 @@ def test_xid_taints_reports_and_recovers(
         # the Node, and withdraws the unhealthy GPUs instead.
         wait_until(lambda: not published_devices(kube_api, node.name), 20, "all devices withdrawn")
         (message,) = wait_until(
-            lambda: _node_events(kube_api, node.name, "DRAFeatureUnavailable"), 20, "Node event"
+            lambda: node_events(kube_api, node.name, "DRAFeatureUnavailable"), 20, "Node event"
         )
         assert "DRADeviceTaints" in message and "withdrawn" in message
     else:
@@ -162,7 +159,7 @@ def test_xid_taints_reports_and_recovers(
     wait_until(lambda: len(_taints(kube_api, node.name)) == 4, 20, "all devices published")
     wait_until(lambda: not any(_taints(kube_api, node.name).values()), 20, "taints cleared")
     recovered = wait_until(
-        lambda: (m := _node_events(kube_api, node.name, "DeviceRecovered")) and len(m) == 4 and m,
+        lambda: (m := node_events(kube_api, node.name, "DeviceRecovered")) and len(m) == 4 and m,
         20,
         "a DeviceRecovered Event per GPU",
     )

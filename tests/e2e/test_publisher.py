@@ -306,6 +306,7 @@ async def test_recovers_after_the_api_server_was_down_for_30s(
 # Gates switched off in a second, short-lived control plane, with the gates that depend on them.
 _GATES_OFF = (
     "DRAPartitionableDevices",
+    "DRADeviceBindingConditions",
     "DRAPartitionableDevicesType",
     "DRADeviceCompatibilityGroups",
     "DRAConsumableCapacity",
@@ -315,7 +316,8 @@ _GATES_OFF = (
 
 @pytest.fixture(scope="module")
 def gated_cluster(cluster: LocalCluster) -> Iterator[LocalCluster]:
-    """A control plane whose API server drops partitionable-device and capacity fields."""
+    """A control plane whose API server drops partitionable-device, capacity and binding
+    condition fields."""
     # Only the gates this release has: naming an unknown one stops the API server.
     off = ",".join(f"{gate}=false" for gate in _GATES_OFF if cluster.gate_stage(gate))
     gated = LocalCluster(
@@ -349,6 +351,8 @@ def partitioned_pool(node: str) -> DesiredPool:
             "consumesCounters": [
                 {"counterSet": "gpu-0-counters", "counters": {"multiprocessors": {"value": "1"}}}
             ],
+            "bindingConditions": ["MIGDeviceReady"],
+            "bindingFailureConditions": ["MIGDeviceFailed"],
         }
         for i in range(2)
     ]
@@ -368,9 +372,12 @@ async def test_dropped_fields_are_reported_once_and_not_fought_over(
             assert controller.dropped_features == {
                 "DRAPartitionableDevices",
                 "DRAConsumableCapacity",
+                "DRADeviceBindingConditions",
             }
             assert controller.dropped_fields >= {
                 "sharedCounters",
+                "devices[].bindingConditions",
+                "devices[].bindingFailureConditions",
                 "devices[].consumesCounters",
                 "devices[].allowMultipleAllocations",
                 "devices[].capacity.*.requestPolicy",

@@ -8,6 +8,7 @@ over.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -24,7 +25,9 @@ log = structlog.get_logger(__name__)
 #: Xids caused by applications (bad memory access, user-triggered resets, ...): no taint.
 DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
-Problem = Literal["xid", "gpu-lost"]
+#: ``mig-failed``: creating a MIG device on the GPU failed; not a health problem of the
+#: devices already in use, but no new claim should be placed there for a while.
+Problem = Literal["xid", "gpu-lost", "mig-failed"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,8 @@ class HealthEvent:
     uuid: str
     problem: Problem
     xid: int | None = None
+    message: str = ""  # what failed (mig-failed)
+    hold: float = 0.0  # seconds before a re-check may clear it, at least
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,8 @@ class _Condition:
     since: str  # wall clock, for the taint's timeAdded
     source: str  # the event's UUID or name: what a re-check probes
     at: float  # monotonic seconds of the latest event, for re-check timing
+    message: str = ""
+    hold: float = 0.0
 
 
 def parse_xids(text: str) -> frozenset[int]:
@@ -96,18 +103,22 @@ class HealthTracker:
         changed = False
         for name in names:
             old = self._conditions.get(name)
+            new = _Condition(
+                event.problem, event.xid, _now(), event.uuid, now, event.message, event.hold
+            )
             if old is not None and (old.problem, old.xid) == (event.problem, event.xid):
-                self._conditions[name] = _Condition(
-                    old.problem, old.xid, old.since, event.uuid, now
-                )
-                continue
-            self._conditions[name] = _Condition(event.problem, event.xid, _now(), event.uuid, now)
-            changed = True
+                new = dataclasses.replace(new, since=old.since)
+            else:
+                changed = True
+            self._conditions[name] = new
         return changed
 
     def due(self, now: float, interval: float) -> list[str]:
-        """The sources whose conditions are at least ``interval`` seconds old: re-check them."""
-        return sorted({c.source for c in self._conditions.values() if now - c.at >= interval})
+        """The sources whose conditions are at least ``interval`` seconds old (and past their
+        hold): re-check them."""
+        return sorted(
+            {c.source for c in self._conditions.values() if now - c.at >= max(interval, c.hold)}
+        )
 
     def recover(self, source: str) -> dict[str, str]:
         """A re-check found ``source`` healthy: clear what it caused; device -> former reason."""
@@ -117,13 +128,15 @@ class HealthTracker:
         return {name: self._reason(c) for name, c in cleared.items()}
 
     def unhealthy(self) -> dict[str, str]:
-        """Unhealthy device name -> a human reason."""
+        """Device name -> why it is tainted."""
         return {name: self._reason(c) for name, c in self._conditions.items()}
 
     @staticmethod
     def _reason(condition: _Condition) -> str:
         if condition.problem == "gpu-lost":
             return "GPU is lost (fell off the bus or stopped answering)"
+        if condition.problem == "mig-failed":
+            return f"creating a MIG device failed: {condition.message}"
         return f"critical Xid {condition.xid} error"
 
     def taints(self) -> dict[str, list[dict[str, Any]]]:
@@ -131,8 +144,8 @@ class HealthTracker:
         out: dict[str, list[dict[str, Any]]] = {}
         for name, c in self._conditions.items():
             taint: dict[str, Any] = {"effect": "NoSchedule", "timeAdded": c.since}
-            if c.problem == "gpu-lost":
-                taint["key"] = f"{self.driver_name}/gpu-lost"
+            if c.problem in ("gpu-lost", "mig-failed"):
+                taint["key"] = f"{self.driver_name}/{c.problem}"
             else:
                 taint["key"] = f"{self.driver_name}/xid"
                 taint["value"] = str(c.xid)
@@ -140,8 +153,13 @@ class HealthTracker:
         return out
 
     def device_health(self, pool_name: str) -> list[DeviceHealth]:
-        """The complete device list as the kubelet's health stream carries it."""
-        bad = self.unhealthy()
+        """The complete device list as the kubelet's health stream carries it (a failed MIG
+        creation is no health problem of the devices in use)."""
+        bad = {
+            name: self._reason(c)
+            for name, c in self._conditions.items()
+            if c.problem != "mig-failed"
+        }
         return [
             DeviceHealth(
                 pool_name=pool_name,

@@ -33,6 +33,8 @@ class _SimInstance(_Model):
 class _SimGpu(_Model):
     mig_enabled: bool = Field(alias="migEnabled")
     instances: list[_SimInstance] = Field(default_factory=list)
+    # Set by a test: creating a GPU instance fails with this error (a GPU in a bad state).
+    fail_create: str | None = Field(default=None, alias="failCreate")
 
 
 class _SimState(_Model):
@@ -92,7 +94,7 @@ class SimulatedMig:
 
     def _save(self, state: _SimState) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.path, json.loads(state.model_dump_json(by_alias=True)))
+        write_atomic(self.path, json.loads(state.model_dump_json(by_alias=True, exclude_none=True)))
 
     def _gpu(self, gpu: Gpu) -> _SimGpu:
         # Re-read on every call: like the hardware, the file is shared by every process.
@@ -140,6 +142,8 @@ class SimulatedMig:
             sim = self._gpu(gpu)
             if not sim.mig_enabled:
                 raise MigError(f"GPU {gpu.uuid}: MIG mode is off")
+            if sim.fail_create:
+                raise MigError(f"GPU {gpu.uuid}: creating a GPU instance failed: {sim.fail_create}")
             placement = check_create(gpu, profile, start, self._instances(gpu, sim))
             used = {i.gi_id for i in sim.instances}
             gi_id = next(n for n in range(1, len(used) + 2) if n not in used)

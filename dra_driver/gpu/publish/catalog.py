@@ -25,6 +25,13 @@ from dra_driver.resourceslice.pool import DesiredPool, contents_for
 
 JSON = dict[str, Any]
 
+#: The binding conditions of a MIG placement (dynamic MIG with binding conditions): the
+#: scheduler binds the pod once the node agent created the MIG device and set the first True
+#: in the claim's device status, and schedules it again when the agent sets the second.
+MIG_READY = "MIGDeviceReady"
+MIG_FAILED = "MIGDeviceFailed"
+BINDING_FIELDS: JSON = {"bindingConditions": [MIG_READY], "bindingFailureConditions": [MIG_FAILED]}
+
 
 @dataclass(frozen=True)
 class Entry:
@@ -70,6 +77,7 @@ class Catalog:
         taints: Mapping[str, Sequence[JSON]] | None = None,
         *,
         withdraw_tainted: bool = False,
+        bind_placements: bool = False,
     ) -> DesiredPool:
         """The pool to publish: pool name = node name, slices packed by API limits.
 
@@ -77,6 +85,8 @@ class Catalog:
         without taints of its own carries those of its whole GPU: they share its health.
         ``withdraw_tainted``: leave the devices that would carry taints out instead, for an
         API server without device taints (nothing else keeps the scheduler off them).
+        ``bind_placements``: MIG placements carry binding conditions (:data:`BINDING_FIELDS`),
+        so their MIG devices are made before the pod is bound.
         """
         taints = taints or {}
 
@@ -92,6 +102,8 @@ class Catalog:
                 device, own = self._device(name), own_taints(name, inherit)
                 if own and withdraw_tainted:
                     continue
+                if bind_placements and self.entries[name].placement is not None:
+                    device = {**device, **BINDING_FIELDS}
                 out.append({**device, "taints": own} if own else device)
             return out
 

@@ -28,12 +28,14 @@ log = structlog.get_logger(__name__)
 PARTITIONABLE = "DRAPartitionableDevices"
 CONSUMABLE = "DRAConsumableCapacity"
 TAINTS = "DRADeviceTaints"
+BINDING = "DRADeviceBindingConditions"
 
 #: What the node does without each optional feature it publishes with.
 WITHOUT: Mapping[str, str] = {
     PARTITIONABLE: "no dynamic MIG: publishing whole GPUs and the MIG devices that exist",
     CONSUMABLE: "no sharing by memory: the shared GPUs are published as whole GPUs",
     TAINTS: "unhealthy GPUs are withdrawn from the slices instead of tainted",
+    BINDING: "MIG devices are created when the kubelet prepares the claim, after binding",
 }
 #: For fields of another feature: the publisher stops sending them back and goes on.
 OTHER_FIELDS = "publishing without the dropped fields"
@@ -63,9 +65,12 @@ class NodePublishing:
         backend: MigBackend | None,
         inventory: Inventory,
         shared: frozenset[str] = frozenset(),
+        binding: bool = False,
     ) -> None:
-        """``shared``: UUIDs of the GPUs published as shared GPUs (sharing by memory)."""
+        """``shared``: UUIDs of the GPUs published as shared GPUs (sharing by memory);
+        ``binding``: MIG placements carry binding conditions (dynamic MIG only)."""
         self.backend = backend
+        self._binding = binding
         self._inventory = inventory
         self.shared = shared
         self.catalog = build_catalog(inventory, dynamic=backend is not None, shared=shared)
@@ -76,6 +81,11 @@ class NodePublishing:
     def dynamic(self) -> bool:
         """Whether MIG placements with counters are being published."""
         return self.backend is not None and self.fallback is None
+
+    @property
+    def binding(self) -> bool:
+        """Whether MIG placements are published with binding conditions."""
+        return self._binding and self.dynamic and BINDING not in self.given_up
 
     @property
     def taints_supported(self) -> bool:
@@ -90,7 +100,11 @@ class NodePublishing:
     ) -> DesiredPool:
         """The pool to publish now."""
         return self.catalog.pool(
-            node_name, driver, taints, withdraw_tainted=not self.taints_supported
+            node_name,
+            driver,
+            taints,
+            withdraw_tainted=not self.taints_supported,
+            bind_placements=self.binding,
         )
 
     async def on_dropped(self, gates: Iterable[str]) -> dict[str, str]:

@@ -120,6 +120,9 @@ class ClaimRecord(_Model):
     name: str
     devices: list[DeviceRecord] = Field(default_factory=list)
     mps: MpsRecord | None = None  # the claim's own MPS control daemon (MPS config)
+    # Prepared by the agent before its pod was bound (binding conditions), not by the
+    # kubelet: the agent itself unprepares it if the claim is deallocated before a pod runs.
+    before_binding: bool | None = Field(default=None, alias="beforeBinding")
 
 
 class CheckpointData(_Model):

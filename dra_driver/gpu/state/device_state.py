@@ -46,6 +46,7 @@ from dra_driver.gpu.state.checkpoint import (
 )
 from dra_driver.gpu.state.evidence import NO_EVIDENCE, Evidence, read_specs
 from dra_driver.gpu.state.planner import (
+    CarveError,
     ClaimError,
     Plan,
     check_free,
@@ -165,6 +166,19 @@ class DeviceState:
             rec = self._data.claims.get(claim_uid)
             return rec.model_copy(deep=True) if rec else None
 
+    def prepared_before_binding(self) -> dict[str, tuple[ClaimRef, frozenset[str]]]:
+        """Claims the agent prepared before binding: UID -> (claim, its device names)."""
+        with self._lock:
+            self._refresh()
+            return {
+                uid: (
+                    ClaimRef(rec.namespace, rec.name, uid),
+                    frozenset(d.device_name for d in rec.devices),
+                )
+                for uid, rec in self._data.claims.items()
+                if rec.before_binding
+            }
+
     def prepared_count(self) -> int:
         """How many claims are prepared (or being prepared)."""
         return len(self._data.claims)
@@ -201,12 +215,16 @@ class DeviceState:
 
     # --- prepare --------------------------------------------------------------------------
 
-    def prepare(self, claims: Sequence[ClaimToPrepare]) -> dict[str, PrepareResult]:
+    def prepare(
+        self, claims: Sequence[ClaimToPrepare], before_binding: bool = False
+    ) -> dict[str, PrepareResult]:
         """Prepare a batch of claims; one result per claim UID, errors per claim.
 
         The checkpoint is written twice per batch, not per claim: once with every new claim
         marked PrepareStarted, once after their CDI specs exist. A claim is answered
-        prepared only once the second write succeeded.
+        prepared only once the second write succeeded. ``before_binding``: the agent
+        prepares them for binding conditions, before any pod of theirs is bound; the records
+        say so (see :meth:`prepared_before_binding`).
         """
         with self._lock:
             self._refresh()
@@ -231,6 +249,7 @@ class DeviceState:
                         namespace=claim.ref.namespace,
                         name=claim.ref.name,
                         devices=device_records(plan, self.node_name),
+                        before_binding=True if before_binding else None,
                     )
                     records = record.devices
                     self._sharing.annotate(uid, plan.devices, record)
@@ -288,7 +307,8 @@ class DeviceState:
         except MigError as exc:
             self._undo_carve(plan.ref, records)
             log.error("creating MIG device failed", claim=str(plan.ref), error=str(exc))
-            return ClaimError(f"claim {plan.ref}: {exc}")
+            gpus = tuple(dict.fromkeys(s.gpu.uuid for s in plan.carve if s is not None))
+            return CarveError(f"claim {plan.ref}: {exc}", gpus)
         record = self._data.claims[plan.ref.uid]
         try:
             self._sharing.apply(str(plan.ref), record)

@@ -27,6 +27,14 @@ class ClaimError(PrepareError):
     """A claim cannot be prepared; the message tells the user what to fix."""
 
 
+class CarveError(ClaimError):
+    """Creating a claim's MIG device failed: the GPU, not the claim, is the problem."""
+
+    def __init__(self, message: str, gpus: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.gpus = gpus  # UUIDs of the GPUs the claim's MIG devices were to be made on
+
+
 @dataclass(frozen=True)
 class Plan:
     """A claim about to be prepared: its devices and the allocation results they came from."""

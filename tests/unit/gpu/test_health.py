@@ -174,3 +174,15 @@ async def test_recheck_untaints_only_what_the_probe_finds_healthy() -> None:
     prober.healthy.add(uuids[0])
     await recheck_once(tracker, prober, 0.0, sink)
     assert tracker.unhealthy() == {} and [s for s, _ in recovered] == [uuids[1], uuids[0]]
+
+
+def test_failed_mig_creation_taints_for_its_hold_but_is_no_health_problem() -> None:
+    tracker, uuids = _tracker("dgx-h100")
+    event = HealthEvent(uuids[0], "mig-failed", message="Insufficient Resources", hold=300)
+    assert tracker.apply(event, 0.0)
+    assert tracker.taints()["gpu-0"][0]["key"] == f"{DRIVER}/mig-failed"
+    assert tracker.unhealthy()["gpu-0"] == "creating a MIG device failed: Insufficient Resources"
+    # Pods on the GPU's devices are fine: the kubelet hears nothing.
+    assert {d.status for d in tracker.device_health("n")} == {HealthStatus.HEALTHY}
+    # The hold outlasts the re-check interval.
+    assert tracker.due(60.0, 30) == [] and tracker.due(300.0, 30) == [uuids[0]]
