@@ -44,9 +44,10 @@ unit: install tools
 e2e: install testenv
 	$(TESTENV_ENV) $(BIN)/pytest -m e2e
 
-# What must work on every release: the driver, its publisher, the examples, device health.
+# What must work on every release: the driver, its publisher, the examples, device health,
+# binding conditions and cross-driver NUMA alignment.
 E2E_CORE := tests/e2e/test_driver.py tests/e2e/test_publisher.py tests/e2e/test_examples.py \
-            tests/e2e/test_health.py
+            tests/e2e/test_health.py tests/e2e/test_binding.py tests/e2e/test_alignment.py
 
 e2e-core: install testenv
 	$(TESTENV_ENV) $(BIN)/pytest -m e2e $(E2E_CORE)

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -49,6 +50,7 @@ func Main(args []string) error {
 	cdiDir := fs.String("cdi-dir", "", "directory for CDI specs (required)")
 	count := fs.Int("devices", 2, "number of devices to publish")
 	healthFile := fs.String("health-file", "", "file listing unhealthy device names, one per line; enables health reports")
+	numaNodes := fs.String("numa-nodes", "", "comma-separated NUMA node of each device, published as the standard resource.kubernetes.io/numaNode attribute")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -104,15 +106,20 @@ func Main(args []string) error {
 	}
 	defer helper.Stop()
 
+	numa, err := parseNumaNodes(*numaNodes, len(p.devices))
+	if err != nil {
+		return err
+	}
 	var devs []resourceapi.Device
 	for i, name := range p.devices {
-		devs = append(devs, resourceapi.Device{
-			Name: name,
-			Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
-				"index": {IntValue: ptr.To(int64(i))},
-				"model": {StringValue: ptr.To("testdev")},
-			},
-		})
+		attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+			"index": {IntValue: ptr.To(int64(i))},
+			"model": {StringValue: ptr.To("testdev")},
+		}
+		if numa != nil {
+			attrs["resource.kubernetes.io/numaNode"] = resourceapi.DeviceAttribute{IntValue: ptr.To(numa[i])}
+		}
+		devs = append(devs, resourceapi.Device{Name: name, Attributes: attrs})
 	}
 	res := resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
 		*node: {Slices: []resourceslice.Slice{{Devices: devs}}},
@@ -123,6 +130,26 @@ func Main(args []string) error {
 	logger.Info("testplugin running", "driver", *driver, "node", *node, "devices", p.devices)
 	<-ctx.Done()
 	return nil
+}
+
+// parseNumaNodes reads --numa-nodes: one NUMA node per device, or nothing.
+func parseNumaNodes(text string, devices int) ([]int64, error) {
+	if text == "" {
+		return nil, nil
+	}
+	parts := strings.Split(text, ",")
+	if len(parts) != devices {
+		return nil, fmt.Errorf("--numa-nodes has %d entries for %d devices", len(parts), devices)
+	}
+	out := make([]int64, len(parts))
+	for i, part := range parts {
+		n, err := strconv.ParseInt(strings.TrimSpace(part), 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("--numa-nodes: %w", err)
+		}
+		out[i] = n
+	}
+	return out, nil
 }
 
 func (p *plugin) record(method string, fields map[string]any) {
