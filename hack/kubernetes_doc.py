@@ -48,11 +48,15 @@ DRIVER: dict[str, str] = {
     "ask, taints still apply",
     "DRAListTypeAttributes": "not used yet",
     "DRANodeAllocatableResources": "not used yet",
-    "DRADerivedAttributes": "not used yet",
-    "DRADeviceCompatibilityGroups": "not used yet",
-    "DRAOptionalNodeOperations": "not used yet",
-    "DRAPartitionableDevicesType": "not used yet",
-    "DRAResourcePoolStatus": "not used yet",
+    "DRADerivedAttributes": "nothing to publish: a claim's own feature; the driver publishes "
+    "the standard attributes it would derive (see below)",
+    "DRADeviceCompatibilityGroups": "not used: the MIG counters already keep a whole GPU and "
+    "its MIG devices apart (see below)",
+    "DRAOptionalNodeOperations": "not used: every GPU claim needs its CDI spec (see below)",
+    "DRAPartitionableDevicesType": "not used: MIG placements of one profile consume "
+    "different memory-slice counters (see below)",
+    "DRAResourcePoolStatus": "nothing to publish: the controller reads the driver's slices "
+    "(see below)",
     "DRAResourceClaimGranularStatusAuthorization": "writing `status.devices` needs the "
     "`resourceclaims/driver` grant (`associated-node:patch`) the chart and kustomize give",
     "DRASchedulerFilterTimeout": "scheduler only",
