@@ -72,6 +72,39 @@ def apply(kube_api: Any, namespace: str, docs: str) -> None:
             api.create(body=doc)
 
 
+def template_pod(name: str, node: str, devices: str, template: str = "") -> str:
+    """A ResourceClaimTemplate (named ``template``, else ``name``) whose ``spec.devices`` is
+    the YAML flow mapping ``devices``, and a pod ``name`` on ``node`` with one claim from it."""
+    template = template or name
+    return f"""
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {{name: {template}}}
+spec:
+  spec:
+    devices: {devices}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}}}
+spec:
+  nodeSelector: {{e2e-node: {node}}}
+  terminationGracePeriodSeconds: 1
+  resourceClaims:
+  - {{name: devs, resourceClaimTemplateName: {template}}}
+  containers:
+  - name: main
+    image: registry.k8s.io/pause:3.10
+    resources: {{claims: [{{name: devs}}]}}
+"""
+
+
+def one_request(device_class: str, selector: str = "") -> str:
+    """``spec.devices`` of a claim for one device of ``device_class`` (flow YAML)."""
+    selectors = f", selectors: [{{cel: {{expression: '{selector}'}}}}]" if selector else ""
+    return f"{{requests: [{{name: dev, exactly: {{deviceClassName: {device_class}{selectors}}}}}]}}"
+
+
 def gpu_pod(name: str, node: str, claim_template: str, selector: str = "") -> str:
     sel = (
         f"\n        selectors:\n        - cel:\n            expression: '{selector}'"

@@ -12,43 +12,19 @@ import pytest
 
 from devenv.simnode import GpuNode
 from tests.e2e.conftest import raw, wait_until
-from tests.e2e.gpu import DRIVER, apply, claim_of, node_slices
+from tests.e2e.gpu import DRIVER, apply, claim_of, node_slices, template_pod
 
 pytestmark = pytest.mark.e2e
 
 NUMA = "resource.kubernetes.io/numaNode"
 
 
-def _claim_and_pod(name: str, node: str, nic_class: str) -> str:
-    return f"""
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {{name: {name}}}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly: {{deviceClassName: {DRIVER}}}
-      - name: nic
-        exactly: {{deviceClassName: {nic_class}}}
-      constraints:
-      - requests: [gpu, nic]
-        matchAttribute: {NUMA}
----
-apiVersion: v1
-kind: Pod
-metadata: {{name: {name}}}
-spec:
-  nodeSelector: {{e2e-node: {node}}}
-  terminationGracePeriodSeconds: 1
-  resourceClaims:
-  - {{name: devs, resourceClaimTemplateName: {name}}}
-  containers:
-  - name: main
-    image: registry.k8s.io/pause:3.10
-    resources: {{claims: [{{name: devs}}]}}
-"""
+def _aligned(nic_class: str) -> str:
+    return (
+        f"{{requests: [{{name: gpu, exactly: {{deviceClassName: {DRIVER}}}}}, "
+        f"{{name: nic, exactly: {{deviceClassName: {nic_class}}}}}], "
+        f"constraints: [{{requests: [gpu, nic], matchAttribute: {NUMA}}}]}}"
+    )
 
 
 def test_gpu_and_nic_of_another_driver_on_one_numa_node(
@@ -86,7 +62,7 @@ def test_gpu_and_nic_of_another_driver_on_one_numa_node(
     assert devices[(DRIVER, "gpu-5")]["attributes"][NUMA] == {"int": 1}
     assert devices[(nic_driver, "dev-0")]["attributes"][NUMA] == {"int": 1}
 
-    apply(kube_api, namespace, _claim_and_pod("aligned", node.name, nic_driver))
+    apply(kube_api, namespace, template_pod("aligned", node.name, _aligned(nic_driver)))
     node.node.wait_pod_record(namespace, "aligned", lambda r: bool(r.get("containers")), timeout=60)
     claim = claim_of(kube_api, namespace, "aligned")
     got = {r["request"]: r for r in claim["status"]["allocation"]["devices"]["results"]}

@@ -15,7 +15,7 @@ from devenv.simnode import GpuNode, start_driver
 from dra_driver import faults
 from dra_driver.gpu.mig.simulated import SIMULATED_STATE_FILE
 from tests.e2e.conftest import gone, raw, wait_until
-from tests.e2e.gpu import apply, claim_of
+from tests.e2e.gpu import apply, claim_of, one_request, template_pod
 from tests.e2e.mig import DYNAMIC
 from tests.e2e.test_crash import check_node_consistent
 
@@ -26,36 +26,7 @@ MIG_CLASS = "mig.gpu.dra.dev"
 
 
 def pod(name: str, node: str, device_class: str, selector: str = "") -> str:
-    sel = (
-        f"\n            selectors:\n            - cel: {{expression: '{selector}'}}"
-        if selector
-        else ""
-    )
-    return f"""
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {{name: {name}}}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: dev
-        exactly:
-            deviceClassName: {device_class}{sel}
----
-apiVersion: v1
-kind: Pod
-metadata: {{name: {name}}}
-spec:
-  nodeSelector: {{e2e-node: {node}}}
-  terminationGracePeriodSeconds: 1
-  resourceClaims:
-  - {{name: dev, resourceClaimTemplateName: {name}}}
-  containers:
-  - name: main
-    image: registry.k8s.io/pause:3.10
-    resources: {{claims: [{{name: dev}}]}}
-"""
+    return template_pod(name, node, one_request(device_class, selector))
 
 
 def mig_pod(name: str, node: str, profile: str) -> str:
