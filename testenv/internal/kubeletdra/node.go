@@ -136,6 +136,7 @@ func (n *nodeAgent) updateStatus(ctx context.Context) error {
 		now := metav1.Now()
 		node.Status.Capacity = n.capacity()
 		node.Status.Allocatable = n.capacity()
+		declareFeatures(node)
 		node.Status.Phase = v1.NodeRunning
 		node.Status.Addresses = []v1.NodeAddress{
 			{Type: v1.NodeInternalIP, Address: "127.0.0.1"},
