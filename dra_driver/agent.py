@@ -29,6 +29,7 @@ from dra_driver.gpu.health.tracker import HealthEvent, HealthTracker, parse_xids
 from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.mig.backend import MigBackend
 from dra_driver.gpu.mig.factory import make_mig_backend
+from dra_driver.gpu.publish.overhead import parse_overhead
 from dra_driver.gpu.publish.profiles import published_inventory
 from dra_driver.gpu.publish.publisher import CONSUMABLE, NodePublishing
 from dra_driver.gpu.sharing.factory import make_sharing_backend
@@ -157,7 +158,11 @@ class NodeAgent:
         if shared:
             log.info("sharing GPUs by memory", gpus=sorted(shared))
         self.publishing = NodePublishing(
-            mig, inventory, shared, binding=settings.dynamic_mig and settings.mig_binding_conditions
+            mig,
+            inventory,
+            shared,
+            binding=settings.dynamic_mig and settings.mig_binding_conditions,
+            overhead=parse_overhead(settings.node_overhead),
         )
         self.slices = SliceController(
             client,

@@ -110,6 +110,7 @@ _AGENT = (
     "dynamic_mig",
     "mig_binding_conditions",
     "mig_failure_hold",
+    "node_overhead",
     "mig_profiles",
     "shared_gpus",
     *_LOGGING,

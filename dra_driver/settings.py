@@ -114,6 +114,12 @@ class Settings(BaseModel):
         description="seconds a GPU on which creating a MIG device failed stays tainted "
         "(gpu.dra.dev/mig-failed) before a re-check may clear it",
     )
+    node_overhead: str = Field(
+        "",
+        description="host resources each pod using a GPU costs the node, e.g. "
+        "memory=512Mi,cpu=100m: declared on every device so the scheduler counts them "
+        "(needs DRANodeAllocatableResources, alpha; empty: none)",
+    )
     mig_profiles: str = Field(
         "",
         description="with --dynamic-mig, publish placements of these MIG profiles only, "

@@ -17,6 +17,7 @@ import structlog
 
 from dra_driver.cdi.writer import spec_file_name, sweep_temp_files
 from dra_driver.gpu.container.claim_spec import CDI_CLASS, CDI_VENDOR
+from dra_driver.gpu.publish.overhead import OverheadError, parse_overhead
 from dra_driver.gpu.publish.profiles import ProfileListError, parse_profiles
 from dra_driver.gpu.sharing.shared_gpus import SelectionError, parse_selection
 from dra_driver.gpu.state.device_state import CHECKPOINT_FILE
@@ -53,7 +54,8 @@ def check_settings(settings: Settings) -> None:
     try:
         parse_selection(settings.shared_gpus)
         parse_profiles(settings.mig_profiles)
-    except (SelectionError, ProfileListError) as exc:
+        parse_overhead(settings.node_overhead)
+    except (SelectionError, ProfileListError, OverheadError) as exc:
         raise SettingsError(str(exc)) from None
     checkpoint = state_dir(settings) / CHECKPOINT_FILE
     if checkpoint.is_dir():

@@ -47,7 +47,9 @@ DRIVER: dict[str, str] = {
     "ResourceHealthStatus": "health over the kubelet's gRPC stream; off: the kubelet does not "
     "ask, taints still apply",
     "DRAListTypeAttributes": "not used yet",
-    "DRANodeAllocatableResources": "not used yet",
+    "DRANodeAllocatableResources": "`--node-overhead` declares the host resources each pod "
+    "using a GPU costs the node, counted by the scheduler (`tests/e2e/test_node_overhead.py`, "
+    "1.37 shape); off, or a node that does not declare it: not published, with a Node Event",
     "DRADerivedAttributes": "nothing to publish: a claim's own feature; the driver publishes "
     "the standard attributes it would derive (see below)",
     "DRADeviceCompatibilityGroups": "not used: the MIG counters already keep a whole GPU and "

@@ -26,7 +26,7 @@ from dra_driver import faults
 from dra_driver.errors import DriverError
 from dra_driver.kube import KubeClient
 from dra_driver.resourceslice.backoff import Backoff, pause
-from dra_driver.resourceslice.dropped import feature_gate_for, find_dropped
+from dra_driver.resourceslice.dropped import feature_gate_for, find_dropped, refused_paths
 from dra_driver.resourceslice.planner import Plan, plan
 from dra_driver.resourceslice.pool import DesiredPool, NodeOwner
 from dra_driver.resourceslice.publisher import Publisher
@@ -339,12 +339,20 @@ class SliceController:
         try:
             for body in result.creates:
                 self.writes += 1
-                stored = await self._api.create_slice(body, self._field_manager)
+                stored = await self._refusing(
+                    self._api.create_slice(body, self._field_manager), body, dropped
+                )
+                if stored is None:
+                    return
                 faults.point("publisher.after-create")
                 self._after_write(body, stored, dropped)
             for body in result.updates:
                 self.writes += 1
-                stored = await self._api.replace_slice(body, self._field_manager)
+                stored = await self._refusing(
+                    self._api.replace_slice(body, self._field_manager), body, dropped
+                )
+                if stored is None:
+                    return
                 self._after_write(body, stored, dropped)
         finally:
             # Reported once per round, grouped by feature gate, even if a later write failed.
@@ -356,6 +364,21 @@ class SliceController:
             await self._api.delete_slice(name, str(uid) if uid else None)
             self._store.objects.pop(name, None)
             self._log.debug("deleted slice", slice=name)
+
+    async def _refusing(
+        self, write: Awaitable[JSON], body: JSON, dropped: dict[str, str]
+    ) -> JSON | None:
+        """The stored slice; None when the server refused it for a feature the node does not
+        support: that feature's fields then count as dropped (the caller ends the round)."""
+        try:
+            return await write
+        except ApiError as err:
+            paths = refused_paths(err.message) if err.status in (403, 422) else frozenset()
+            if not paths - self._dropped:
+                raise  # nothing new to leave out: an error like any other
+            name = str(meta(body).get("name", ""))
+            dropped.update((p, name) for p in paths if p not in self._dropped)
+            return None
 
     def _after_write(self, sent: JSON, stored: JSON, dropped: dict[str, str]) -> None:
         name = str(meta(stored).get("name", ""))

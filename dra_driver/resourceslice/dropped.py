@@ -7,6 +7,7 @@ compare what was sent with what was stored.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -26,9 +27,24 @@ FEATURE_GATES: Mapping[str, str] = {
     "devices[].bindsToNode": "DRADeviceBindingConditions",
     "devices[].bindingConditions": "DRADeviceBindingConditions",
     "devices[].bindingFailureConditions": "DRADeviceBindingConditions",
+    "devices[].nodeAllocatableResources": "DRANodeAllocatableResources",
 }
 
 UNKNOWN_GATE = "unknown (is the API server older than this driver?)"
+
+#: How the API server refuses a slice whose feature the node does not declare (Kubernetes
+#: 1.37: the kubelet lists what it supports in Node.status.declaredFeatures).
+_NODE_LACKS = re.compile(r'node "[^"]*" does not support (\w+) feature')
+
+
+def refused_paths(message: str) -> frozenset[str]:
+    """The field paths of the feature an API server refused because the node does not
+    support it (from the error message), to be left out like dropped fields; empty when the
+    message says nothing of the kind."""
+    match = _NODE_LACKS.search(message)
+    if match is None:
+        return frozenset()
+    return frozenset(p for p, gate in FEATURE_GATES.items() if gate == match.group(1))
 
 
 def feature_gate_for(path: str) -> str:

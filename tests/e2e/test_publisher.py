@@ -397,6 +397,33 @@ async def test_dropped_fields_are_reported_once_and_not_fought_over(
             ]
 
 
+async def test_a_feature_the_node_does_not_declare_is_given_up_like_dropped_fields(
+    cluster: LocalCluster, kube_client: KubeClient, raw: RawApi, node: JSON
+) -> None:
+    """The API server refuses node-allocatable resources on a node whose kubelet does not
+    declare the feature (this Node has no status at all): the controller reports the gate as
+    it reports dropped fields, and the pool without them is published."""
+    if why := cluster.feature_off("DRANodeAllocatableResources"):
+        pytest.skip(f"no node-allocatable resources: {why}")
+    name = node["metadata"]["name"]
+    overhead = {"nodeAllocatableResources": {"memory": {"overhead": {"perPod": "1Gi"}}}}
+    reported: list[frozenset[str]] = []
+
+    async def on_dropped(gates: frozenset[str]) -> None:
+        reported.append(gates)
+        await controller.set_pool(pool_for(name, count=2))
+
+    controller = SliceController(kube_client, driver=DRIVER, node_name=name, on_dropped=on_dropped)
+    with_overhead = DesiredPool(
+        DRIVER, name, name, contents_for([{**device(i), **overhead} for i in range(2)])
+    )
+    async with running(controller, with_overhead):
+        assert reported == [frozenset({"DRANodeAllocatableResources"})]
+        devices = [d for o in await slices_of(raw, name) for d in o["spec"]["devices"]]
+        assert sorted(d["name"] for d in devices) == ["gpu-0", "gpu-1"]
+        assert not any("nodeAllocatableResources" in d for d in devices)
+
+
 async def test_forbidden_does_not_crash_or_write(cluster: LocalCluster, node: JSON) -> None:
     # A user without any RBAC grants: every request is forbidden.
     async with await KubeClient.create(

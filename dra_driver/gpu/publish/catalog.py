@@ -78,6 +78,7 @@ class Catalog:
         *,
         withdraw_tainted: bool = False,
         bind_placements: bool = False,
+        device_fields: JSON | None = None,
     ) -> DesiredPool:
         """The pool to publish: pool name = node name, slices packed by API limits.
 
@@ -86,7 +87,8 @@ class Catalog:
         ``withdraw_tainted``: leave the devices that would carry taints out instead, for an
         API server without device taints (nothing else keeps the scheduler off them).
         ``bind_placements``: MIG placements carry binding conditions (:data:`BINDING_FIELDS`),
-        so their MIG devices are made before the pod is bound.
+        so their MIG devices are made before the pod is bound. ``device_fields`` are added to
+        every device (e.g. the node overhead it costs).
         """
         taints = taints or {}
 
@@ -104,6 +106,8 @@ class Catalog:
                     continue
                 if bind_placements and self.entries[name].placement is not None:
                     device = {**device, **BINDING_FIELDS}
+                if device_fields:
+                    device = {**device, **device_fields}
                 out.append({**device, "taints": own} if own else device)
             return out
 

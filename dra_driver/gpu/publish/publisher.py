@@ -21,6 +21,7 @@ import structlog
 from dra_driver.gpu.inventory import Inventory, MigState
 from dra_driver.gpu.mig.backend import MigBackend, live_inventory
 from dra_driver.gpu.publish.catalog import build_catalog
+from dra_driver.gpu.publish.overhead import overhead_fields
 from dra_driver.resourceslice.pool import DesiredPool
 
 log = structlog.get_logger(__name__)
@@ -29,6 +30,7 @@ PARTITIONABLE = "DRAPartitionableDevices"
 CONSUMABLE = "DRAConsumableCapacity"
 TAINTS = "DRADeviceTaints"
 BINDING = "DRADeviceBindingConditions"
+NODE_ALLOCATABLE = "DRANodeAllocatableResources"
 
 #: What the node does without each optional feature it publishes with.
 WITHOUT: Mapping[str, str] = {
@@ -36,6 +38,8 @@ WITHOUT: Mapping[str, str] = {
     CONSUMABLE: "no sharing by memory: the shared GPUs are published as whole GPUs",
     TAINTS: "unhealthy GPUs are withdrawn from the slices instead of tainted",
     BINDING: "MIG devices are created when the kubelet prepares the claim, after binding",
+    NODE_ALLOCATABLE: "the host resources a GPU costs the node (--node-overhead) are not "
+    "declared; the scheduler does not count them",
 }
 #: For fields of another feature: the publisher stops sending them back and goes on.
 OTHER_FIELDS = "publishing without the dropped fields"
@@ -66,11 +70,14 @@ class NodePublishing:
         inventory: Inventory,
         shared: frozenset[str] = frozenset(),
         binding: bool = False,
+        overhead: Mapping[str, str] | None = None,
     ) -> None:
         """``shared``: UUIDs of the GPUs published as shared GPUs (sharing by memory);
-        ``binding``: MIG placements carry binding conditions (dynamic MIG only)."""
+        ``binding``: MIG placements carry binding conditions (dynamic MIG only);
+        ``overhead``: node resource -> what each pod using a device costs the node."""
         self.backend = backend
         self._binding = binding
+        self._overhead = dict(overhead or {})
         self._inventory = inventory
         self.shared = shared
         self.catalog = build_catalog(inventory, dynamic=backend is not None, shared=shared)
@@ -105,6 +112,9 @@ class NodePublishing:
             taints,
             withdraw_tainted=not self.taints_supported,
             bind_placements=self.binding,
+            device_fields=None
+            if NODE_ALLOCATABLE in self.given_up
+            else overhead_fields(self._overhead),
         )
 
     async def on_dropped(self, gates: Iterable[str]) -> dict[str, str]:

@@ -141,3 +141,14 @@ def test_strip_paths_leaves_the_input_alone() -> None:
     stripped = strip_paths(spec, ["devices[].capacity.*.requestPolicy", "nope.deeper"])
     assert "requestPolicy" not in stripped["devices"][0]["capacity"]["memory"]
     assert "requestPolicy" in spec["devices"][0]["capacity"]["memory"]
+
+
+def test_a_refusal_for_a_feature_the_node_lacks_names_its_fields() -> None:
+    from dra_driver.resourceslice.dropped import refused_paths
+
+    message = (
+        'resourceslices.resource.k8s.io "n-gpu.dra.dev-0" is forbidden: node "n" does not '
+        "support DRANodeAllocatableResources feature"
+    )
+    assert refused_paths(message) == {"devices[].nodeAllocatableResources"}
+    assert refused_paths("forbidden: User cannot create resource") == frozenset()
