@@ -28,7 +28,7 @@ from dra_driver.kube import KubeClient
 from dra_driver.resourceslice.backoff import Backoff, pause
 from dra_driver.resourceslice.dropped import feature_gate_for, find_dropped, refused_paths
 from dra_driver.resourceslice.planner import Plan, plan
-from dra_driver.resourceslice.pool import DesiredPool, NodeOwner
+from dra_driver.resourceslice.pool import DesiredPool, NodeOwner, inline_counters
 from dra_driver.resourceslice.publisher import Publisher
 from dra_driver.resourceslice.rawapi import CONNECTION_ERRORS, ApiError, RawApi
 from dra_driver.resourceslice.reflector import Reflector
@@ -45,6 +45,8 @@ log = structlog.get_logger(__name__)
 #: them, and hammering the API server would not help.
 _MAX_EAGER_ROUNDS = 4
 
+#: How a Kubernetes 1.34 API server refuses a device whose counter set is in another slice.
+COUNTERS_APART = "must reference a counterSet defined in the ResourceSlice sharedCounters"
 _RELIST_ERRORS: tuple[type[BaseException], ...] = (ApiError, *CONNECTION_ERRORS)
 
 
@@ -106,6 +108,7 @@ class SliceController:
         self._dropped: set[str] = set()
         self._eager_rounds = 0
         self._generation = 0
+        self._inline_counters = False
         self._reflector = Reflector(
             lambda: self._api.list_slices(self._selector),
             lambda version, timeout: self._api.watch_slices(self._selector, version, timeout),
@@ -257,9 +260,12 @@ class SliceController:
 
     def _plan(self) -> Plan:
         assert self._desired is not None
+        desired = self._desired
+        if self._inline_counters:
+            desired = inline_counters(desired) or desired
         return plan(
             list(self._store.objects.values()),
-            self._desired,
+            desired,
             self._owner,
             self._dropped,
             self._publisher,
@@ -373,6 +379,11 @@ class SliceController:
         try:
             return await write
         except ApiError as err:
+            if err.status == 422 and COUNTERS_APART in err.message and not self._inline_counters:
+                # Kubernetes 1.34: counter sets go in the slice of the devices consuming them.
+                self._log.info("the API server wants counter sets beside their devices (1.34)")
+                self._inline_counters = True
+                return None
             paths = refused_paths(err.message) if err.status in (403, 422) else frozenset()
             if not paths - self._dropped:
                 raise  # nothing new to leave out: an error like any other

@@ -28,14 +28,12 @@ JSON = dict[str, Any]
 
 @dataclass(frozen=True)
 class SliceContent:
-    """What one slice carries: either devices or shared counter sets, never both."""
+    """What one slice carries: devices or shared counter sets (since Kubernetes 1.35 a slice
+    has one or the other; 1.34 wants each counter set in the slice of the devices that
+    consume it, see :func:`inline_counters`)."""
 
     devices: tuple[JSON, ...] = ()
     shared_counters: tuple[JSON, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.devices and self.shared_counters:
-            raise ValueError("a ResourceSlice carries devices or sharedCounters, not both")
 
 
 @dataclass(frozen=True)
@@ -111,6 +109,28 @@ def contents_for(
     return tuple(out)
 
 
+def inline_counters(pool: DesiredPool) -> DesiredPool | None:
+    """The pool laid out as Kubernetes 1.34 wants it: each counter set in the one slice whose
+    devices consume it, no counter-only slices. None when a counter set is consumed from
+    several slices (1.34 cannot express that pool)."""
+    sets = {str(c["name"]): c for content in pool.slices for c in content.shared_counters}
+    if not sets:
+        return pool
+    owner: dict[str, int] = {}
+    out: list[SliceContent] = []
+    for content in pool.slices:
+        if not content.devices:
+            continue
+        used = {
+            str(c["counterSet"]) for d in content.devices for c in d.get("consumesCounters") or ()
+        }
+        if any(owner.setdefault(name, len(out)) != len(out) for name in used):
+            return None
+        mine = tuple(sets[name] for name in sorted(used) if name in sets)
+        out.append(SliceContent(devices=content.devices, shared_counters=mine))
+    return DesiredPool(pool.driver, pool.pool_name, pool.node_name, tuple(out))
+
+
 def slice_name(node_name: str, driver: str, index: int) -> str:
     """Deterministic slice name ``<node>-<driver>-<index>``, hashed down when too long.
 
@@ -149,7 +169,7 @@ def render_slice(
     if content.shared_counters:
         spec["sharedCounters"] = [dict(c) for c in content.shared_counters]
         # A counter-only slice still names its node; the API requires exactly one node selector.
-    else:
+    if content.devices or not content.shared_counters:
         spec["devices"] = [dict(d) for d in content.devices]
     metadata: JSON = {"name": slice_name(pool.node_name, pool.driver, index)}
     if publisher is not None:

@@ -105,7 +105,11 @@ def test_failed_mig_creation_sends_the_pod_to_another_gpu(
         lambda: node_events(kube_api, node.name, "MIGCreateFailed"), 60, "MIGCreateFailed event"
     )
     assert first in event and "Insufficient Resources (injected)" in event
-    prepared(node, namespace, "moved")
+    # Rescheduling goes through the scheduler's back-off and its 5 s binding poll: give it time.
+    record = node.node.wait_pod_record(
+        namespace, "moved", lambda r: bool(r.get("containers")), timeout=180
+    )
+    assert "prepareError" not in record, record
     device = allocated_device(kube_api, namespace, "moved")
     assert device is not None and device.startswith("gpu-1-mig-1g10gb-"), device
     taints = _devices(kube_api, node.name)["gpu-0-mig-1g10gb-19-0"].get("taints", [])
