@@ -19,6 +19,7 @@ GATE_SINCE: Mapping[str, int] = {
     "DRADeviceTaints": 33,
     "DRAExtendedResource": 34,
     "DRAListTypeAttributes": 36,
+    "DRANodeAllocatableResources": 36,
     "DRAPartitionableDevices": 33,
     "DRAPrioritizedList": 33,
     "DRAResourceClaimDeviceStatus": 32,
