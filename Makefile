@@ -62,9 +62,13 @@ endif
 	$(MAKE) --no-print-directory test-node
 
 # One release at a time: each build needs the whole machine (see testenv/README.md).
+# Each run records its outcome per test in .cache/compat/<version>.json; the README's
+# compatibility table is rendered from those files.
 test-versions: install
-	@failed=""; for v in $(TESTENV_VERSIONS); do \
-	  $(MAKE) --no-print-directory e2e K8S=$$v || failed="$$failed $$v"; done; \
+	@rm -rf .cache/compat; failed=""; for v in $(TESTENV_VERSIONS); do \
+	  DRA_E2E_REPORT=$(CURDIR)/.cache/compat/$$v.json $(MAKE) --no-print-directory e2e K8S=$$v \
+	    || failed="$$failed $$v"; done; \
+	  $(BIN)/python hack/compat_table.py --write; \
 	  [ -z "$$failed" ] || { echo "end-to-end tests failed on:$$failed" >&2; exit 1; }
 
 # The generated half of tests/unit/cel/test_differential.py with a fresh seed and no bound.

@@ -91,6 +91,36 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     return f"e2e control plane: Kubernetes {out.stdout.strip()}, feature gates: {gates} ({path})"
 
 
+#: Where a run writes each e2e test's outcome, for the compatibility table
+#: (``make test-versions`` sets it; ``hack/compat_table.py`` reads the files).
+REPORT_ENV = "DRA_E2E_REPORT"
+_outcomes: dict[str, dict[str, str]] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if not os.environ.get(REPORT_ENV) or E2E_MARK not in report.keywords:
+        return
+    if report.when == "call" or report.outcome != "passed":
+        reason = ""
+        if report.skipped and isinstance(report.longrepr, tuple):
+            reason = str(report.longrepr[2]).removeprefix("Skipped: ")
+        if _outcomes.get(report.nodeid, {}).get("outcome") != "failed":
+            _outcomes[report.nodeid] = {"outcome": report.outcome, "reason": reason}
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    path = os.environ.get(REPORT_ENV)
+    if not path or not _outcomes:
+        return
+    report = {
+        "version": os.environ.get("DRA_K8S_VERSION", ""),
+        "gates": os.environ.get("DRA_K8S_GATES") or "all",
+        "tests": _outcomes,
+    }
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     for c in _started:
         terminalreporter.write_sep("-", "e2e control plane")
