@@ -107,7 +107,7 @@ def one_request(device_class: str, selector: str = "") -> str:
 
 def gpu_pod(name: str, node: str, claim_template: str, selector: str = "") -> str:
     sel = (
-        f"\n        selectors:\n        - cel:\n            expression: '{selector}'"
+        f"\n          selectors:\n          - cel:\n              expression: '{selector}'"
         if selector
         else ""
     )

@@ -15,9 +15,23 @@ from devenv.localcluster import LocalCluster
 from devenv.simnode import GpuNode
 from dra_driver.gpu.mig.simulated import SIMULATED_STATE_FILE
 from tests.e2e.conftest import wait_until
-from tests.e2e.gpu import apply, claim_of, node_events, node_slices, published_devices
+from tests.e2e.gpu import (
+    apply,
+    claim_of,
+    gpu_pod,
+    node_events,
+    node_slices,
+    published_devices,
+)
 from tests.e2e.mig import DYNAMIC, SINGLE_H100
-from tests.e2e.test_dynamic_mig import allocated_device, instances, mig_pod, prepared, referenced
+from tests.e2e.test_dynamic_mig import (
+    allocated_device,
+    delete_pods,
+    instances,
+    mig_pod,
+    prepared,
+    referenced,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -95,16 +109,27 @@ def test_failed_mig_creation_sends_the_pod_to_another_gpu(
 ) -> None:
     node, devices = binding_node
     first = devices["gpu-0"]["attributes"]["uuid"]["string"]
+    second = devices["gpu-1"]["attributes"]["uuid"]["string"]
     _fail_mig_creation(node, first, "Insufficient Resources (injected)")
+    # gpu-1 is taken whole for now, so the scheduler's only choice is a placement on gpu-0.
+    blocker = f'device.attributes["{DRIVER}"].uuid == "{second}"'
+    apply(kube_api, namespace, gpu_pod("blocker", node.name, "blocker-gpu", blocker))
+    prepared(node, namespace, "blocker")
 
-    # The scheduler's first pick is a placement on gpu-0 (the first GPU of the pool); the
-    # agent fails to make it, sets the failure condition and taints gpu-0; the scheduler
-    # deallocates the claim and picks gpu-1.
+    # The agent fails to make the MIG device on gpu-0: failure condition, gpu-0 tainted.
     apply(kube_api, namespace, mig_pod("moved", node.name, "1g.10gb"))
     (event,) = wait_until(
-        lambda: node_events(kube_api, node.name, "MIGCreateFailed"), 60, "MIGCreateFailed event"
+        lambda: node_events(kube_api, node.name, "MIGCreateFailed"), 90, "MIGCreateFailed event"
     )
     assert first in event and "Insufficient Resources (injected)" in event
+
+    def tainted() -> list[str]:
+        taints = _devices(kube_api, node.name)["gpu-0-mig-1g10gb-19-0"].get("taints", [])
+        return [t["key"] for t in taints]
+
+    assert wait_until(tainted, 30, "gpu-0 tainted") == [f"{DRIVER}/mig-failed"]
+    # gpu-1 free again: the scheduler, which deallocated the failed claim, places it there.
+    delete_pods(kube_api, namespace, ["blocker"])
     # Rescheduling goes through the scheduler's back-off and its 5 s binding poll: give it time.
     record = node.node.wait_pod_record(
         namespace, "moved", lambda r: bool(r.get("containers")), timeout=180
@@ -112,8 +137,7 @@ def test_failed_mig_creation_sends_the_pod_to_another_gpu(
     assert "prepareError" not in record, record
     device = allocated_device(kube_api, namespace, "moved")
     assert device is not None and device.startswith("gpu-1-mig-1g10gb-"), device
-    taints = _devices(kube_api, node.name)["gpu-0-mig-1g10gb-19-0"].get("taints", [])
-    assert [t["key"] for t in taints] == [f"{DRIVER}/mig-failed"]
+    assert tainted() == [f"{DRIVER}/mig-failed"]
     # Nothing was left on the failing GPU; the pod's MIG device is on the other.
     made = instances(node)
     assert len(made) == 1 and made[0]["uuid"] == referenced(node)[0]
