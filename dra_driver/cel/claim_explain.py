@@ -238,7 +238,7 @@ def _judge(report: RequestReport) -> None:
         )
 
 
-def _attribute(device: Device, qualified: str) -> Any:
+def _attribute(device: Device, qualified: str) -> frozenset[tuple[str, Any]]:
     domain, name = split_name(qualified, device.driver)
     attributes = device.data.get("attributes") or {}
     raw = attributes.get(qualified) if "/" in qualified else None
@@ -247,9 +247,15 @@ def _attribute(device: Device, qualified: str) -> Any:
     if raw is None:
         raw = attributes.get(f"{domain}/{name}")
     if not isinstance(raw, Mapping):
-        return None
-    values = [raw.get(k) for k in ("int", "bool", "string", "version") if k in raw]
-    return values[0] if values else None
+        return frozenset()
+    # A list-type attribute is the set of its values; a scalar, a set of one (DRAListTypeAttributes
+    # semantics, which equal the old ones for scalars). The kind keeps 1 and "1" apart.
+    for kind in ("int", "bool", "string", "version"):
+        if kind in raw:
+            return frozenset({(kind, raw[kind])})
+        if isinstance(raw.get(kind + "s"), list):
+            return frozenset((kind, v) for v in raw[kind + "s"])
+    return frozenset()
 
 
 def explain_constraints(
@@ -302,9 +308,7 @@ def _match_attribute(
         for report in reports:
             values = Counter[Any]()
             for name in _available(report, pool_key):
-                value = _attribute(devices[f"{pool_key[0]}/{pool_key[1]}/{name}"], attribute)
-                if value is not None:
-                    values[value] += 1
+                values.update(_attribute(devices[f"{pool_key[0]}/{pool_key[1]}/{name}"], attribute))
             per_request.append(values)
         common = set(per_request[0])
         for values in per_request[1:]:
@@ -327,12 +331,10 @@ def _distinct_attribute(
     needed = sum(r.count for r in reports)
     best = 0
     for pool_key in sorted(_nodes(reports)):
-        values = set()
+        values: set[tuple[str, Any]] = set()
         for report in reports:
             for name in _available(report, pool_key):
-                value = _attribute(devices[f"{pool_key[0]}/{pool_key[1]}/{name}"], attribute)
-                if value is not None:
-                    values.add(value)
+                values |= _attribute(devices[f"{pool_key[0]}/{pool_key[1]}/{name}"], attribute)
         best = max(best, len(values))
         if len(values) >= needed:
             return ""

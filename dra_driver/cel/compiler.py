@@ -43,6 +43,7 @@ from dra_driver.cel.values import (
     cel_eq,
     check_int,
     check_uint,
+    equal,
     is_missing,
     map_lookup,
 )
@@ -881,8 +882,9 @@ def _neg(value: Any) -> Any:
 
 def _in(item: Any, container: Any) -> bool:
     if isinstance(container, list | tuple):
-        # Each element is compared with the item (element on the left, as the scheduler does).
-        return any(cel_eq(x, item) for x in container)
+        # The item is compared with each element; an element of another kind (no == overload)
+        # is simply not it, as in the scheduler.
+        return any(equal(item, x) for x in container)
     if isinstance(container, Mapping):
         # Membership looks at the keys really present: a map with a default value (the
         # device's attribute domains) still answers "in" truthfully.

@@ -139,17 +139,32 @@ def split_name(name: str, driver: str) -> tuple[str, str]:
     return (domain, rest) if sep else (driver, name)
 
 
+#: The value fields of an attribute in the order the scheduler reads them: lists first.
+_KINDS = ("ints", "bools", "strings", "versions", "int", "bool", "string", "version")
+
+
 def attribute_value(name: str, attribute: Mapping[str, Any]) -> Any:
-    """A DRA attribute (``{"int": 1}``, ``{"version": "1.2.3"}``, ...) as a CEL value."""
-    for kind in ("int", "bool", "string"):
-        if kind in attribute:
-            return attribute[kind]
-    if "version" in attribute:
-        try:
-            return parse_semver(str(attribute["version"]))
-        except EvalError as exc:
-            raise EvalError(f"attribute {name}: parse semantic version: {exc}") from None
+    """A DRA attribute (``{"int": 1}``, ``{"version": "1.2.3"}``, ``{"strings": [...]}``, ...)
+    as a CEL value; list-type attributes (DRAListTypeAttributes) become lists."""
+    # The API lets an attribute have one field; with more, the first in _KINDS counts.
+    for kind in attribute if len(attribute) == 1 else (k for k in _KINDS if k in attribute):
+        value = attribute[kind]
+        if kind in ("int", "bool", "string"):
+            return value
+        if kind == "version":
+            return _semver(name, value)
+        if kind == "versions":
+            return [_semver(name, v) for v in value]
+        if kind in ("ints", "bools", "strings"):
+            return list(value)
     raise EvalError(f"attribute {name}: unsupported attribute value {dict(attribute)!r}")
+
+
+def _semver(name: str, text: Any) -> Any:
+    try:
+        return parse_semver(str(text))
+    except EvalError as exc:
+        raise EvalError(f"attribute {name}: parse semantic version: {exc}") from None
 
 
 def device_variables(device: Mapping[str, Any], driver: str) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from typing import Any
 
 from dra_driver.cel.errors import EvalError, NoSuchOverload
 from dra_driver.cel.types import type_name
-from dra_driver.cel.values import cel_compare, cel_eq, check_int
+from dra_driver.cel.values import cel_compare, cel_eq, check_int, equal
 
 Function = Callable[..., Any]
 
@@ -61,13 +61,13 @@ def max_(items: Any) -> Any:
 def index_of(items: Any, item: Any) -> int:
     """First index of ``item``, or -1."""
     values = _list("indexOf", items, item)
-    return next((i for i, v in enumerate(values) if cel_eq(v, item)), -1)
+    return next((i for i, v in enumerate(values) if equal(v, item)), -1)
 
 
 def last_index_of(items: Any, item: Any) -> int:
     """Last index of ``item``, or -1."""
     values = _list("lastIndexOf", items, item)
-    return next((i for i in range(len(values) - 1, -1, -1) if cel_eq(values[i], item)), -1)
+    return next((i for i in range(len(values) - 1, -1, -1) if equal(values[i], item)), -1)
 
 
 def slice_(items: Any, start: Any, end: Any) -> list[Any]:
@@ -130,14 +130,9 @@ def sort_by_keys(items: Any, keys: list[Any]) -> list[Any]:
 
 
 def includes(items: Any, item: Any) -> bool:
-    """``list.includes(x)``: membership where incomparable values are simply not equal."""
-    for value in _list("includes", items):
-        try:
-            if cel_eq(value, item):
-                return True
-        except NoSuchOverload:
-            continue
-    return False
+    """``list.includes(x)``: membership where incomparable values are simply not equal; on a
+    scalar (an attribute that may be a list on other devices) equality with it."""
+    return any(equal(v, item) for v in (items if isinstance(items, list | tuple) else (items,)))
 
 
 def lists_range(count: Any) -> list[int]:

@@ -121,7 +121,7 @@ _TEXT: dict[str, list[str]] = {
     "slice": ["list(A).(int, int) -> list(A)"],
     "sort": [f"list({t}).() -> list({t})" for t in _COMPARABLE],
     "lists.range": ["(int) -> list(int)"],
-    "includes": ["list(A).(dyn) -> bool"],
+    "includes": ["dyn.(dyn) -> bool"],
     "@sortByAssociatedKeys": [f"list(A).(list({t})) -> list(A)" for t in _COMPARABLE],
     "isSorted": [f"list({t}).() -> bool" for t in _COMPARABLE],
     "sum": ["list(int).() -> int", "list(uint).() -> uint", "list(double).() -> double"],

@@ -79,13 +79,13 @@ def cel_eq(a: Any, b: Any) -> bool:
     if isinstance(a, bool) or isinstance(b, bool):
         return False
     if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-        return len(a) == len(b) and all(cel_eq(x, y) for x, y in zip(a, b, strict=True))
+        return len(a) == len(b) and all(_not_unequal(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, Mapping) and isinstance(b, Mapping):
         if len(a) != len(b):
             return False
         for key, value in a.items():
             other = _map_get(b, key)
-            if other is _MISSING or not cel_eq(value, other):
+            if other is _MISSING or not _not_unequal(value, other):
                 return False
         return True
     if type_name(a) != type_name(b):
@@ -99,6 +99,24 @@ _OPAQUE = frozenset(
 
 
 _MISSING = object()
+
+
+def _not_unequal(a: Any, b: Any) -> bool:
+    # Lists and maps are unequal only where a pair of elements is definitely unequal: a pair
+    # without an == overload (a Semver and a bool) does not make them differ, as in cel-go.
+    try:
+        return cel_eq(a, b)
+    except NoSuchOverload:
+        return True
+
+
+def equal(a: Any, b: Any) -> bool:
+    """Whether ``a == b`` is true, where no overload counts as false: how the scheduler's
+    list functions and ``in`` look for an element (``a.Equal(b) == True``)."""
+    try:
+        return cel_eq(a, b)
+    except NoSuchOverload:
+        return False
 
 
 def _map_get(mapping: Mapping[Any, Any], key: Any) -> Any:

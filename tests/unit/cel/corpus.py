@@ -102,6 +102,20 @@ DEVICES: list[TestDevice] = [
         },
     ),
     _device("badversion", {"cudaComputeCapability": {"version": "9.0"}}, {"memory": "1Gi"}),
+    # List-type attributes (DRAListTypeAttributes), under names other devices have as scalars.
+    _device(
+        "lists",
+        {
+            "migProfiles": {"strings": ["1g.10gb", "2g.20gb", "7g.80gb", "1g.10gb"]},
+            "numaNode": {"ints": [0, 1]},
+            "migEnabled": {"bools": [False]},
+            "cudaComputeCapability": {"versions": ["9.0.0", "8.9.0"]},
+            "productName": {"strings": ["NVIDIA H100 80GB HBM3"]},
+            "index": {"int": 2},
+        },
+        {"memory": "80Gi"},
+    ),
+    _device("badversions", {"cudaComputeCapability": {"versions": ["9.0.0", "9"]}}, {}),
 ]
 
 
@@ -639,6 +653,80 @@ def _strings() -> list[str]:
         "'abc'.contains('')",
         "''.startsWith('')",
         "'%s'.format([1e100]) == '1e+100'",
+    ]
+
+
+def _list_attributes() -> list[str]:
+    """Attributes that are lists on some devices and scalars on others."""
+    return [
+        f'{A}.migProfiles.includes("1g.10gb")',
+        f'{A}.migProfiles.includes("3g.40gb")',
+        f'"7g.80gb" in {A}.migProfiles',
+        f"{A}.migProfiles.size() == 4",
+        f"size({A}.migProfiles) > 0",
+        f'{A}.migProfiles[0] == "1g.10gb"',
+        f"{A}.migProfiles[9] == 1",
+        f'{A}.migProfiles.exists(p, p.startsWith("7g"))',
+        f'{A}.migProfiles.all(p, p.endsWith("gb"))',
+        f'{A}.migProfiles.filter(p, p == "1g.10gb").size() == 2',
+        f'{A}.migProfiles == ["1g.10gb", "2g.20gb", "7g.80gb", "1g.10gb"]',
+        f"{A}.migProfiles.map(p, p.size()).sum() > 0",
+        f"{A}.migProfiles.isSorted()",
+        f'{A}.migProfiles.sortBy(p, p)[0] == "1g.10gb"',
+        f'{A}.migProfiles.join(",") == ""',
+        f'has({A}.migProfiles) && {A}.migProfiles.includes("1g.10gb")',
+        f"{A}.numaNode.includes(0)",
+        f"{A}.numaNode.includes(1.0)",
+        f"{A}.numaNode.includes(1u)",
+        f'{A}.numaNode.includes("0")',
+        f"{A}.numaNode == 0",
+        f"{A}.numaNode == [0, 1]",
+        f"0 in {A}.numaNode",
+        f"{A}.numaNode.max() == 1",
+        f"{A}.numaNode.sum() == 1",
+        f"{A}.numaNode.indexOf(1) == 1",
+        f"{A}.numaNode.all(n, n >= 0)",
+        f"{A}.migEnabled.includes(false)",
+        f"{A}.migEnabled == false",
+        f"{A}.migEnabled.exists(b, !b)",
+        f'{A}.cudaComputeCapability.includes(semver("9.0.0"))',
+        f'{A}.cudaComputeCapability.includes("9.0.0")',
+        f"1 in {A}.cudaComputeCapability",
+        f'"9.0.0" in {A}.cudaComputeCapability',
+        f'semver("9.0.0") in {A}.cudaComputeCapability',
+        f"{A}.cudaComputeCapability.indexOf(1) == -1",
+        f"{A}.cudaComputeCapability.lastIndexOf(1) == -1",
+        f"1 in [{A}.driverVersion, 1]",
+        f"{A}.driverVersion in [1, {A}.driverVersion]",
+        f"{A}.cudaComputeCapability.filter(v, v == 1) == []",
+        f"{A}.cudaComputeCapability.max() == 1",
+        # Containers differ only where a pair of elements is definitely unequal.
+        f"{A}.cudaComputeCapability == [true, true]",
+        f"{A}.migEnabled == [semver('1.0.0')]",
+        f"[{A}.driverVersion] == [1]",
+        f"[[{A}.driverVersion]] == [[true]]",
+        'dyn([semver("1.0.0")]) == dyn([true])',
+        'dyn({"a": quantity("1")}) == dyn({"a": 1})',
+        'dyn([quantity("1"), 2]) != dyn([1, 3])',
+        f'{A}.cudaComputeCapability.exists(v, v.isGreaterThan(semver("8.9.5")))',
+        f'{A}.cudaComputeCapability.isGreaterThan(semver("8.0.0"))',
+        f"{A}.cudaComputeCapability.exists(v, v.major() == 9)",
+        f'{A}.productName.includes("NVIDIA H100 80GB HBM3")',
+        f'{A}.productName.startsWith("NVIDIA")',
+        f'{A}.productName.exists(n, n.contains("H100"))',
+        f"{A}.index.includes(2)",
+        f"{A}.index.includes(3)",
+        f'{A}.architecture.includes("Hopper")',
+        '"Hopper".includes("Hopper")',
+        '"Hopper".includes("Ampere")',
+        "1.0.includes(1)",
+        "true.includes(true)",
+        "[1, [2]].includes([2])",
+        "[].includes(1)",
+        f"{A}.exists(k, {A}[k].includes(0))",
+        f"{A}.all(k, type({A}[k]) != list)",
+        f"type({A}.migProfiles) == list",
+        f"dyn({A}.numaNode).includes(dyn(1))",
     ]
 
 
@@ -1510,6 +1598,7 @@ SELECTORS: list[str] = list(
         + _semver()
         + _strings()
         + _lists()
+        + _list_attributes()
         + _environment()
         + _types_and_compile()
         + _deep()

@@ -260,6 +260,22 @@ def _in(draw: Draw, d: int) -> str:
     return f"{expr(draw, 'int', d)} in {expr(draw, 'list', d)}"
 
 
+def _attribute_list(draw: Draw, d: int) -> str:
+    # Attributes that may be lists (DRAListTypeAttributes) or scalars, used as lists.
+    attr = f"{A}.{draw(st.sampled_from(NAMES))}"
+    value = expr(draw, draw(st.sampled_from(["int", "string", "bool", "semver", "dyn"])), d)
+    choice = draw(st.integers(0, 4))
+    if choice == 0:
+        return f"{attr}.includes({value})"
+    if choice == 1:
+        return f"{value} in {attr}"
+    if choice == 2:
+        return f"{attr}.exists(x, x == {value})"
+    if choice == 3:
+        return f"size({attr}) > {draw(st.integers(0, 2))}"
+    return f"{attr}[{draw(st.integers(-1, 3))}] == {value}"
+
+
 def _macro_bool(draw: Draw, d: int) -> str:
     fn = draw(st.sampled_from(["all", "exists", "exists_one"]))
     if draw(st.booleans()):
@@ -458,6 +474,7 @@ _COMPOSITES: dict[str, list[Callable[[Draw, int], str]]] = {
         _semver_pred,
         _has,
         _in,
+        _attribute_list,
         _macro_bool,
         _is_fn,
         _not,
@@ -508,18 +525,23 @@ def selectors(draw: Draw) -> str:
 
 
 def _attribute(draw: Draw) -> dict[str, object]:
-    kind = draw(st.sampled_from(["int", "bool", "string", "version"]))
+    # One in three is a list-type attribute (DRAListTypeAttributes): a non-empty list.
+    kind = draw(st.sampled_from(["int", "bool", "string", "version"] * 2 + ["list"] * 4))
+    if kind == "list":
+        kind = draw(st.sampled_from(["int", "bool", "string", "version"]))
+        values = draw(st.lists(_value(kind), min_size=1, max_size=3))
+        return {kind + "s": values}
+    return {kind: draw(_value(kind))}
+
+
+def _value(kind: str) -> st.SearchStrategy[object]:
     if kind == "int":
-        return {"int": draw(ints)}
+        return ints
     if kind == "bool":
-        return {"bool": draw(st.booleans())}
+        return st.booleans()
     if kind == "string":
-        return {
-            "string": draw(
-                st.one_of(texts, st.sampled_from(["NVIDIA H100", "Hopper", "a\n", " x "]))
-            )
-        }
-    return {"version": draw(st.sampled_from(VERSIONS))}
+        return st.one_of(texts, st.sampled_from(["NVIDIA H100", "Hopper", "a\n", " x "]))
+    return st.sampled_from(VERSIONS)
 
 
 @st.composite

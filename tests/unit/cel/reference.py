@@ -42,9 +42,10 @@ class TestDevice:
 class Reference:
     """A running ``celref``; :meth:`run` evaluates selectors over devices as the scheduler does."""
 
-    def __init__(self, binary: Path = BINARY) -> None:
+    def __init__(self, binary: Path = BINARY, *flags: str) -> None:
+        """``flags``: celref's, e.g. ``--list-type-attributes`` for the scheduler with that gate."""
         self.process = subprocess.Popen(
-            [str(binary)],
+            [str(binary), *flags],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

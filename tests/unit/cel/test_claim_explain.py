@@ -147,6 +147,40 @@ def test_distinct_attribute() -> None:
     assert explain_claim(ok, CLASSES, SLICES, []).constraints == []
 
 
+def test_list_attributes_match_by_a_shared_element() -> None:
+    # DRAListTypeAttributes: matchAttribute holds when one value is in every device's list (a
+    # scalar counts as a list of one); a list and a scalar of another kind never match.
+    def nic(name: str, numa: dict[str, Any]) -> dict[str, Any]:
+        return {"name": name, "attributes": {"numa": numa}}
+
+    slices = [
+        slice_(
+            "node-a",
+            nic("wide", {"ints": [0, 1]}),
+            nic("one", {"int": 1}),
+            nic("text", {"strings": ["0", "1"]}),
+        )
+    ]
+    requests = [
+        exactly("a", 1, f'device.attributes["{DRIVER}"].numa.includes(0)'),
+        exactly("b", 1, f'"text" != "{DRIVER}" && device.attributes["{DRIVER}"].numa == 1'),
+    ]
+    c = claim("c", requests, [{"requests": ["a", "b"], "matchAttribute": f"{DRIVER}/numa"}])
+    report = explain_claim(c, CLASSES, slices, [])
+    assert report.requests[0].pools[0].available == ["wide"]
+    assert report.requests[1].pools[0].available == ["one"]
+    assert report.constraints == []  # 1 is in [0, 1] and is the other device's value
+
+    strings_only = [
+        exactly("a", 1, f'device.attributes["{DRIVER}"].numa.includes("0")'),
+        requests[1],
+    ]
+    c = claim("c", strings_only, [{"requests": ["a", "b"], "matchAttribute": f"{DRIVER}/numa"}])
+    report = explain_claim(c, CLASSES, slices, [])
+    assert report.requests[0].pools[0].available == ["text"]
+    assert report.constraints and "matchAttribute gpu.dra.dev/numa" in report.constraints[0]
+
+
 def test_all_mode_blocked_by_busy_device() -> None:
     other = claim("other", [exactly("gpu")], allocated=[("gpu", "node-b", "gpu-1")])
     req = {"name": "gpu", "exactly": {"deviceClassName": DRIVER, "allocationMode": "All"}}

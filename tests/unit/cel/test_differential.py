@@ -59,6 +59,17 @@ def test_curated(selector: str, corpus_disagreements: dict[str, str]) -> None:
     assert selector not in corpus_disagreements, corpus_disagreements[selector]
 
 
+def test_curated_with_list_type_attributes_on() -> None:
+    # The gate changes the declared attribute type (dyn instead of Any); the engine follows
+    # the default, and no verdict of the corpus depends on the difference.
+    reference = Reference(BINARY, "--list-type-attributes")
+    try:
+        found = compare(reference, SELECTORS, DEVICES)
+    finally:
+        reference.close()
+    assert not found, describe(found, DEVICES)
+
+
 @pytest.mark.parametrize("selector", COST_BOUNDARY)
 def test_cost_boundary(reference: Reference, selector: str) -> None:
     found = compare(reference, [selector], DEVICES[2:3])
