@@ -21,6 +21,9 @@ RESOURCE_SLICES = "resourceslices"
 RESOURCE_CLAIMS = "resourceclaims"
 RESOURCE_CLAIM_TEMPLATES = "resourceclaimtemplates"
 
+#: The value fields of a device attribute that hold lists (DRAListTypeAttributes, alpha 1.36).
+LIST_KINDS = ("ints", "bools", "strings", "versions")
+
 
 def path(resource: str, name: str = "", *, namespace: str = "", subresource: str = "") -> str:
     """The REST path of a collection (no ``name``) or of one object (and its subresource).

@@ -26,7 +26,12 @@ from dra_driver import faults
 from dra_driver.errors import DriverError
 from dra_driver.kube import KubeClient
 from dra_driver.resourceslice.backoff import Backoff, pause
-from dra_driver.resourceslice.dropped import feature_gate_for, find_dropped, refused_paths
+from dra_driver.resourceslice.dropped import (
+    feature_gate_for,
+    find_dropped,
+    refused_list_attributes,
+    refused_paths,
+)
 from dra_driver.resourceslice.planner import Plan, plan
 from dra_driver.resourceslice.pool import DesiredPool, NodeOwner, inline_counters
 from dra_driver.resourceslice.publisher import Publisher
@@ -385,6 +390,8 @@ class SliceController:
                 self._inline_counters = True
                 return None
             paths = refused_paths(err.message) if err.status in (403, 422) else frozenset()
+            if err.status == 422:
+                paths |= refused_list_attributes(err.message, body.get("spec") or {})
             if not paths - self._dropped:
                 raise  # nothing new to leave out: an error like any other
             name = str(meta(body).get("name", ""))

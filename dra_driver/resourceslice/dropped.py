@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from dra_driver.resourceapi import LIST_KINDS
 from dra_driver.resourceslice.normalize import NAMED_MAPS, normalize_spec
 
 #: Field path (as produced by :func:`find_dropped`) -> the feature gate that guards it.
@@ -28,6 +29,7 @@ FEATURE_GATES: Mapping[str, str] = {
     "devices[].bindingConditions": "DRADeviceBindingConditions",
     "devices[].bindingFailureConditions": "DRADeviceBindingConditions",
     "devices[].nodeAllocatableResources": "DRANodeAllocatableResources",
+    **{f"devices[].attributes.*.{kind}": "DRAListTypeAttributes" for kind in LIST_KINDS},
 }
 
 UNKNOWN_GATE = "unknown (is the API server older than this driver?)"
@@ -45,6 +47,27 @@ def refused_paths(message: str) -> frozenset[str]:
     if match is None:
         return frozenset()
     return frozenset(p for p, gate in FEATURE_GATES.items() if gate == match.group(1))
+
+
+_ATTRIBUTE_NAMED = re.compile(r"attributes\[([^\]]+)\]")
+
+
+def refused_list_attributes(message: str, spec: Mapping[str, Any]) -> frozenset[str]:
+    """The list-attribute paths of ``spec`` that an API server without DRAListTypeAttributes
+    refused: it drops the list fields (gate off) or does not know them (before 1.36), then
+    finds those attributes without a value and names them in its validation error."""
+    listed = {
+        name: kind
+        for device in spec.get("devices") or ()
+        for name, attribute in (device.get("attributes") or {}).items()
+        for kind in LIST_KINDS
+        if isinstance(attribute, Mapping) and kind in attribute
+    }
+    return frozenset(
+        f"devices[].attributes.*.{listed[name]}"
+        for name in _ATTRIBUTE_NAMED.findall(message)
+        if name in listed
+    )
 
 
 def feature_gate_for(path: str) -> str:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from dra_driver.resourceapi import LIST_KINDS
+
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -39,7 +41,7 @@ def _device_is_extended(device: dict[str, Any]) -> bool:
     return bool(
         device.get("taints")
         or device.get("consumesCounters")
-        or any("list" in v for v in attrs.values())
+        or any(k in v for v in attrs.values() for k in LIST_KINDS)
     )
 
 
@@ -52,12 +54,21 @@ def check_device(device: dict[str, Any]) -> list[str]:
     capacity = device.get("capacity") or {}
     if len(attrs) + len(capacity) > 32:
         errors.append(f"{name}: {len(attrs) + len(capacity)} attributes+capacities > 32")
+    values = sum(len(v.get(k) or ()) for v in attrs.values() for k in LIST_KINDS)
+    values += sum(not any(k in v for k in LIST_KINDS) for v in attrs.values())
+    if values > 48:
+        errors.append(f"{name}: {values} attribute values > 48")
     for key, value in attrs.items():
         errors += check_qualified_name(key)
         if len(value) != 1:
             errors.append(f"{name}/{key}: exactly one value type, got {sorted(value)}")
         kind, val = next(iter(value.items()))
-        if kind == "string" and (not isinstance(val, str) or len(val) > 64):
+        if kind in LIST_KINDS:
+            if not isinstance(val, list) or not val:
+                errors.append(f"{name}/{key}: a list-type attribute must be a non-empty list")
+            for item in val:
+                errors += check_device({"name": name, "attributes": {key: {kind[:-1]: item}}})
+        elif kind == "string" and (not isinstance(val, str) or len(val) > 64):
             errors.append(f"{name}/{key}: string longer than 64")
         elif kind == "version" and (len(val) > 64 or not SEMVER.match(val)):
             errors.append(f"{name}/{key}: {val!r} is not semver <= 64")
