@@ -163,6 +163,7 @@ class NodeAgent:
             shared,
             binding=settings.dynamic_mig and settings.mig_binding_conditions,
             overhead=parse_overhead(settings.node_overhead),
+            list_attributes=settings.list_attributes,
         )
         self.slices = SliceController(
             client,

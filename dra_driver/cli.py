@@ -56,7 +56,11 @@ def _slices(settings: Settings, _: argparse.Namespace) -> int:
         dynamic=settings.dynamic_mig,
         shared=shared_uuids(inventory, parse_selection(settings.shared_gpus)),
     )
-    slices = render_pool(catalog.pool(settings.node_name, settings.driver_name))
+    slices = render_pool(
+        catalog.pool(
+            settings.node_name, settings.driver_name, list_attributes=settings.list_attributes
+        )
+    )
     if settings.output == "table":
         from dra_driver.resourceslice.table import slices_table
 
@@ -111,6 +115,7 @@ _AGENT = (
     "mig_binding_conditions",
     "mig_failure_hold",
     "node_overhead",
+    "list_attributes",
     "mig_profiles",
     "shared_gpus",
     *_LOGGING,
@@ -182,6 +187,7 @@ COMMANDS: dict[str, Command] = {
             "dynamic_mig",
             "mig_profiles",
             "shared_gpus",
+            "list_attributes",
             "output",
             *_LOGGING,
         ),

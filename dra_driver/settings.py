@@ -120,6 +120,12 @@ class Settings(BaseModel):
         "memory=512Mi,cpu=100m: declared on every device so the scheduler counts them "
         "(needs DRANodeAllocatableResources, alpha; empty: none)",
     )
+    list_attributes: bool = Field(
+        False,
+        description="publish list-type attributes: the MIG profiles each GPU supports "
+        '(migProfiles), for selectors like .migProfiles.includes("3g.40gb") (needs '
+        "DRAListTypeAttributes, alpha)",
+    )
     mig_profiles: str = Field(
         "",
         description="with --dynamic-mig, publish placements of these MIG profiles only, "

@@ -37,6 +37,12 @@ FEATURES: dict[str, tuple[str, ...]] = {
     "time-slicing, MPS": ("tests/e2e/test_sharing.py",),
     "NUMA alignment": ("tests/e2e/test_alignment.py",),
     "node overhead": ("tests/e2e/test_node_overhead.py",),
+    "list-type attributes": (
+        "tests/e2e/test_list_attributes.py::test_a_claim_selects_a_gpu_by_a_mig_profile",
+    ),
+    "lists refused: published without": (
+        "tests/e2e/test_list_attributes.py::test_without_the_gate",
+    ),
     "crash and fault safety": ("tests/e2e/test_crash.py", "tests/e2e/test_state_faults.py"),
     "CEL tools": ("tests/e2e/test_cel_conformance.py", "tests/e2e/test_cel_tools_live.py"),
 }

@@ -46,7 +46,10 @@ DRIVER: dict[str, str] = {
     "a refused write is logged and preparing goes on",
     "ResourceHealthStatus": "health over the kubelet's gRPC stream; off: the kubelet does not "
     "ask, taints still apply",
-    "DRAListTypeAttributes": "not used yet",
+    "DRAListTypeAttributes": "whole GPUs list the MIG profiles they support (`migProfiles`, "
+    "`--list-attributes`), selectable with `.includes()` (`tests/e2e/test_list_attributes.py`); "
+    "off: the API server refuses the lists and the agent publishes without them, with a Node "
+    "Event",
     "DRANodeAllocatableResources": "`--node-overhead` declares the host resources each pod "
     "using a GPU costs the node, counted by the scheduler (`tests/e2e/test_node_overhead.py`, "
     "1.37 shape); off, or a node that does not declare it: not published, with a Node Event",

@@ -18,7 +18,12 @@ from typing import Any
 
 from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
 from dra_driver.gpu.inventory import Gpu, Inventory, MigDevice
-from dra_driver.gpu.publish.devices import DEFAULT_DRIVER_NAME, devices_for_gpu, gpu_device_name
+from dra_driver.gpu.publish.devices import (
+    DEFAULT_DRIVER_NAME,
+    devices_for_gpu,
+    gpu_device_name,
+)
+from dra_driver.gpu.publish.devices import list_attributes as gpu_lists
 from dra_driver.gpu.publish.partitions import PlacementSpec, dynamic_layout, placements
 from dra_driver.gpu.sharing.shared_gpus import shared_device
 from dra_driver.resourceslice.pool import DesiredPool, contents_for
@@ -79,6 +84,7 @@ class Catalog:
         withdraw_tainted: bool = False,
         bind_placements: bool = False,
         device_fields: JSON | None = None,
+        list_attributes: bool = False,
     ) -> DesiredPool:
         """The pool to publish: pool name = node name, slices packed by API limits.
 
@@ -88,7 +94,8 @@ class Catalog:
         API server without device taints (nothing else keeps the scheduler off them).
         ``bind_placements``: MIG placements carry binding conditions (:data:`BINDING_FIELDS`),
         so their MIG devices are made before the pod is bound. ``device_fields`` are added to
-        every device (e.g. the node overhead it costs).
+        every device (e.g. the node overhead it costs). ``list_attributes``: whole GPUs carry
+        their list-type attributes (:func:`~dra_driver.gpu.publish.devices.list_attributes`).
         """
         taints = taints or {}
 
@@ -104,8 +111,11 @@ class Catalog:
                 device, own = self._device(name), own_taints(name, inherit)
                 if own and withdraw_tainted:
                     continue
-                if bind_placements and self.entries[name].placement is not None:
+                entry = self.entries[name]
+                if bind_placements and entry.placement is not None:
                     device = {**device, **BINDING_FIELDS}
+                if list_attributes and entry.kind == "gpu" and (lists := gpu_lists(entry.gpu)):
+                    device = {**device, "attributes": {**device["attributes"], **lists}}
                 if device_fields:
                     device = {**device, **device_fields}
                 out.append({**device, "taints": own} if own else device)

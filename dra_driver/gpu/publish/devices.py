@@ -131,6 +131,16 @@ def gpu_device(gpu: Gpu, inventory: Inventory) -> JSON:
     return {"name": gpu_device_name(gpu), "attributes": attributes, "capacity": capacity}
 
 
+def list_attributes(gpu: Gpu) -> JSON:
+    """A whole GPU's list-type attributes (DRAListTypeAttributes, alpha): the MIG profiles it
+    supports (``migProfiles``), for selectors such as ``.migProfiles.includes("3g.40gb")``.
+    Empty for GPUs without MIG."""
+    if not gpu.mig.capable or not gpu.mig_profiles:
+        return {}
+    profiles = sorted({p.name[:MAX_STRING] for p in gpu.mig_profiles})
+    return {"migProfiles": {"strings": profiles}}
+
+
 def mig_device(gpu: Gpu, mig: MigDevice, inventory: Inventory) -> JSON:
     """The DRA device for a MIG device that exists on ``gpu``."""
     attributes: JSON = {

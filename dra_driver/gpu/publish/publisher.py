@@ -31,6 +31,7 @@ CONSUMABLE = "DRAConsumableCapacity"
 TAINTS = "DRADeviceTaints"
 BINDING = "DRADeviceBindingConditions"
 NODE_ALLOCATABLE = "DRANodeAllocatableResources"
+LIST_ATTRIBUTES = "DRAListTypeAttributes"
 
 #: What the node does without each optional feature it publishes with.
 WITHOUT: Mapping[str, str] = {
@@ -40,6 +41,8 @@ WITHOUT: Mapping[str, str] = {
     BINDING: "MIG devices are created when the kubelet prepares the claim, after binding",
     NODE_ALLOCATABLE: "the host resources a GPU costs the node (--node-overhead) are not "
     "declared; the scheduler does not count them",
+    LIST_ATTRIBUTES: "the MIG profiles each GPU supports (migProfiles, --list-attributes) "
+    "are not published",
 }
 #: For fields of another feature: the publisher stops sending them back and goes on.
 OTHER_FIELDS = "publishing without the dropped fields"
@@ -71,12 +74,15 @@ class NodePublishing:
         shared: frozenset[str] = frozenset(),
         binding: bool = False,
         overhead: Mapping[str, str] | None = None,
+        list_attributes: bool = False,
     ) -> None:
         """``shared``: UUIDs of the GPUs published as shared GPUs (sharing by memory);
         ``binding``: MIG placements carry binding conditions (dynamic MIG only);
-        ``overhead``: node resource -> what each pod using a device costs the node."""
+        ``overhead``: node resource -> what each pod using a device costs the node;
+        ``list_attributes``: whole GPUs carry list-type attributes (their MIG profiles)."""
         self.backend = backend
         self._binding = binding
+        self._list_attributes = list_attributes
         self._overhead = dict(overhead or {})
         self._inventory = inventory
         self.shared = shared
@@ -115,6 +121,7 @@ class NodePublishing:
             device_fields=None
             if NODE_ALLOCATABLE in self.given_up
             else overhead_fields(self._overhead),
+            list_attributes=self._list_attributes and LIST_ATTRIBUTES not in self.given_up,
         )
 
     async def on_dropped(self, gates: Iterable[str]) -> dict[str, str]:
