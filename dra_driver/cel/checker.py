@@ -98,7 +98,13 @@ def unify(param: str, arg: str, bound: dict[str, str]) -> bool:
     """Whether ``arg`` can be passed where ``param`` is expected, binding type parameters."""
     if is_type_param(param):
         if param in bound:
-            return unify(bound[param], arg, bound)
+            previous = bound[param]
+            if not unify(previous, arg, bound):
+                return False
+            # As cel-go: the parameter stands for the more general of the two, the later
+            # one when both are (dyn and Any): (Any, bool) and (dyn, Any) give Any.
+            bound[param] = most_general(arg, previous)
+            return True
         bound[param] = arg
         return True
     if param in (DYN, FREE, ANY) or arg in (DYN, FREE, ANY):
@@ -115,6 +121,23 @@ def unify(param: str, arg: str, bound: dict[str, str]) -> bool:
     if pname != aname or len(pparams) != len(aparams):
         return False
     return all(unify(p, a, bound) for p, a in zip(pparams, aparams, strict=True))
+
+
+def _less_specific(a: str, b: str) -> bool:
+    if a in (DYN, ANY, FREE) or is_type_param(a):
+        return True
+    if b in (DYN, ANY, FREE) or is_type_param(b):
+        return False
+    aname, aparams = split(a)
+    bname, bparams = split(b)
+    if aname != bname or len(aparams) != len(bparams):
+        return False
+    return all(_less_specific(x, y) for x, y in zip(aparams, bparams, strict=True))
+
+
+def most_general(a: str, b: str) -> str:
+    """``a`` when it is as general as ``b`` or more (dyn, Any, a parameter), else ``b``."""
+    return a if _less_specific(a, b) else b
 
 
 def _unwrapped(kind: str) -> str:

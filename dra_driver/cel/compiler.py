@@ -239,7 +239,7 @@ class Compiler:
                 return b(scope)
             raise NoSuchOverload("_?_:_", test)
 
-        return Node(ternary, kind if left.type == right.type else "dyn")
+        return Node(ternary, kind)
 
     def _conditionalor(self, tree: Ast) -> Node:
         if len(tree.children) == 1:

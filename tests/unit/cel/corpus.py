@@ -899,6 +899,18 @@ def _environment() -> list[str]:
 def _types_and_compile() -> list[str]:
     """Compile-time checks: types, arity, output type, syntax."""
     return [
+        # A conditional's type is the more general branch, the later one for (dyn, Any).
+        "true ? google.protobuf.Any{type_url: dyn(9)} : true",
+        "true ? true : google.protobuf.Any{type_url: dyn(9)}",
+        "true ? google.protobuf.Any{} : dyn(true)",
+        "true ? dyn(true) : google.protobuf.Any{}",
+        '(true ? 1 : dyn("a")).size() == 1',
+        '(true ? dyn("a") : 1).size() == 1',
+        '(true ? [1] : [dyn("a")])[0].size() == 1',
+        '(true ? [dyn("a")] : [1])[0].size() == 1',
+        '(false ? null : quantity("1")).isInteger()',
+        "(true ? google.protobuf.Int64Value{value: 1} : 2) + 1 == 2",
+        "(true ? null : google.protobuf.Int64Value{value: 1}) == null",
         "1 == 'a'",
         "1 == null",
         "'a' == null",
