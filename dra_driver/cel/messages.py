@@ -9,6 +9,7 @@ when that is a wrapper, a Duration or a Timestamp (or an empty Struct, ListValue
 
 from __future__ import annotations
 
+import base64
 import math
 import struct
 from collections.abc import Callable, Mapping
@@ -16,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dra_driver.cel.errors import EvalError
-from dra_driver.cel.types import NANOS, Duration, Timestamp, Uint, type_name
+from dra_driver.cel.optional import Optional
+from dra_driver.cel.types import NANOS, CelType, Duration, Timestamp, Uint, type_name
 from dra_driver.cel.values import INT64_MAX, INT64_MIN
 
 Fields = dict[str, Any]
@@ -59,17 +61,71 @@ def _float32(value: Any) -> float:
         return math.copysign(math.inf, value)
 
 
-def _json(value: Any) -> Any:
-    """A CEL value as a ``google.protobuf.Value`` holds it: numbers become doubles."""
+#: Go's names of Kubernetes' CEL types, which have no JSON form there.
+_GO_NAMES = {
+    "kubernetes.Semver": "Semver",
+    "kubernetes.Quantity": "Quantity",
+    "net.IP": "IP",
+    "net.CIDR": "CIDR",
+    "kubernetes.URL": "URL",
+    "kubernetes.NamedFormat": "Format",
+}
+
+
+#: How Go words a map key that JSON cannot have, by the key's type (its own words per type).
+_KEY_ERRORS = {
+    "int": "unsupported type conversion from 'int' to string",
+    "uint": "unsupported type conversion from 'uint' to string",
+    "bool": "type conversion error from bool to 'string'",
+    "double": "type conversion error from Double to 'string'",
+    "null_type": "type conversion error from 'null_type' to 'string'",
+}
+
+
+class _NoJson(Exception):
+    pass
+
+
+def _json(value: Any, where: str) -> Any:
+    """A CEL value as the ``google.protobuf.Value`` field ``where`` holds it (proto3 JSON:
+    numbers are doubles, bytes base64, durations and timestamps their text), or the
+    scheduler's "field type conversion error"."""
+    try:
+        return _to_json(value)
+    except _NoJson as exc:
+        raise EvalError(f"field type conversion error for {where} value type: {exc}") from None
+
+
+def _to_json(value: Any) -> Any:
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return value
     if isinstance(value, int | float):
         return float(value)
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, Duration | Timestamp):
+        return str(value)
     if isinstance(value, list | tuple):
-        return [_json(v) for v in value]
+        return [_to_json(v) for v in value]
     if isinstance(value, Mapping):
-        return {k: _json(v) for k, v in value.items()}
-    return value
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise _NoJson(
+                    _KEY_ERRORS.get(
+                        type_name(key), f"type conversion error from {type_name(key)} to 'string'"
+                    )
+                )
+            out[key] = _to_json(item)
+        return out
+    if isinstance(value, Optional):
+        if not value.has_value():
+            raise _NoJson("optional.none() dereference")
+        return _to_json(value.value)
+    if isinstance(value, CelType):
+        raise _NoJson("type conversion not supported for 'type'")
+    name = _GO_NAMES.get(type_name(value), type_name(value))
+    raise _NoJson(f"type conversion error from {name!r} to '*structpb.Value'")
 
 
 def _nanos(name: str, fields: Fields) -> int:
@@ -97,7 +153,7 @@ def _value(fields: Fields) -> Any:
     # A oneof: the field set last wins; none set is null.
     value: Any = None
     for name, given in fields.items():
-        value = None if name == "null_value" else _json(given)
+        value = None if name == "null_value" else _json(given, f"google.protobuf.Value.{name}")
     return value
 
 
@@ -233,10 +289,12 @@ MESSAGES: dict[str, Message] = {
     "google.protobuf.Struct": Message(
         {"fields": "map(string, dyn)"},
         "map(string, dyn)",
-        lambda f: _json(f.get("fields", {})),
+        lambda f: _json(f.get("fields", {}), "google.protobuf.Struct.fields"),
     ),
     "google.protobuf.ListValue": Message(
-        {"values": "list(dyn)"}, "list(dyn)", lambda f: _json(f.get("values", []))
+        {"values": "list(dyn)"},
+        "list(dyn)",
+        lambda f: _json(f.get("values", []), "google.protobuf.ListValue.values"),
     ),
     "google.protobuf.Value": Message(
         {

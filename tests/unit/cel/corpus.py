@@ -1349,6 +1349,25 @@ def _named_formats() -> list[str]:
 def _messages() -> list[str]:
     """Protobuf messages of the well-known types: wrappers, Duration, Timestamp, JSON values."""
     return [
+        # Struct, ListValue and Value hold proto3 JSON: what has no JSON form is an error.
+        f"google.protobuf.ListValue{{values: {A}.cudaComputeCapability}} == []",
+        f"google.protobuf.ListValue{{values: [{C}.memory]}} == []",
+        f"google.protobuf.Struct{{fields: {{'a': {A}.driverVersion}}}} == {{}}",
+        f"google.protobuf.Value{{list_value: {A}.cudaComputeCapability}} == []",
+        f"google.protobuf.Value{{struct_value: {{'a': [{A}.driverVersion]}}}} == {{}}",
+        'google.protobuf.ListValue{values: [b"ab", b"\\xff"]} == ["YWI=", "/w=="]',
+        'google.protobuf.ListValue{values: [duration("-1.5s"), duration("1ms")]} == ["-1.5s", "0.001s"]',
+        'google.protobuf.ListValue{values: [timestamp("2020-01-01T00:00:00.5Z")]}[0] == "2020-01-01T00:00:00.5Z"',
+        "google.protobuf.ListValue{values: [google.protobuf.Timestamp{seconds: 1}]}[0] == '1970-01-01T00:00:01Z'",
+        'google.protobuf.ListValue{values: [ip("1.2.3.4"), cidr("1.2.3.0/24")]} == []',
+        'google.protobuf.ListValue{values: [url("https://a"), format.dns1123Label()]} == []',
+        "google.protobuf.ListValue{values: [optional.of(1)]}[0] == 1.0",
+        "google.protobuf.ListValue{values: [optional.none()]} == []",
+        "google.protobuf.ListValue{values: [type(1)]} == []",
+        "google.protobuf.ListValue{values: [{1: 2}]} == []",
+        "google.protobuf.ListValue{values: [{true: 2}]} == []",
+        "google.protobuf.ListValue{values: [{1.5: 2}]} == []",
+        "google.protobuf.Struct{fields: {'a': {'b': [b'']}}} == {'a': {'b': ['']}}",
         "!google.protobuf.BoolValue{value: false}",
         ".google.protobuf.Int64Value{value: 1} == 1",
         "Foo{a: 1} == 1",
