@@ -13,7 +13,7 @@ import yaml
 
 from devenv.localcluster import LocalCluster
 from devenv.simnode import GpuNode, start_gpu_node
-from tests.e2e.conftest import raw
+from tests.e2e.conftest import raw, wait_until
 
 DRIVER = "gpu.dra.dev"
 
@@ -179,6 +179,47 @@ def claim_of(kube_api: Any, namespace: str, pod: str) -> dict[str, Any]:
     ]
     assert len(mine) == 1, claims
     return dict(mine[0])
+
+
+def pod_story(kube_api: Any, namespace: str, pod: str) -> str:
+    """What a pod that does not get going went through: phase, conditions, container states
+    and its Events, for a failure message."""
+    from kubernetes import client as k
+
+    core = k.CoreV1Api(kube_api)
+    try:
+        status = raw(core.read_namespaced_pod, pod, namespace).get("status", {})
+    except k.exceptions.ApiException as exc:
+        return f"pod {namespace}/{pod}: {exc.status} {exc.reason}"
+    lines = [f"pod {namespace}/{pod}: phase {status.get('phase')}"]
+    lines += [
+        f"  {c['type']}={c['status']} {c.get('reason', '')} {c.get('message', '')}".rstrip()
+        for c in status.get("conditions", [])
+    ]
+    lines += [
+        f"  container {c['name']}: {c.get('state')}" for c in status.get("containerStatuses", [])
+    ]
+    events = raw(core.list_namespaced_event, namespace)["items"]
+    lines += [
+        f"  event {e.get('reason')}: {e.get('message', '')}"
+        for e in events
+        if e["involvedObject"].get("name") == pod
+    ]
+    return "\n".join(lines)
+
+
+def wait_running(kube_api: Any, namespace: str, pod: str, timeout: float) -> None:
+    """Wait until the pod runs; on timeout fail with its story (:func:`pod_story`)."""
+    from kubernetes import client as k
+
+    def running() -> bool:
+        body = raw(k.CoreV1Api(kube_api).read_namespaced_pod, pod, namespace)
+        return body["status"].get("phase") == "Running"
+
+    try:
+        wait_until(running, timeout, f"{pod} Running")
+    except pytest.fail.Exception as exc:
+        pytest.fail(f"{exc}\n{pod_story(kube_api, namespace, pod)}", pytrace=False)
 
 
 def node_events(kube_api: Any, node: str, reason: str) -> list[str]:

@@ -19,7 +19,7 @@ from dra_driver.gpu.sharing.simulated import SIMULATED_STATE_FILE
 from dra_driver.gpu.state.checkpoint import stored_claims
 from dra_driver.gpu.state.device_state import CHECKPOINT_FILE
 from tests.e2e.conftest import gone, raw, wait_until
-from tests.e2e.gpu import DRIVER, claim_of, published_devices
+from tests.e2e.gpu import DRIVER, claim_of, published_devices, wait_running
 
 pytestmark = pytest.mark.e2e
 
@@ -88,7 +88,7 @@ def test_three_pods_share_one_gpu_by_memory(
         )
     three = ("small", "medium", "large")
     for pod in three:
-        wait_until(lambda p=pod: _phase(kube_api, namespace, p) == "Running", 90, f"{pod} Running")
+        wait_running(kube_api, namespace, pod, 90)
 
     # One GPU, three shares, each with what its claim asked for.
     share_ids = set()
@@ -135,7 +135,7 @@ def test_three_pods_share_one_gpu_by_memory(
     core = k.CoreV1Api(kube_api)
     core.delete_namespaced_pod("large", namespace)
     wait_until(lambda: gone(lambda: core.read_namespaced_pod("large", namespace)), 60, "large gone")
-    wait_until(lambda: _phase(kube_api, namespace, "extra") == "Running", 90, "extra Running")
+    wait_running(kube_api, namespace, "extra", 90)
     record = node.node.pod_record(namespace, "extra")
     assert record and "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M" in _env(record)
     assert _sharing_state(node)["mps"][daemon_id]["starts"] == 1  # joined, not restarted
