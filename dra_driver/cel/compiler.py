@@ -14,6 +14,7 @@ says an error is absorbed (``false && error`` is ``false``). Compile errors carr
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -331,6 +332,8 @@ class Compiler:
                 break
             assert isinstance(inner, Tree)
             count, operand_tree = count + 1, inner
+        if operand_tree.data == "unary" and len(operand_tree.children) == 2:
+            self._mixed_prefix(tree, op.data == "unary_not", operand_tree)
         literal = operand_tree
         while literal.data in ("unary", "member", "primary") and len(literal.children) == 1:
             child = literal.children[0]
@@ -354,6 +357,41 @@ class Compiler:
             self.check(tree, "!_", None, [operand.type])
             return Node(lambda s: _not(f(s)), "bool")
         return Node(lambda s: _neg(f(s)), self.check(tree, "-_", None, [operand.type]))
+
+    def _mixed_prefix(self, tree: Ast, not_first: bool, inner: Ast) -> None:
+        """``!`` and ``-`` do not mix in CEL's grammar (``!-x``, ``-!x``), except for a signed
+        number literal after ``!`` (``!-1``): the scheduler's "no viable alternative"."""
+        operand = inner.children[1]
+        while isinstance(operand, Tree) and operand.data in ("unary", "member", "primary"):
+            if len(operand.children) != 1:
+                break
+            operand = operand.children[0]
+        if not_first and isinstance(operand, Tree) and operand.data == "literal":
+            token = operand.children[0]
+            if isinstance(token, Token) and token.type in ("INT_LIT", "FLOAT_LIT"):
+                return  # the literal's sign: !-1 is !(-1)
+        text = self.source(tree)
+        start = getattr(tree.meta, "start_pos", 0)
+        ops = "!" if not_first else "-"
+        i = 0
+        while i < len(text) and (text[i] == ops or text[i].isspace()):
+            i += 1
+        # From the sign a literal could start with to the token that cannot follow it.
+        if not_first:
+            begin = i
+            j = i + 1
+            while j < len(text) and text[j].isspace():
+                j += 1
+            found = re.match(r"[A-Za-z_][A-Za-z0-9_]*|\d[\w.]*|\S", text[j:])
+            end = j + (found.end() if found else 0)
+        else:
+            begin = text.rindex("-", 0, i)
+            j, end = i, i + 1
+        before = self.expression[: start + j]
+        line = before.count("\n") + 1
+        column = start + j - (before.rfind("\n") + 1) + 1
+        message = f"Syntax error: no viable alternative at input '{text[begin:end]}'"
+        raise CompileError(self.expression, message, line, column)
 
     # -- members ---------------------------------------------------------------------------
 

@@ -899,6 +899,16 @@ def _environment() -> list[str]:
 def _types_and_compile() -> list[str]:
     """Compile-time checks: types, arity, output type, syntax."""
     return [
+        # ! and - do not mix in CEL's grammar; a signed number after ! is a literal.
+        f"!-({A}.numaNode + {A}.index) < 0",
+        "-!true",
+        "- !dyn(true)",
+        "!-dyn(1)",
+        "!!-dyn(1)",
+        "--!true",
+        "!-1",
+        "!- 1",
+        "!-1.0",
         # A conditional's type is the more general branch, the later one for (dyn, Any).
         "true ? google.protobuf.Any{type_url: dyn(9)} : true",
         "true ? true : google.protobuf.Any{type_url: dyn(9)}",
