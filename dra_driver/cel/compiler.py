@@ -681,9 +681,10 @@ class Compiler:
         pairs = [(k.fn, v.fn, o) for k, v, o in zip(keys, values, optional, strict=True)]
 
         def build(scope: Scope) -> dict[Any, Any]:
-            out: dict[Any, Any] = {}
+            out = LiteralMap()
             for key_fn, value_fn, opt in pairs:
                 key = key_fn(scope)
+                _unhashable(key)
                 if isinstance(key, list):
                     # The scheduler accepts any key in a literal; a list key is kept hashable.
                     key = tuple(key)
@@ -696,7 +697,7 @@ class Compiler:
                         continue
                     value = found
                 out[key] = value
-            return out
+            return out if out else {}  # an empty literal is no hash map there
 
         return Node(build, kind)
 
@@ -923,6 +924,8 @@ def _in(item: Any, container: Any) -> bool:
         # The item is compared with each element; an element of another kind (no == overload)
         # is simply not it, as in the scheduler.
         return any(equal(item, x) for x in container)
+    if isinstance(container, LiteralMap):
+        _unhashable(item)
     if isinstance(container, Mapping):
         # Membership looks at the keys really present: a map with a default value (the
         # device's attribute domains) still answers "in" truthfully.
@@ -1050,7 +1053,37 @@ def _opt_select(value: Any, name: str) -> Any:
     raise EvalError(f"type '{type_name(value)}' does not support field selection")
 
 
+#: Values the scheduler's evaluator cannot index with, by their Go type's name there.
+_NOT_QUALIFIERS = {
+    "kubernetes.Semver": "cel.Semver",
+    "kubernetes.Quantity": "cel.Quantity",
+    "net.IP": "cel.IP",
+    "net.CIDR": "cel.CIDR",
+    "kubernetes.URL": "cel.URL",
+    "kubernetes.NamedFormat": "cel.Format",
+    "optional_type": "*types.Optional",
+    "list": "*types.baseList",
+}
+
+
+def _check_qualifier(key: Any) -> None:
+    bad = _NOT_QUALIFIERS.get(type_name(key))
+    if bad is not None:
+        raise EvalError(f"invalid qualifier type: {bad}")
+
+
+class LiteralMap(dict[Any, Any]):
+    """A map made by a map literal: a hash map in the scheduler, which a Semver (holding Go
+    slices) cannot be hashed into, as a key or when looked for with ``in``."""
+
+
+def _unhashable(value: Any) -> None:
+    if type_name(value) == "kubernetes.Semver":
+        raise Abort("internal error: runtime error: hash of unhashable type cel.Semver")
+
+
 def _opt_index(value: Any, key: Any) -> Any:
+    _check_qualifier(key)
     if isinstance(value, optional.Optional):
         if not value.has_value():
             return value
@@ -1087,6 +1120,7 @@ _NOTHING = object()
 
 
 def _index(value: Any, key: Any, where: str) -> Any:
+    _check_qualifier(key)
     if isinstance(value, optional.Optional):
         return _opt_index(value, key)
     if isinstance(value, Mapping):

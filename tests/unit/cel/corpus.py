@@ -659,6 +659,25 @@ def _strings() -> list[str]:
 def _list_attributes() -> list[str]:
     """Attributes that are lists on some devices and scalars on others."""
     return [
+        # A Semver cannot be hashed into a map literal; odd keys are no qualifiers.
+        f'{A}.cudaComputeCapability[0] in {{"a": 1}}',
+        f'{A}.driverVersion in {{"a": 1}}',
+        f"{A}.driverVersion in {{}}",
+        f'{A}.driverVersion in cel.bind(m, {{"a": 1}}, m)',
+        f"{A}.driverVersion in device.attributes",
+        f'dyn({{"a": 1}}) == dyn({{{A}.driverVersion: 1}})',
+        f'{{"a": {A}.driverVersion}}.exists(k, true)',
+        f'{A}.driverVersion in {{"a": 1}} || true',
+        f'{{"a": 1}}[?dyn({A}.driverVersion)].hasValue()',
+        f'{{"a": 1}}[?dyn({A}.cudaComputeCapability)].hasValue()',
+        f"device.attributes[?dyn({A}.driverVersion)].hasValue()",
+        f"[1][?dyn({A}.driverVersion)].hasValue()",
+        '{"a": 1}[?dyn(quantity("1"))].hasValue()',
+        '{"a": 1}[?dyn(ip("1.2.3.4"))].hasValue()',
+        '{"a": 1}[?dyn(url("https://a"))].hasValue()',
+        '{"a": 1}[dyn(format.dns1123Label())] == 1',
+        '{"a": 1}[?dyn(optional.of(1))].hasValue()',
+        'dyn(quantity("1")) in {"a": 1}',
         f'{A}.migProfiles.includes("1g.10gb")',
         f'{A}.migProfiles.includes("3g.40gb")',
         f'"7g.80gb" in {A}.migProfiles',
