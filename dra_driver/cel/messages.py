@@ -82,8 +82,8 @@ _KEY_ERRORS = {
 }
 
 
-class _NoJson(Exception):
-    pass
+class _NoJson(EvalError):
+    """A value without a JSON form; :func:`_json` words it as the scheduler does."""
 
 
 def _json(value: Any, where: str) -> Any:
