@@ -36,7 +36,7 @@ from dra_driver.cel import (
 from dra_driver.cel.errors import Abort, CompileError, EvalError, NoSuchKey, NoSuchOverload
 from dra_driver.cel.lib_core import QUALIFIED_TYPE_NAMES, TYPE_NAMES
 from dra_driver.cel.signatures import SIGNATURES
-from dra_driver.cel.types import CelType, Duration, Timestamp, Uint, type_name
+from dra_driver.cel.types import GO_TYPE_NAMES, CelType, Duration, Timestamp, Uint, type_name
 from dra_driver.cel.values import (
     INT64_MAX,
     INT64_MIN,
@@ -1055,12 +1055,7 @@ def _opt_select(value: Any, name: str) -> Any:
 
 #: Values the scheduler's evaluator cannot index with, by their Go type's name there.
 _NOT_QUALIFIERS = {
-    "kubernetes.Semver": "cel.Semver",
-    "kubernetes.Quantity": "cel.Quantity",
-    "net.IP": "cel.IP",
-    "net.CIDR": "cel.CIDR",
-    "kubernetes.URL": "cel.URL",
-    "kubernetes.NamedFormat": "cel.Format",
+    **{kind: f"cel.{go}" for kind, go in GO_TYPE_NAMES.items()},
     "optional_type": "*types.Optional",
     "list": "*types.baseList",
 }

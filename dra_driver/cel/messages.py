@@ -18,7 +18,15 @@ from typing import Any
 
 from dra_driver.cel.errors import EvalError
 from dra_driver.cel.optional import Optional
-from dra_driver.cel.types import NANOS, CelType, Duration, Timestamp, Uint, type_name
+from dra_driver.cel.types import (
+    GO_TYPE_NAMES,
+    NANOS,
+    CelType,
+    Duration,
+    Timestamp,
+    Uint,
+    type_name,
+)
 from dra_driver.cel.values import INT64_MAX, INT64_MIN
 
 Fields = dict[str, Any]
@@ -59,17 +67,6 @@ def _float32(value: Any) -> float:
         return float(struct.unpack("f", struct.pack("f", value))[0])
     except OverflowError:
         return math.copysign(math.inf, value)
-
-
-#: Go's names of Kubernetes' CEL types, which have no JSON form there.
-_GO_NAMES = {
-    "kubernetes.Semver": "Semver",
-    "kubernetes.Quantity": "Quantity",
-    "net.IP": "IP",
-    "net.CIDR": "CIDR",
-    "kubernetes.URL": "URL",
-    "kubernetes.NamedFormat": "Format",
-}
 
 
 #: How Go words a map key that JSON cannot have, by the key's type (its own words per type).
@@ -124,7 +121,7 @@ def _to_json(value: Any) -> Any:
         return _to_json(value.value)
     if isinstance(value, CelType):
         raise _NoJson("type conversion not supported for 'type'")
-    name = _GO_NAMES.get(type_name(value), type_name(value))
+    name = GO_TYPE_NAMES.get(type_name(value), type_name(value))
     raise _NoJson(f"type conversion error from {name!r} to '*structpb.Value'")
 
 

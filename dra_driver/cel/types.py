@@ -95,6 +95,18 @@ class Timestamp(Printable):
         return f"{text}{sign}{hours:02d}:{minutes:02d}"
 
 
+#: Go's names (package ``cel`` of Kubernetes) of the Kubernetes CEL types, as the scheduler's
+#: conversion and qualifier errors print them.
+GO_TYPE_NAMES = {
+    "kubernetes.Semver": "Semver",
+    "kubernetes.Quantity": "Quantity",
+    "net.IP": "IP",
+    "net.CIDR": "CIDR",
+    "kubernetes.URL": "URL",
+    "kubernetes.NamedFormat": "Format",
+}
+
+
 class CelType:
     """A CEL type value, as returned by ``type(x)`` and named by ``int``, ``string``, ..."""
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dra_driver import resourceapi
-from dra_driver.resourceapi import LIST_KINDS
 from dra_driver.resourceslice.publisher import Publisher, annotation_key
 
 KIND = "ResourceSlice"
@@ -60,7 +59,8 @@ def _device_needs_small_slice(device: Mapping[str, Any]) -> bool:
     if device.get("taints") or device.get("consumesCounters"):
         return True
     attrs = device.get("attributes") or {}
-    return any(isinstance(v, Mapping) and any(k in v for k in LIST_KINDS) for v in attrs.values())
+    lists = resourceapi.LIST_KINDS
+    return any(isinstance(v, Mapping) and any(k in v for k in lists) for v in attrs.values())
 
 
 def pack_devices(devices: Sequence[JSON]) -> list[tuple[JSON, ...]]:
