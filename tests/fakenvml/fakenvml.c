@@ -6,6 +6,11 @@
  * Build:  gcc -shared -fPIC -O1 -Wall -Wextra -o libnvidia-ml.so.1 fakenvml.c
  * Use:    LD_LIBRARY_PATH=<dir of the .so> FAKE_NVML_DATA=<file> python ...
  *
+ * The stand-in driver root (tests/driverroot.py --nvml, docs/standin-driver.md) builds it with
+ * -DFAKE_NVML_VERSION='"<driver version>"' (what simulated_driver_version() returns, as the
+ * driver root's other libraries do) and also compiles this file into its nvidia-smi
+ * (tools/nvidia-smi.c), which so reads and writes the same data file.
+ *
  * Environment:
  *   FAKE_NVML_DATA  path of the data file (format below); required, read by nvmlInitWithFlags.
  *   FAKE_NVML_FAIL  comma-separated NVML function names, each optionally "=<code>": that
@@ -49,17 +54,33 @@
  *                                       reports the engines and memory of the GI's profile
  *   events <mask>                       nvmlDeviceGetSupportedEventTypes (nvmlEventType*
  *                                       bits, decimal or 0x-hex); absent: DEFAULT_EVENT_TYPES
+ *   timeslice <0..3>                    the compute policy's time-slice (0 DEFAULT, 1 SHORT,
+ *                                       2 MEDIUM, 3 LONG) that nvidia-smi compute-policy
+ *                                       sets; absent: 0
+ *   computemode <n>                     nvmlComputeMode_t (0 DEFAULT, 2 PROHIBITED,
+ *                                       3 EXCLUSIVE_PROCESS); absent: 0
  *
  * The library keeps the whole file in memory. Calls that change MIG state
  * (nvmlDeviceSetMigMode, nvmlDeviceCreateGpuInstanceWithPlacement, nvmlGpuInstanceDestroy,
- * nvmlGpuInstanceCreateComputeInstance, nvmlComputeInstanceDestroy) write it back in the
- * same format (save_data), so the change is what the next process sees. A GPU instance has
- * at most one compute instance, spanning it (the layout MIG devices made on demand use);
- * a new compute instance gets a random MIG UUID, as on real hardware.
+ * nvmlGpuInstanceCreateComputeInstance, nvmlComputeInstanceDestroy) or a GPU's compute mode
+ * (nvmlDeviceSetComputeMode) or time-slice (fakenvmlDeviceSetTimeslice, a stand-in extension
+ * with no NVML counterpart) write it back in the same format (save_data), so the change is
+ * what the next process sees. A GPU instance has at most one compute instance, spanning it
+ * (the layout MIG devices made on demand use); a new compute instance gets a random MIG UUID,
+ * as on real hardware.
  *
- * Events file: one event a line, appended while the program runs. Each event set reads the
- * file from its start, one line per event it delivers, and keeps its offset, so an event is
- * seen once per set; a line without its newline yet is left for a later wait. A wait polls
+ * Several processes share the file (the agent holds it in memory for long; nvidia-smi runs
+ * now and then). Writers take an exclusive flock on "<data file>.lock" (fakenvmlLockData,
+ * which nvidia-smi also holds from loading to saving) and write a temporary file of their
+ * own before renaming it over the data file. The `timeslice` and `computemode` records are
+ * always taken from the file, on reading them and before each write, except those this
+ * process has just changed: a long-running program that saves a MIG change never undoes
+ * what nvidia-smi set meanwhile.
+ *
+ * Events file: one event a line, appended while the program runs. As in NVML, a set reports
+ * only what happens after its creation: it starts reading after the last complete line the
+ * file has then, one line per event it delivers, and keeps its offset, so an event is seen
+ * once per set; a line without its newline yet is left for a later wait. A wait polls
  * the file in short sleeps until an event arrives or its timeout passes
  * (NVML_ERROR_TIMEOUT). Events of devices the set has not registered for that event type
  * are skipped, as NVML never reports them.
@@ -70,11 +91,15 @@
  *                                       on the set return NVML_ERROR_GPU_IS_LOST
  */
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef int nvmlReturn_t;
 
@@ -93,6 +118,22 @@ enum {
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
     NVML_ERROR_UNKNOWN = 999,
 };
+
+/* nvmlComputeMode_t (nvml.h). */
+enum {
+    NVML_COMPUTEMODE_DEFAULT = 0,
+    NVML_COMPUTEMODE_EXCLUSIVE_THREAD = 1, /* support removed from NVML */
+    NVML_COMPUTEMODE_PROHIBITED = 2,
+    NVML_COMPUTEMODE_EXCLUSIVE_PROCESS = 3,
+    NVML_COMPUTEMODE_COUNT = 4,
+};
+/* The largest time-slice nvidia-smi compute-policy --set-timeslice takes (LONG). */
+#define MAX_TIMESLICE 3U
+
+/* What simulated_driver_version() returns; the driver root's build sets it. */
+#ifndef FAKE_NVML_VERSION
+#define FAKE_NVML_VERSION "unknown"
+#endif
 
 #define MAX_GPUS 64
 #define MAX_PROFILES 32
@@ -288,6 +329,12 @@ typedef struct {
     fake_ci cis[MAX_CIS];
     int has_event_types; /* an `events` record was read (and is written back) */
     unsigned long long event_types;
+    /* `timeslice` and `computemode`: whether a record was read or set (and is written
+     * back), and whether this process changed it since its last save. */
+    int has_timeslice, timeslice_changed;
+    unsigned int timeslice;
+    int has_compute_mode, compute_mode_changed;
+    unsigned int compute_mode;
     struct nvmlDevice_st handle;
 } fake_gpu;
 
@@ -477,6 +524,18 @@ static int parse_line(char *line, fake_gpu **cur) {
         gpu->has_event_types = 1;
         return sscanf(rest, "%lli", (long long *)&gpu->event_types) == 1 ? 0 : -1;
     }
+    if (strcmp(word, "timeslice") == 0) {
+        gpu->has_timeslice = 1;
+        return sscanf(rest, "%u", &gpu->timeslice) == 1 && gpu->timeslice <= MAX_TIMESLICE ? 0
+                                                                                          : -1;
+    }
+    if (strcmp(word, "computemode") == 0) {
+        gpu->has_compute_mode = 1;
+        return sscanf(rest, "%u", &gpu->compute_mode) == 1 &&
+                       gpu->compute_mode < NVML_COMPUTEMODE_COUNT
+                   ? 0
+                   : -1;
+    }
     if (strcmp(word, "profile") == 0) {
         if (gpu->nprofiles >= MAX_PROFILES)
             return -1;
@@ -560,14 +619,93 @@ static nvmlReturn_t load_data(void) {
     return rc;
 }
 
-/* Write the in-memory state back in the format load_data reads (temp file, then rename),
- * for the calls that change MIG state. */
-static nvmlReturn_t save_data(void) {
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", g_data_path);
-    FILE *f = fopen(tmp, "w");
+/* ---- sharing the data file with other processes ------------------------------------- */
+
+static int g_lock_fd = -1;
+static int g_lock_depth;
+
+/* Take the exclusive lock on "<data file>.lock" that every writer of the data file holds
+ * (nested calls count; fakenvmlUnlockData releases). nvidia-smi holds it from loading the
+ * file to saving it. Without a lock file (an unwritable directory) it goes on unlocked:
+ * saving fails there anyway. */
+int fakenvmlLockData(void) {
+    if (g_lock_depth++ > 0)
+        return 0;
+    const char *path = g_data_path[0] ? g_data_path : getenv("FAKE_NVML_DATA");
+    if (!path || !*path)
+        return -1;
+    char lock[4200];
+    snprintf(lock, sizeof lock, "%s.lock", path);
+    g_lock_fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (g_lock_fd < 0)
+        return -1;
+    while (flock(g_lock_fd, LOCK_EX) != 0)
+        if (errno != EINTR)
+            return -1;
+    return 0;
+}
+
+void fakenvmlUnlockData(void) {
+    if (g_lock_depth <= 0 || --g_lock_depth > 0)
+        return;
+    if (g_lock_fd >= 0)
+        close(g_lock_fd);
+    g_lock_fd = -1;
+}
+
+static fake_gpu *gpu_by_uuid(const char *uuid) {
+    for (int g = 0; g < g_ngpus; g++)
+        if (strcmp(g_gpus[g].uuid, uuid) == 0)
+            return &g_gpus[g];
+    return NULL;
+}
+
+/* Take each GPU's `timeslice` and `computemode` from the data file as it is now (another
+ * process may have set them), except those this process changed and has not saved yet. */
+static void read_tool_state(void) {
+    FILE *f = g_data_path[0] ? fopen(g_data_path, "r") : NULL;
     if (!f)
+        return;
+    for (int g = 0; g < g_ngpus; g++) {
+        fake_gpu *gpu = &g_gpus[g];
+        if (!gpu->timeslice_changed)
+            gpu->has_timeslice = 0, gpu->timeslice = 0;
+        if (!gpu->compute_mode_changed)
+            gpu->has_compute_mode = 0, gpu->compute_mode = NVML_COMPUTEMODE_DEFAULT;
+    }
+    char line[2048], word[32], arg[TEXT];
+    fake_gpu *cur = NULL;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "%31s %95s", word, arg) != 2)
+            continue;
+        unsigned int value = 0;
+        if (strcmp(word, "gpu") == 0)
+            cur = gpu_by_uuid(arg);
+        else if (!cur || sscanf(arg, "%u", &value) != 1)
+            continue;
+        else if (strcmp(word, "timeslice") == 0 && !cur->timeslice_changed &&
+                 value <= MAX_TIMESLICE)
+            cur->has_timeslice = 1, cur->timeslice = value;
+        else if (strcmp(word, "computemode") == 0 && !cur->compute_mode_changed &&
+                 value < NVML_COMPUTEMODE_COUNT)
+            cur->has_compute_mode = 1, cur->compute_mode = value;
+    }
+    fclose(f);
+}
+
+/* Write the in-memory state back in the format load_data reads (a temporary file of this
+ * process, then rename), under the data file's lock; the tool-set records as read_tool_state
+ * finds them. */
+static nvmlReturn_t save_data(void) {
+    fakenvmlLockData();
+    read_tool_state();
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", g_data_path, (long)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        fakenvmlUnlockData();
         return NVML_ERROR_UNKNOWN;
+    }
     fprintf(f, "driver %s\ncuda %d\n", g_driver, g_cuda);
     for (int g = 0; g < g_ngpus; g++) {
         fake_gpu *gpu = &g_gpus[g];
@@ -580,6 +718,10 @@ static nvmlReturn_t save_data(void) {
                     gpu->max_mig);
         if (gpu->has_event_types)
             fprintf(f, "events 0x%llx\n", gpu->event_types);
+        if (gpu->has_timeslice)
+            fprintf(f, "timeslice %u\n", gpu->timeslice);
+        if (gpu->has_compute_mode)
+            fprintf(f, "computemode %u\n", gpu->compute_mode);
         for (int i = 0; i < gpu->nprofiles; i++) {
             fake_profile *p = &gpu->profiles[i];
             fprintf(f, "profile %u %u %u %u %u %u %u %u %u %u %llu ", p->nvml_index, p->id,
@@ -598,9 +740,17 @@ static nvmlReturn_t save_data(void) {
                 fprintf(f, "ci %u %u %s\n", gpu->cis[i].gi_id, gpu->cis[i].ci_id,
                         gpu->cis[i].uuid);
     }
-    if (fclose(f) != 0 || rename(tmp, g_data_path) != 0)
-        return NVML_ERROR_UNKNOWN;
-    return NVML_SUCCESS;
+    nvmlReturn_t rc = NVML_SUCCESS;
+    if (fclose(f) != 0 || rename(tmp, g_data_path) != 0) {
+        unlink(tmp);
+        rc = NVML_ERROR_UNKNOWN;
+    } else {
+        /* Saved: from now on the file is the truth for these too. */
+        for (int g = 0; g < g_ngpus; g++)
+            g_gpus[g].timeslice_changed = g_gpus[g].compute_mode_changed = 0;
+    }
+    fakenvmlUnlockData();
+    return rc;
 }
 
 /* ---- initialisation -------------------------------------------------------------------- */
@@ -851,6 +1001,80 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) 
     memory->free = gpu->memory;
     return NVML_SUCCESS;
 }
+
+/* ---- compute mode and time-slice (persisted to the data file) ------------------------- */
+
+nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, unsigned int *mode) {
+    FAIL_POINT("nvmlDeviceGetComputeMode");
+    NEED_INIT();
+    fake_gpu *gpu = whole_gpu(device);
+    if (!gpu || !mode)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    read_tool_state();
+    *mode = gpu->compute_mode;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceSetComputeMode(nvmlDevice_t device, unsigned int mode) {
+    FAIL_POINT("nvmlDeviceSetComputeMode");
+    NEED_INIT();
+    fake_gpu *gpu = whole_gpu(device);
+    if (!gpu || mode >= NVML_COMPUTEMODE_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (mode == NVML_COMPUTEMODE_EXCLUSIVE_THREAD)
+        return NVML_ERROR_NOT_SUPPORTED;
+    int had = gpu->has_compute_mode;
+    unsigned int old = gpu->compute_mode;
+    gpu->has_compute_mode = gpu->compute_mode_changed = 1;
+    gpu->compute_mode = mode;
+    nvmlReturn_t rc = save_data();
+    if (rc != NVML_SUCCESS) {
+        gpu->has_compute_mode = had;
+        gpu->compute_mode = old;
+        gpu->compute_mode_changed = 0;
+    }
+    return rc;
+}
+
+/* The time-slice of `nvidia-smi compute-policy`: NVML has no call for it, so these two are
+ * the stand-in's own (named so nobody mistakes them for NVML's). A MIG device has none. */
+nvmlReturn_t fakenvmlDeviceGetTimeslice(nvmlDevice_t device, unsigned int *timeslice) {
+    FAIL_POINT("fakenvmlDeviceGetTimeslice");
+    NEED_INIT();
+    if (mig_of(device))
+        return NVML_ERROR_NOT_SUPPORTED;
+    fake_gpu *gpu = whole_gpu(device);
+    if (!gpu || !timeslice)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    read_tool_state();
+    *timeslice = gpu->timeslice;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t fakenvmlDeviceSetTimeslice(nvmlDevice_t device, unsigned int timeslice) {
+    FAIL_POINT("fakenvmlDeviceSetTimeslice");
+    NEED_INIT();
+    if (mig_of(device))
+        return NVML_ERROR_NOT_SUPPORTED;
+    fake_gpu *gpu = whole_gpu(device);
+    if (!gpu || timeslice > MAX_TIMESLICE)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    int had = gpu->has_timeslice;
+    unsigned int old = gpu->timeslice;
+    gpu->has_timeslice = gpu->timeslice_changed = 1;
+    gpu->timeslice = timeslice;
+    nvmlReturn_t rc = save_data();
+    if (rc != NVML_SUCCESS) {
+        gpu->has_timeslice = had;
+        gpu->timeslice = old;
+        gpu->timeslice_changed = 0;
+    }
+    return rc;
+}
+
+/* Which driver version this library stands in for, as the driver root's other simulated
+ * libraries answer (tests/node/loadcheck.c asks every library it loads). */
+const char *simulated_driver_version(void) { return FAKE_NVML_VERSION; }
 
 /* ---- MIG ------------------------------------------------------------------------------- */
 
@@ -1392,6 +1616,15 @@ nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
             continue;
         memset(&g_event_sets[i], 0, sizeof g_event_sets[i]);
         g_event_sets[i].used = 1;
+        /* Events already in the file happened before this set: start after them. */
+        const char *path = getenv("FAKE_NVML_EVENTS");
+        FILE *f = path && *path ? fopen(path, "r") : NULL;
+        if (f) {
+            char line[512];
+            while (fgets(line, sizeof line, f) && strchr(line, '\n'))
+                g_event_sets[i].offset += (long)strlen(line);
+            fclose(f);
+        }
         *set = &g_event_sets[i];
         return NVML_SUCCESS;
     }

@@ -77,7 +77,7 @@ def script(paths: list[str], check_dir: str = CHECK_DIR, *, wait: bool = True) -
             f'LD_DEBUG=libs LD_DEBUG_OUTPUT="$trace/ld" {check_dir}/dlopen-check {loaded} >/dev/null',
             'cat "$trace"/ld.*',
             "echo CHECK-TOOLS",
-            "nvidia-smi 2>&1",
+            "nvidia-smi --version 2>&1",
             f"ls /lib/firmware/nvidia/{VERSION}/ 2>&1",
             f'for s in {sockets}; do [ -S "$s" ] && echo "socket $s"; done',
             "echo CHECK-ENV",

@@ -8,14 +8,12 @@ LD_LIBRARY_PATH only at process start) and compares the result with the simulate
 from __future__ import annotations
 
 import ctypes.util
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -28,9 +26,8 @@ from dra_driver.gpu.discovery.nvml import (
 )
 from dra_driver.gpu.discovery.simulated import BUILTIN_PROFILES, build_inventory, load_profile
 from dra_driver.gpu.inventory import Inventory, Placement
+from tests.fakenvml import build, render
 
-REPO_ROOT = Path(__file__).resolve().parents[4]
-FAKENVML_DIR = REPO_ROOT / "tests" / "fakenvml"
 NODE = "n1"
 
 _DISCOVER = """
@@ -44,19 +41,6 @@ except DiscoveryError as exc:
     sys.exit(3)
 print(inventory.model_dump_json())
 """
-
-
-def _load(name: str) -> ModuleType:
-    # tests/ is not a package on sys.path; load the stand-in's helpers by file.
-    spec = importlib.util.spec_from_file_location(f"fakenvml_{name}", FAKENVML_DIR / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-render = _load("render")
-build = _load("build")
 
 
 @pytest.fixture(scope="session")
@@ -295,7 +279,11 @@ def test_each_discover_is_a_fresh_nvml_session(mixed: FakeNode) -> None:
 
 def test_importing_the_backend_does_not_load_nvml() -> None:
     result = subprocess.run(
-        [sys.executable, "-c", "import dra_driver.gpu.discovery.nvml, pynvml; print(pynvml.nvmlLib)"],
+        [
+            sys.executable,
+            "-c",
+            "import dra_driver.gpu.discovery.nvml, pynvml; print(pynvml.nvmlLib)",
+        ],
         capture_output=True,
         text=True,
         timeout=60,
