@@ -294,7 +294,9 @@ class NodeAgent:
         )
         watcher.start()
         try:
-            await asyncio.Event().wait()
+            # Ends (raises) with the event thread: supervision then restarts the watch, and a
+            # watch that cannot stay up stops beating, which fails liveness.
+            await watcher.ended()
         finally:
             watcher.stop()
 

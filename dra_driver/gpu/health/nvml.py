@@ -4,8 +4,12 @@ the re-check of devices it reported."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 import threading
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -19,10 +23,36 @@ log = structlog.get_logger(__name__)
 XID_ECC_DBE = 48
 
 
+class WatchEnded(RuntimeError):
+    """NVML's event thread ended without being asked to: no health event is seen any more."""
+
+
+@dataclass
+class _Watched:
+    """The event thread's state: the event set it waits on and the GPUs left out as lost."""
+
+    events: Any = None  # nvmlEventSet_t; None before the first one exists
+    by_handle: dict[int, str] = field(default_factory=dict)  # handle address -> UUID
+    lost: set[str] = field(default_factory=set)
+    looked: float = 0.0  # monotonic time of the last look whether a lost GPU answers again
+    unnamed: float = -math.inf  # monotonic time of the last rebuild after an unnamed loss
+
+
 class NvmlEventWatcher:
-    """NVML's event loop in a thread of its own, feeding events back to the asyncio loop."""
+    """NVML's event loop in a thread of its own, feeding events back to the asyncio loop.
+
+    A lost GPU is reported and left out of a new event set while the others stay watched; it
+    is watched again once it answers. The thread ends only when asked to (:meth:`stop`) or
+    when it cannot watch at all, and :meth:`ended` tells the asyncio side either way, so the
+    agent's supervised health loop ends with it instead of waiting on a dead thread.
+    """
 
     WAIT_MS = 1000
+    #: Seconds between looks whether a lost GPU answers again (after a reset).
+    LOST_RETRY_S = 30.0
+    #: Seconds before waiting again after a failed wait, and at least between two rebuilds
+    #: of the event set after losses no GPU could be named for (a set that keeps failing).
+    RETRY_S = 5.0
 
     def __init__(
         self, uuids: Sequence[str], sink: EventSink, loop: asyncio.AbstractEventLoop
@@ -31,6 +61,8 @@ class NvmlEventWatcher:
         self._sink = sink
         self._loop = loop
         self._stop = threading.Event()
+        self._ready: asyncio.Future[None] = loop.create_future()
+        self._ended: asyncio.Future[None] = loop.create_future()
         self._thread = threading.Thread(target=self._run, name="nvml-events", daemon=True)
 
     def start(self) -> None:
@@ -41,6 +73,19 @@ class NvmlEventWatcher:
         """Ask the thread to finish (within one wait period)."""
         self._stop.set()
 
+    async def watching(self) -> None:
+        """Return once the first event set is registered (NVML reports no event from before
+        that); raise as :meth:`ended` does if the thread ends first."""
+        await asyncio.wait({self._ready, self._ended}, return_when=asyncio.FIRST_COMPLETED)
+        if not self._ready.done():
+            await self.ended()
+
+    async def ended(self) -> None:
+        """Return when the thread has ended after :meth:`stop`; raise why it ended when it
+        ended on its own (:class:`WatchEnded`, or the exception that ended it)."""
+        # Shielded: a cancelled caller must not cancel the future the thread settles.
+        await asyncio.shield(self._ended)
+
     def _emit(self, event: HealthEvent) -> None:
         try:
             self._loop.call_soon_threadsafe(self._sink, event)
@@ -48,37 +93,99 @@ class NvmlEventWatcher:
             # The agent's loop is closed (it is shutting down): nobody is left to tell.
             self._stop.set()
 
+    def _settle(self, future: asyncio.Future[None], error: BaseException | None = None) -> None:
+        """Resolve ``future`` on the asyncio loop (futures are not thread-safe)."""
+
+        def settle() -> None:
+            if future.done():
+                return
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
+
+        # RuntimeError: the loop is closed, nobody waits any more.
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(settle)
+
     def _run(self) -> None:
+        error: BaseException | None = None
+        try:
+            self._watch()
+        except BaseException as exc:  # whatever ends the thread must reach the agent
+            error = exc
+        if self._stop.is_set():
+            if error is not None:
+                # Nobody awaits a stopped watcher: say it here, not as an unread exception.
+                log.warning("NVML event thread failed while stopping", error=str(error))
+            self._settle(self._ended)
+            return
+        self._settle(self._ended, error or WatchEnded("NVML event thread ended"))
+
+    def _watch(self) -> None:
         import pynvml
 
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
-            log.error("health monitoring disabled: NVML did not initialise", error=str(exc))
-            return
+            raise WatchEnded(f"NVML did not initialise: {exc}") from exc
+        try:
+            self._watch_sets(pynvml)
+        finally:
+            try:
+                pynvml.nvmlShutdown()
+            except pynvml.NVMLError as exc:
+                log.warning("NVML not shut down", error=str(exc))
+
+    def _watch_sets(self, pynvml: Any) -> None:
+        watched = _Watched(looked=time.monotonic())
+        try:
+            self._rebuild(pynvml, watched)
+            self._settle(self._ready)
+            while not self._stop.is_set():
+                if self._wait_once(pynvml, watched):
+                    self._after_loss(pynvml, watched)
+                elif watched.lost and time.monotonic() - watched.looked >= self.LOST_RETRY_S:
+                    self._look_at_lost(pynvml, watched)
+        finally:
+            if watched.events is not None:
+                self._free(pynvml, watched.events)
+
+    def _rebuild(self, pynvml: Any, watched: _Watched) -> None:
+        """Replace the event set by a new one with every GPU not lost registered.
+
+        The new set exists before the old one goes, so no event falls between them.
+        """
         try:
             events = pynvml.nvmlEventSetCreate()
         except pynvml.NVMLError as exc:
-            log.error("health monitoring disabled: no NVML event set", error=str(exc))
-            pynvml.nvmlShutdown()
-            return
+            raise WatchEnded(f"no NVML event set: {exc}") from exc
+        old, watched.events = watched.events, events
         try:
-            self._loop_events(pynvml, events, self._register(pynvml, events))
+            watched.by_handle = self._register(pynvml, events, watched.lost)
         finally:
-            try:
-                pynvml.nvmlEventSetFree(events)
-            except pynvml.NVMLError as exc:
-                log.warning("NVML event set not freed", error=str(exc))
-            pynvml.nvmlShutdown()
+            if old is not None:
+                self._free(pynvml, old)
 
-    def _register(self, pynvml: Any, events: Any) -> dict[int, str]:
-        """Register every GPU for the events it supports; handle address -> UUID."""
+    def _free(self, pynvml: Any, events: Any) -> None:
+        try:
+            pynvml.nvmlEventSetFree(events)
+        except pynvml.NVMLError as exc:
+            log.warning("NVML event set not freed", error=str(exc))
+
+    def _register(self, pynvml: Any, events: Any, lost: set[str]) -> dict[int, str]:
+        """Register every GPU not in ``lost`` for the events it supports; handle address ->
+        UUID. A GPU found lost on the way is reported and added to ``lost``."""
         wanted = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
         by_handle: dict[int, str] = {}
         for uuid in self._uuids:
+            if uuid in lost:
+                continue
             try:
                 handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
             except pynvml.NVMLError_GpuIsLost:
+                log.warning("GPU lost: not watched until it answers again", uuid=uuid)
+                lost.add(uuid)
                 self._emit(HealthEvent(uuid, "gpu-lost"))
                 continue
             except pynvml.NVMLError as exc:
@@ -95,29 +202,70 @@ class NvmlEventWatcher:
                 log.warning("GPU does not report health events", uuid=uuid, error=str(exc))
         return by_handle
 
-    def _loop_events(self, pynvml: Any, events: Any, by_handle: dict[int, str]) -> None:
-        while not self._stop.is_set():
-            try:
-                data = pynvml.nvmlEventSetWait_v2(events, self.WAIT_MS)
-            except pynvml.NVMLError_Timeout:
-                continue
-            except pynvml.NVMLError_GpuIsLost:
-                for lost in by_handle.values():
-                    self._emit(HealthEvent(lost, "gpu-lost"))
-                return
-            except pynvml.NVMLError as exc:
-                log.error("NVML event wait failed", error=str(exc))
-                self._stop.wait(5)
-                continue
-            uuid = by_handle.get(_address(data.device))
-            if uuid is None:
-                continue
+    def _wait_once(self, pynvml: Any, watched: _Watched) -> bool:
+        """Wait for one event and report it; True when the set says a GPU is lost."""
+        try:
+            data = pynvml.nvmlEventSetWait_v2(watched.events, self.WAIT_MS)
+        except pynvml.NVMLError_Timeout:
+            return False
+        except pynvml.NVMLError_GpuIsLost:
+            return True
+        except pynvml.NVMLError as exc:
+            log.error("NVML event wait failed", error=str(exc))
+            self._stop.wait(self.RETRY_S)
+            return False
+        uuid = watched.by_handle.get(_address(data.device))
+        if uuid is not None:
             xid = (
                 XID_ECC_DBE
                 if data.eventType == pynvml.nvmlEventTypeDoubleBitEccError
                 else int(data.eventData)
             )
             self._emit(HealthEvent(uuid, "xid", xid))
+        return False
+
+    def _after_loss(self, pynvml: Any, watched: _Watched) -> None:
+        """The set says a GPU is lost (not which): report the GPUs that answer as lost and
+        watch the others on a new set (this one fails every later wait)."""
+        named = [u for u in watched.by_handle.values() if _is_lost(pynvml, u)]
+        if named:
+            for uuid in named:
+                log.warning("GPU lost: not watched until it answers again", uuid=uuid)
+            watched.lost.update(named)
+        else:
+            # Any of them may be the lost one: report all, keep watching all.
+            named = list(watched.by_handle.values())
+            log.warning("a GPU is lost but none answers as lost: reporting all", uuids=named)
+            # A set that fails at once again must not make this a busy loop.
+            self._stop.wait(max(0.0, watched.unnamed + self.RETRY_S - time.monotonic()))
+            watched.unnamed = time.monotonic()
+        self._rebuild(pynvml, watched)
+        # Reported once the new set is in place: whoever hears of the loss may rely on the
+        # other GPUs' events being seen again.
+        for uuid in named:
+            self._emit(HealthEvent(uuid, "gpu-lost"))
+
+    def _look_at_lost(self, pynvml: Any, watched: _Watched) -> None:
+        """Watch lost GPUs again that answer again (after a reset)."""
+        watched.looked = time.monotonic()
+        back = sorted(u for u in watched.lost if not _is_lost(pynvml, u))
+        if not back:
+            return
+        for uuid in back:
+            log.info("lost GPU answers again: watching its events", uuid=uuid)
+        watched.lost.difference_update(back)
+        self._rebuild(pynvml, watched)
+
+
+def _is_lost(pynvml: Any, uuid: str) -> bool:
+    """Whether NVML answers that the GPU is lost (the event wait does not say which is)."""
+    try:
+        pynvml.nvmlDeviceGetHandleByUUID(uuid)
+    except pynvml.NVMLError_GpuIsLost:
+        return True
+    except pynvml.NVMLError:
+        return False  # another problem: registration says so
+    return False
 
 
 def _address(handle: Any) -> int:

@@ -2,8 +2,9 @@
 
 Xid events only say that something happened. Every ``interval`` seconds the sources of
 conditions at least that old are probed (NVML on real nodes, the injection file on simulated
-ones); each one found healthy has its conditions cleared. Probing is blocking and runs in a
-thread; the decisions are the tracker's.
+ones); each one found healthy has the conditions cleared that are older than the probe (an
+event that arrives while it runs stays for the next re-check). Probing is blocking and runs
+in a thread; the decisions are the tracker's.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ async def recheck_once(
     tracker: HealthTracker, prober: Prober, interval: float, on_recovered: RecoveredSink
 ) -> None:
     """Probe the sources due for a re-check and clear those found healthy."""
-    due = tracker.due(time.monotonic(), interval)
+    started = time.monotonic()
+    due = tracker.due(started, interval)
     if not due:
         return
     results = await asyncio.to_thread(prober.probe, due)
@@ -47,7 +49,9 @@ async def recheck_once(
         if reason is not None:
             log.info("device still unhealthy after re-check", source=source, reason=reason)
             continue
-        cleared = tracker.recover(source)
+        # Events keep coming while the probe runs; one that came since its start is newer
+        # than its answer (an Xid the probe did not see), so it must not be cleared.
+        cleared = tracker.recover(source, before=started)
         if cleared:
             on_recovered(source, cleared)
 

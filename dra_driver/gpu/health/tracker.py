@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -120,9 +121,15 @@ class HealthTracker:
             {c.source for c in self._conditions.values() if now - c.at >= max(interval, c.hold)}
         )
 
-    def recover(self, source: str) -> dict[str, str]:
-        """A re-check found ``source`` healthy: clear what it caused; device -> former reason."""
-        cleared = {n: c for n, c in self._conditions.items() if c.source == source}
+    def recover(self, source: str, *, before: float = math.inf) -> dict[str, str]:
+        """A re-check found ``source`` healthy: clear what it caused; device -> former reason.
+
+        ``before`` is the monotonic time the probe started: a condition whose latest event
+        came at or after it is newer than the probe's answer and stays.
+        """
+        cleared = {
+            n: c for n, c in self._conditions.items() if c.source == source and c.at < before
+        }
         for name in cleared:
             del self._conditions[name]
         return {name: self._reason(c) for name, c in cleared.items()}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
@@ -148,7 +150,7 @@ class _Prober:
         self.healthy = healthy
         self.asked: list[list[str]] = []
 
-    def probe(self, sources: list[str]) -> dict[str, str | None]:
+    def probe(self, sources: Sequence[str]) -> dict[str, str | None]:
         self.asked.append(list(sources))
         return {s: None if s in self.healthy else "still bad" for s in sources}
 
@@ -174,6 +176,42 @@ async def test_recheck_untaints_only_what_the_probe_finds_healthy() -> None:
     prober.healthy.add(uuids[0])
     await recheck_once(tracker, prober, 0.0, sink)
     assert tracker.unhealthy() == {} and [s for s, _ in recovered] == [uuids[1], uuids[0]]
+
+
+class _XidWhileProbing:
+    """Finds every source healthy, but an Xid on ``uuid`` arrives while it probes."""
+
+    def __init__(self, tracker: HealthTracker, uuid: str) -> None:
+        self.tracker = tracker
+        self.uuid = uuid
+
+    def probe(self, sources: Sequence[str]) -> dict[str, str | None]:
+        # The agent applies events on its loop while the probe's thread runs: same clock.
+        self.tracker.apply(HealthEvent(self.uuid, "xid", 94), time.monotonic())
+        return dict.fromkeys(sources)
+
+
+async def test_recheck_keeps_an_xid_that_arrived_during_its_probe() -> None:
+    tracker, uuids = _tracker("l4x4")
+    tracker.apply(HealthEvent(uuids[0], "xid", 79), 0.0)
+    tracker.apply(HealthEvent(uuids[1], "xid", 79), 0.0)
+    recovered: list[str] = []
+    await recheck_once(
+        tracker, _XidWhileProbing(tracker, uuids[0]), 0.0, lambda s, _: recovered.append(s)
+    )
+    # gpu-1 is healthy again; gpu-0's fresh Xid is newer than the probe's answer.
+    assert recovered == [uuids[1]]
+    assert tracker.unhealthy() == {"gpu-0": "critical Xid 94 error"}
+
+
+def test_recover_clears_only_conditions_older_than_the_probe() -> None:
+    tracker, uuids = _tracker("l4x4")
+    tracker.apply(HealthEvent(uuids[0], "xid", 79), 10.0)
+    tracker.apply(HealthEvent(uuids[1], "xid", 79), 20.0)
+    assert tracker.recover(uuids[0], before=10.0) == {}  # an event at the probe's start stays
+    assert tracker.recover(uuids[1], before=15.0) == {}
+    assert tracker.recover(uuids[0], before=10.5) == {"gpu-0": "critical Xid 79 error"}
+    assert sorted(tracker.unhealthy()) == ["gpu-1"]
 
 
 def test_failed_mig_creation_taints_for_its_hold_but_is_no_health_problem() -> None:

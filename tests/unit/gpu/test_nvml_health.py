@@ -41,13 +41,22 @@ def alive():
 def say(record):
     print(json.dumps(record), flush=True)
 
+async def report_end(watcher):
+    try:
+        await watcher.ended()
+    except Exception as exc:
+        say({"ended": f"{type(exc).__name__}: {exc}"})
+
 async def main():
-    uuids, wait_ms = json.loads(sys.argv[1]), sys.argv[2]
-    if wait_ms != "default":
-        NvmlEventWatcher.WAIT_MS = int(wait_ms)
+    uuids, overrides = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+    for name, value in overrides.items():  # WAIT_MS, LOST_RETRY_S, RETRY_S
+        setattr(NvmlEventWatcher, name, value)
     loop = asyncio.get_running_loop()
     watcher = NvmlEventWatcher(uuids, lambda e: say(dataclasses.asdict(e)), loop)
     watcher.start()
+    # As with NVML, events written before the event set exists are never reported.
+    await watcher.watching()
+    ending = asyncio.create_task(report_end(watcher))
     say({"started": True})
     # stdin: "stop" stops the watcher; "alive" asks whether its thread still runs.
     while line := (await loop.run_in_executor(None, sys.stdin.readline)).strip():
@@ -56,6 +65,7 @@ async def main():
         elif line == "stop":
             began = time.monotonic()
             watcher.stop()
+            await ending  # a stopped watcher ends without an error
             while alive():
                 await asyncio.sleep(0.01)
             say({"stopped_after": time.monotonic() - began})
@@ -76,14 +86,21 @@ class Watcher:
         events: Path,
         wait_ms: int | None,
         uuids: list[str] | None = None,
+        *,
+        retry_s: float | None = None,
         **env: str,
     ) -> None:
         self.node = node
         self.events = events
         if uuids is None:
             uuids = [g.uuid for g in node.inventory.gpus]
+        overrides: dict[str, float] = {}
+        if wait_ms is not None:
+            overrides["WAIT_MS"] = wait_ms
+        if retry_s is not None:
+            overrides["LOST_RETRY_S"] = overrides["RETRY_S"] = retry_s
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", _WATCH, json.dumps(uuids), str(wait_ms or "default")],
+            [sys.executable, "-c", _WATCH, json.dumps(uuids), json.dumps(overrides)],
             env=node.env(FAKE_NVML_EVENTS=str(events), **env),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -93,7 +110,12 @@ class Watcher:
         self.lines: queue.Queue[dict[str, Any]] = queue.Queue()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
-        assert self.next(timeout=30) == {"started": True}
+        # Lines before "started" (GPUs found lost while registering) are read first later.
+        self._early: list[dict[str, Any]] = []  # empty while reading: next() reads the queue
+        early = []
+        while (line := self.next(timeout=30)) != {"started": True}:
+            early.append(line)
+        self._early = early
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -108,6 +130,8 @@ class Watcher:
             f.writelines(f"{line}\n" for line in lines)
 
     def next(self, timeout: float = 10) -> dict[str, Any]:
+        if self._early:
+            return self._early.pop(0)
         try:
             return self.lines.get(timeout=timeout)
         except queue.Empty:
@@ -119,7 +143,7 @@ class Watcher:
     def quiet(self, seconds: float) -> None:
         """Nothing comes out for ``seconds``."""
         time.sleep(seconds)
-        assert self.lines.empty(), list(self.lines.queue)
+        assert not self._early and self.lines.empty(), self._early + list(self.lines.queue)
 
     def command(self, text: str) -> None:
         assert self.proc.stdin is not None
@@ -191,17 +215,86 @@ def test_double_bit_ecc_is_xid_48(watch: Watcher) -> None:
     _clean(watch.stderr())
 
 
-def test_lost_gpu_marks_every_gpu_and_ends_the_watch(watch: Watcher) -> None:
-    watch.inject("lost")
+def test_lost_gpu_nobody_can_name_marks_every_gpu_and_the_watch_goes_on(watch: Watcher) -> None:
+    watch.inject(f"{watch.uuid(1)} xid 79")
+    assert watch.events_out(1) == [HealthEvent(watch.uuid(1), "xid", 79)]
+    watch.inject("lost")  # every GPU answers its UUID lookup: none can be named
     uuids = [g.uuid for g in watch.node.inventory.gpus]
     assert watch.events_out(len(uuids)) == [HealthEvent(u, "gpu-lost") for u in uuids]
-    deadline = time.monotonic() + 5
-    while watch.alive():
-        assert time.monotonic() < deadline, "the watcher kept waiting on a lost GPU"
-        time.sleep(0.05)
+    # Still watching, on a new event set, which does not deliver the first Xid again.
+    watch.inject(f"{watch.uuid(4)} xid 94")
+    assert watch.events_out(1) == [HealthEvent(watch.uuid(4), "xid", 94)]
     watch.quiet(QUIET)
+    assert watch.alive()
     watch.stop()
     _clean(watch.stderr())
+
+
+@pytest.fixture
+def health(tmp_path: Path) -> Path:
+    """The stand-in's health file (FAKE_NVML_HEALTH): "<uuid> lost" makes a GPU lost."""
+    path = tmp_path / "nvml.health"
+    path.write_text("")
+    return path
+
+
+def test_lost_gpu_is_named_and_the_others_stay_watched(
+    node: FakeNode, tmp_path: Path, health: Path
+) -> None:
+    watch = Watcher(node, tmp_path / "nvml.events", WAIT_MS, FAKE_NVML_HEALTH=str(health))
+    try:
+        watch.inject(f"{watch.uuid(1)} xid 79")
+        assert watch.events_out(1) == [HealthEvent(watch.uuid(1), "xid", 79)]
+        health.write_text(f"{watch.uuid(2)} lost\n")
+        watch.inject("lost")
+        assert watch.events_out(1) == [HealthEvent(watch.uuid(2), "gpu-lost")]
+        # The others are still watched; the lost GPU's events cannot come (it is gone).
+        watch.inject(f"{watch.uuid(2)} xid 79", f"{watch.uuid(5)} xid 94", f"{watch.uuid(1)} dbe")
+        assert watch.events_out(2) == [
+            HealthEvent(watch.uuid(5), "xid", 94),
+            HealthEvent(watch.uuid(1), "xid", 48),
+        ]
+        watch.quiet(QUIET)  # nothing delivered twice
+        assert watch.alive()
+        watch.stop()
+        _clean(watch.stderr())
+    finally:
+        watch.close()
+
+
+def test_lost_gpu_is_watched_again_once_it_answers(
+    node: FakeNode, tmp_path: Path, health: Path
+) -> None:
+    watch = Watcher(
+        node,
+        tmp_path / "nvml.events",
+        WAIT_MS,
+        FAKE_NVML_HEALTH=str(health),
+        retry_s=0.2,
+    )
+    try:
+        health.write_text(f"{watch.uuid(3)} lost\n")
+        watch.inject("lost")
+        assert watch.events_out(1) == [HealthEvent(watch.uuid(3), "gpu-lost")]
+        health.write_text("")  # reset: it answers again (a re-check untaints it)
+        # The watcher looks at lost GPUs every LOST_RETRY_S; until it registers this one
+        # again its events are not reported (NVML reports none from before registration).
+        xid = HealthEvent(watch.uuid(3), "xid", 79)
+        deadline = time.monotonic() + 10
+        while True:
+            assert time.monotonic() < deadline, "the GPU was not watched again"
+            watch.inject(f"{watch.uuid(3)} xid 79")
+            try:
+                got = watch.lines.get(timeout=0.3)
+            except queue.Empty:
+                continue
+            assert HealthEvent(**got) == xid
+            break
+        watch.quiet(QUIET)
+        watch.stop()
+        _clean(watch.stderr())
+    finally:
+        watch.close()
 
 
 def test_timeouts_are_quiet_and_the_watch_goes_on(watch: Watcher) -> None:
