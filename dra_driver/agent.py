@@ -124,7 +124,11 @@ def build_state(
         boot_id=read_boot_id(),
         common_edits=driver_files(settings, inventory),
         mig_minors=_mig_minors(settings.driver_root),
-        device_nodes=devnodes.host(settings.driver_root) if real else devnodes.simulated,
+        device_nodes=(
+            devnodes.host(settings.driver_root, settings.host_driver_root)
+            if real
+            else devnodes.simulated
+        ),
         mig=mig,
         shared_gpus=shared_uuids(inventory, parse_selection(settings.shared_gpus)),
         sharing=make_sharing_backend(

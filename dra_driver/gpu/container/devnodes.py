@@ -49,18 +49,23 @@ def simulated(path: str) -> DeviceNode:
     return DeviceNode(path=path)
 
 
-def host(driver_root: Path = Path("/")) -> Resolver:
-    """Resolve device nodes from the host (under the driver root) when they exist."""
+def host(driver_root: Path = Path("/"), host_driver_root: Path | None = None) -> Resolver:
+    """Resolve device nodes from the host (under the driver root) when they exist.
+
+    ``driver_root`` is where this process sees the driver root, ``host_driver_root`` where
+    the host (and so the container runtime) has it: a node found under the former is handed
+    to the runtime by its path under the latter."""
+    runtime_root = host_driver_root or driver_root
 
     def resolve(path: str) -> DeviceNode:
-        host_path = driver_root / path.lstrip("/")
+        relative = path.lstrip("/")
         try:
-            info = os.stat(host_path)
+            info = os.stat(driver_root / relative)
         except OSError:
             return DeviceNode(path=path)  # the runtime will look for itself
         if not stat.S_ISCHR(info.st_mode):
             return DeviceNode(path=path)
-        extra = {"host_path": str(host_path)} if driver_root != Path("/") else {}
+        extra = {"host_path": str(runtime_root / relative)} if runtime_root != Path("/") else {}
         return DeviceNode(
             path=path, type="c", major=os.major(info.st_rdev), minor=os.minor(info.st_rdev), **extra
         )

@@ -125,3 +125,15 @@ def test_simulated_numbers() -> None:
     assert devnodes.simulated("/dev/nvidiactl").minor == 255
     assert devnodes.simulated("/dev/nvidia-caps/nvidia-cap30").minor == 30
     assert devnodes.simulated("/dev/other") == devnodes.plain("/dev/other")
+
+
+def test_device_nodes_found_in_the_mounted_root_name_the_hosts_path(tmp_path: Path) -> None:
+    """The agent sees the driver root at /driver-root; the runtime must be told the host's
+    path (/run/nvidia/driver/dev/...), or it stats a file that does not exist."""
+    (tmp_path / "dev").mkdir()
+    os.symlink("/dev/null", tmp_path / "dev" / "nvidia0")
+    node = devnodes.host(tmp_path, Path("/run/nvidia/driver"))("/dev/nvidia0")
+    assert node.host_path == "/run/nvidia/driver/dev/nvidia0"
+    assert (node.type, node.major) == ("c", os.major(os.stat("/dev/null").st_rdev))
+    # A driver installed on the host itself: the path alone.
+    assert devnodes.host(tmp_path, Path("/"))("/dev/nvidia0").host_path is None
