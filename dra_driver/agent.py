@@ -135,6 +135,7 @@ def build_state(
             settings.backend,
             state_dir=state_dir(settings),
             driver_root=settings.driver_root,
+            host_driver_root=settings.host_driver_root,
         ),
         evidence=evidence,
     )

@@ -10,9 +10,16 @@ from dra_driver.gpu.sharing.simulated import SIMULATED_STATE_FILE, SimulatedShar
 
 
 def make_sharing_backend(
-    backend: str, *, state_dir: Path, driver_root: Path = Path("/")
+    backend: str,
+    *,
+    state_dir: Path,
+    driver_root: Path = Path("/"),
+    host_driver_root: Path | None = None,
 ) -> SharingBackend:
-    """The sharing backend matching the discovery backend."""
+    """The sharing backend matching the discovery backend; ``host_driver_root`` is where the
+    host has the driver root the agent sees at ``driver_root`` (MPS daemons run on the host)."""
     if backend == "simulated":
         return SimulatedSharing(state_dir / SIMULATED_STATE_FILE)
-    return HostSharing(mps_root=state_dir / "mps", driver_root=driver_root)
+    return HostSharing(
+        mps_root=state_dir / "mps", driver_root=driver_root, host_driver_root=host_driver_root
+    )
