@@ -8,6 +8,11 @@
 #   make test-node   e2e-node on a fresh node, removed afterwards (the step of `make test`)
 #   make demo-node   the examples on the node: what each container saw
 #   make node-images rebuild the images (pause, busybox, the driver's from the Dockerfile)
+#
+# NODE_BACKEND=simulated|nvml picks the agent's discovery backend (nvml: the stand-in NVIDIA
+# driver root, tests/driverroot.py) and NODE_HELM_ARGS adds `helm install` arguments after
+# the tier's own values. On a running node, node-up with other values re-installs the chart
+# (helm upgrade): the node, its images and the control plane stay.
 
 NODE_DIR         := $(TESTENV_DIR)/node
 NODE_CACHE       := $(TESTENV_ROOT)/.cache/node
@@ -24,6 +29,9 @@ CNI_BINS         := $(addprefix $(NODE_CACHE)/cni/,bridge host-local loopback po
 NODE_IMAGES      := $(addprefix $(NODE_CACHE)/images/,pause.tar busybox.tar driver.tar)
 DRIVER_IMAGE     ?= localhost/dra-driver:dev
 NODE_PY          := $(TESTENV_PYTHON) $(NODE_DIR)/realnode.py --base $(NODE_BASE)
+NODE_BACKEND     ?= simulated
+NODE_HELM_ARGS   ?=
+NODE_MODE         = --backend $(NODE_BACKEND) --helm-args '$(NODE_HELM_ARGS)'
 NODE_ROOT_CHECK   = @[ "$$(id -u)" = 0 ] || { echo "$@: needs root (containers, mounts, a bridge, cgroups)" >&2; exit 1; }
 
 .PHONY: node-up node-down node-status node-images node-packages e2e-node test-node demo-node
@@ -70,7 +78,7 @@ node-up: install testenv helm
 	@$(MAKE) --no-print-directory $(CONTAINERD_BINS) $(NODE_CACHE)/bin/runc $(CNI_BINS) $(NODE_IMAGES)
 	DRA_TESTENV_BIN=$(TESTENV_BIN) $(NODE_PY) up --bin-dir $(NODE_CACHE)/bin --cni-dir $(NODE_CACHE)/cni \
 	  $(foreach i,$(NODE_IMAGES),--image $(i)) --runc $(NODE_CACHE)/bin/runc --helm $(HELM) --chart deployments/helm/dra-driver \
-	  --driver-image $(DRIVER_IMAGE)
+	  --driver-image $(DRIVER_IMAGE) $(NODE_MODE)
 
 node-down:
 	$(NODE_ROOT_CHECK)

@@ -82,20 +82,22 @@ def cgroup_hierarchies(*, unified: bool = False) -> list[Path]:
     )
 
 
-def cgroup_pids() -> set[int]:
-    """Every process in `CGROUP_PARENT`: the node's containers, whatever their parent."""
+def cgroup_pids(parent: str = CGROUP_PARENT) -> set[int]:
+    """Every process under the cgroup `parent` (`CGROUP_PARENT`: the node's containers,
+    whatever their parent)."""
     pids: set[int] = set()
     for h in cgroup_hierarchies(unified=True):
-        for procs in (h / CGROUP_PARENT).rglob("cgroup.procs"):
+        for procs in (h / parent).rglob("cgroup.procs"):
             with contextlib.suppress(OSError):
                 pids.update(int(p) for p in procs.read_text().split())
     return pids
 
 
-def kill_containers(timeout: float = 10.0) -> None:
-    """SIGKILL the node's container processes; killing their shims does not stop them."""
+def kill_containers(timeout: float = 10.0, parent: str = CGROUP_PARENT) -> None:
+    """SIGKILL the node's container processes (or those under the cgroup `parent`); killing
+    their shims does not stop them."""
     deadline = time.monotonic() + timeout
-    while (pids := cgroup_pids()) and time.monotonic() < deadline:
+    while (pids := cgroup_pids(parent)) and time.monotonic() < deadline:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -112,10 +114,10 @@ def create_cgroup_parent() -> None:
                 (d / f).write_text((h / f).read_text())
 
 
-def remove_cgroup_parent() -> None:
-    """Remove `CGROUP_PARENT` and everything under it, deepest first."""
+def remove_cgroup_parent(parent: str = CGROUP_PARENT) -> None:
+    """Remove the cgroup `parent` and everything under it, deepest first."""
     for h in cgroup_hierarchies(unified=True):
-        top = h / CGROUP_PARENT
+        top = h / parent
         if not top.exists():
             continue
         for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):

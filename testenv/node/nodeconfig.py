@@ -13,6 +13,9 @@ POD_SUBNET = "10.89.0.0/24"
 POD_GATEWAY = "10.89.0.1"
 API_SERVICE_IP = "10.0.0.1"
 CGROUP_PARENT = "dra-node"
+# The driver's MPS control daemons leave the agent's container for cgroups of their own here
+# (dra_driver/gpu/sharing/host.py), so they outlive it; a reboot or `down` kills them.
+MPS_CGROUP_PARENT = "dra-driver-mps"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 DRIVER_IMAGE = "localhost/dra-driver:dev"
 DRIVER_NAMESPACE = "dra-driver"
@@ -68,6 +71,11 @@ class Layout:
     @property
     def driver_root(self) -> Path:
         return self.base / "driver-root"
+
+    @property
+    def nvml_state(self) -> Path:
+        """The stand-in driver's mutable state (NVML data, injected events and health)."""
+        return self.base / "nvml"
 
     @property
     def state(self) -> Path:

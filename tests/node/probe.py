@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -346,6 +347,46 @@ class Node:
         self.helm("upgrade", "dra-driver", str(CHART), "--reuse-values", *args, "--wait")
         wait_until(lambda: len(self.driver_pods()) == 1, "one driver pod after the upgrade")
         self.wait_published_by(self.driver_pods()[0].metadata.uid)
+
+    def switch_chart(self, backend: str, *helm_args: str) -> None:
+        """Re-install the chart with the ``backend`` (``simulated`` or ``nvml``) and extra
+        ``helm`` arguments (``realnode.py chart``); wait until the new agent publishes."""
+        self._realnode(
+            "chart",
+            "--backend",
+            backend,
+            "--helm-args",
+            shlex.join(helm_args),
+            "--helm",
+            str(self.helm_bin),
+            "--chart",
+            str(CHART),
+        )
+        wait_until(lambda: len(self.driver_pods()) == 1, "one driver pod after the switch")
+        self.wait_published_by(self.driver_pods()[0].metadata.uid)
+
+    def reboot(self) -> None:
+        """What a reboot does to the node (``realnode.py reboot``)."""
+        self._realnode("reboot")
+
+    def _realnode(self, *args: str) -> None:
+        out = subprocess.run(
+            [sys.executable, str(REALNODE), "--base", str(self.base), *args],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        if out.returncode != 0:
+            raise AssertionError(f"realnode.py {args[0]}: {out.stderr.strip()}")
+
+    def device_taints(self) -> dict[str, list[str]]:
+        """Device name -> its taints as ``key=value``, across the driver's slices."""
+        return {
+            d["name"]: [f"{t['key']}={t.get('value', '')}" for t in d.get("taints") or []]
+            for s in self.slices()
+            for d in s["spec"].get("devices", [])
+        }
 
     def wait_published_by(self, uid: str) -> None:
         """Wait until every slice of the driver names the agent pod ``uid`` as its publisher."""

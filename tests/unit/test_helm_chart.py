@@ -313,3 +313,21 @@ def test_values_reach_the_agent(values: dict[str, str]) -> None:
         assert e["DRA_DRIVER_NAME"] == "gpu.example.com"
         names = {o["metadata"]["name"] for o in kind(objects, "DeviceClass")}
         assert names == {"gpu.example.com", "mig.gpu.example.com", "shared.gpu.example.com"}
+
+
+def test_extra_volumes_and_the_host_pid_namespace() -> None:
+    """Extra volumes reach the pod and their mounts the agent's container; the agent always
+    runs in the host's PID namespace (its MPS daemons must outlive it)."""
+    objects = render(
+        **{
+            "extraVolumes[0].name": "state",
+            "extraVolumes[0].hostPath.path": "/var/lib/x",
+            "extraVolumeMounts[0].name": "state",
+            "extraVolumeMounts[0].mountPath": "/var/lib/x",
+        }
+    )
+    spec = daemonset(objects)["spec"]["template"]["spec"]
+    assert spec["hostPID"] is True
+    assert {"name": "state", "hostPath": {"path": "/var/lib/x"}} in spec["volumes"]
+    assert {"name": "state", "mountPath": "/var/lib/x"} in container(objects)["volumeMounts"]
+    assert "extraVolumeMounts" in render_error("extraVolumeMounts[0].name=state")

@@ -150,7 +150,7 @@ def node_driver_root() -> Iterator[Path]:
     if driverroot.compiler() is None:
         pytest.skip("no C compiler for the simulated driver libraries")
     base = Path(tempfile.mkdtemp(prefix="node", dir="/tmp"))
-    realnode.make_driver_root(base / "driver-root")
+    realnode.make_driver_root(base / "driver-root", base / "nvml")
     yield base / "driver-root"
     shutil.rmtree(base, ignore_errors=True)
 
@@ -161,8 +161,14 @@ def test_node_up_makes_a_driver_root_of_this_architecture(node_driver_root: Path
     assert (libs / "libcuda.so.1").readlink() == Path(f"libcuda.so.{driverroot.VERSION}")
     version = (node_driver_root / "proc/driver/nvidia/version").read_text()
     assert driverroot.VERSION in version
+    # The stand-in driver's state beside it: what a reboot restores, and the boot id.
+    state = node_driver_root.parent / "nvml"
+    assert (state / "nvml-data.installed").read_text() == (state / "nvml-data").read_text()
+    assert (state / "boot_id").read_text().strip()
     with pytest.raises(realnode.NodeError, match="simulated driver root"):
-        realnode.make_driver_root(libs / f"libcuda.so.{driverroot.VERSION}" / "below-a-file")
+        realnode.make_driver_root(
+            libs / f"libcuda.so.{driverroot.VERSION}" / "below-a-file", state / "again"
+        )
 
 
 def test_loadcheck_script_and_parsers_on_the_host(node_driver_root: Path, tmp_path: Path) -> None:

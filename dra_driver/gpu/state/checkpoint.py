@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from collections.abc import Callable
 from enum import StrEnum
@@ -47,6 +48,7 @@ SCHEMA_VERSION = 2
 #: The journal lives beside the snapshot, named after it.
 JOURNAL_SUFFIX = ".journal"
 BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+BOOT_ID_ENV = "DRA_BOOT_ID_FILE"
 
 
 class ClaimState(StrEnum):
@@ -162,8 +164,13 @@ class CorruptCheckpoint(DriverError):
         self.moved_to = moved_to
 
 
-def read_boot_id(path: Path = BOOT_ID_PATH) -> str:
-    """The kernel's boot id, which changes on every reboot."""
+def read_boot_id(path: Path | None = None) -> str:
+    """The kernel's boot id, which changes on every reboot.
+
+    ``$DRA_BOOT_ID_FILE`` replaces the kernel's file for tests of a reboot: a container cannot
+    be shown another ``/proc/sys/kernel/random/boot_id``. Nodes leave it unset."""
+    if path is None:
+        path = Path(os.environ.get(BOOT_ID_ENV) or BOOT_ID_PATH)
     try:
         return path.read_text().strip()
     except OSError:
