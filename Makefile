@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test unit e2e e2e-core test-versions lint demo proto clean fuzz-cel
+.PHONY: install test unit e2e e2e-core test-versions lint demo proto clean fuzz-cel hw-check
 .DEFAULT_GOAL := help
 
 help:
@@ -24,6 +24,8 @@ help:
 	@echo "make e2e-node  end-to-end tests on that node;  make node-down  remove it all"
 	@echo "make fuzz-cel  random selectors against the scheduler's CEL, until interrupted"
 	@echo "make bench     benchmarks (about an hour); results in docs/performance.md"
+	@echo "make hw-check  pre-flight of this node's NVIDIA driver and GPUs (skipped without one);"
+	@echo "               HW_CHECK_ARGS=\"--carve --mps\" also makes a MIG device and an MPS daemon"
 
 install: $(STAMP)
 
@@ -78,6 +80,11 @@ fuzz-cel: install celref
 
 demo: install testenv
 	$(TESTENV_ENV) $(BIN)/dra-driver demo
+
+# On a real GPU node: the driver, discovery against nvidia-smi -L, MIG, health events (and
+# with HW_CHECK_ARGS="--carve --mps" a MIG device and an MPS daemon, made and removed).
+hw-check: install
+	$(BIN)/dra-driver hw-check $(HW_CHECK_ARGS)
 
 proto: install
 	hack/gen-proto.sh

@@ -175,6 +175,37 @@ def _inject_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _hw_check(settings: Settings, ns: argparse.Namespace) -> int:
+    from dra_driver.gpu.hwcheck import render_table, report_json
+    from dra_driver.gpu.hwcheck_probe import host_sharing, run_checks
+
+    report = run_checks(
+        settings.driver_root,
+        carve=ns.carve,
+        mps=ns.mps,
+        sharing=host_sharing(settings.host_driver_root),
+    )
+    if settings.output == "table":
+        print("\n".join(render_table(report)))
+    else:
+        print_objects(report_json(report), settings.output)
+    return exitcodes.ERROR if report.failed else exitcodes.OK
+
+
+def _hw_check_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--carve",
+        action="store_true",
+        help="create and destroy one MIG device of the smallest profile on the first GPU "
+        "in MIG mode with room (changes the GPU while it runs)",
+    )
+    parser.add_argument(
+        "--mps",
+        action="store_true",
+        help="start one MPS control daemon on the first GPU and stop it",
+    )
+
+
 COMMANDS: dict[str, Command] = {
     "discover": Command(
         "print the node's GPU inventory", (*_DISCOVERY, "output", *_LOGGING), _discover
@@ -209,6 +240,14 @@ COMMANDS: dict[str, Command] = {
         ("plugins_dir", "driver_name", *_LOGGING),
         _inject_health,
         arguments=_inject_arguments,
+    ),
+    "hw-check": Command(
+        "pre-flight checks of this node's NVIDIA driver and GPUs: one line per check, "
+        "exit status 1 when one fails",
+        ("driver_root", "host_driver_root", "output", *_LOGGING),
+        _hw_check,
+        defaults={"log_level": "warning"},
+        arguments=_hw_check_arguments,
     ),
     "demo": Command(
         "local control plane + two simulated GPU nodes + the driver + example pods",

@@ -51,22 +51,33 @@ def nvml_call_unless(
         raise DiscoveryError(f"NVML call {fn.__name__} failed for {where}: {exc}") from None
 
 
+class NvmlInitError(DiscoveryError):
+    """nvmlInit failed; ``code`` is NVML's error code (``NVML_ERROR_LIBRARY_NOT_FOUND`` when
+    the library could not be loaded at all)."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 def nvml_init() -> None:
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:
         code = error_code(exc)
         if code == pynvml.NVML_ERROR_LIBRARY_NOT_FOUND:
-            raise DiscoveryError(
+            raise NvmlInitError(
                 "NVML library libnvidia-ml.so.1 not found: is the NVIDIA driver installed and "
-                f"its libraries mounted into this container? {SIMULATED_HINT}"
+                f"its libraries mounted into this container? {SIMULATED_HINT}",
+                code,
             ) from None
         if code == pynvml.NVML_ERROR_DRIVER_NOT_LOADED:
-            raise DiscoveryError(
+            raise NvmlInitError(
                 "NVML cannot talk to the NVIDIA kernel driver (nvmlInit: Driver Not Loaded): "
-                f"is the driver loaded and are /dev/nvidia* visible? {SIMULATED_HINT}"
+                f"is the driver loaded and are /dev/nvidia* visible? {SIMULATED_HINT}",
+                code,
             ) from None
-        raise DiscoveryError(f"NVML call nvmlInit failed: {exc}. {SIMULATED_HINT}") from None
+        raise NvmlInitError(f"NVML call nvmlInit failed: {exc}. {SIMULATED_HINT}", code) from None
 
 
 def nvml_shutdown() -> None:
