@@ -8,28 +8,43 @@ follows the ResourceClaims (list, then watch), hands the driver each claim of th
 pool that waits for it, and tells the driver which claims are allocated from the pool, so
 that it can undo preparations whose claim was deallocated before any pod ran.
 
-The decisions (:func:`waiting_devices`, :func:`allocated_devices`) are pure functions of a
-claim; the watcher is the thin loop around them.
+A claim the watcher cannot hand over (its allocation cannot be read, or the driver raised)
+gets its devices' failure conditions set right here, so the scheduler moves on at once
+instead of waiting out its binding timeout. When the API server is what failed (away,
+overloaded: :func:`transient`), the claim is tried again with back-off instead: the claim
+is fine, and a failure would only send its pod round the scheduler.
+
+The decisions (:func:`waiting_devices`, :func:`allocated_devices`, :func:`failure_status`)
+are pure functions of a claim; the watcher is the thin loop around them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import functools
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
+import aiohttp
 import structlog
 
 from dra_driver import resourceapi
 from dra_driver.kubeletplugin.claims import claim_to_prepare
 from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare
-from dra_driver.resourceslice.rawapi import RawApi
+from dra_driver.resourceslice.rawapi import CONNECTION_ERRORS, ApiError, RawApi
 from dra_driver.resourceslice.reflector import Reflector
-from dra_driver.resourceslice.reporting import ApiErrorReporter
+from dra_driver.resourceslice.reporting import ApiErrorReporter, describe
 
 JSON = dict[str, Any]
 CLAIMS_PATH = resourceapi.path(resourceapi.RESOURCE_CLAIMS)
+APPLY_PATCH = "application/apply-patch+yaml"
+#: Seconds before a claim is tried again after the API server failed; doubles up to the cap.
+#: The scheduler gives up on a claim after 10 minutes, which ends the retries with it.
+RETRY_DELAY = 1.0
+RETRY_CAP = 30.0
+#: Deadline of one status write (the loop waits for it).
+WRITE_TIMEOUT = 10.0
 
 log = structlog.get_logger(__name__)
 
@@ -92,6 +107,52 @@ def waiting_devices(claim: JSON, driver: str, pool: str) -> frozenset[str]:
     return frozenset(waiting)
 
 
+def transient(exc: BaseException) -> bool:
+    """Whether ``exc`` says the API server was away or overloaded (try again later), rather
+    than that the claim cannot be prepared."""
+    if isinstance(exc, ApiError):
+        return exc.status == 429 or exc.status >= 500
+    return isinstance(exc, aiohttp.ClientError | TimeoutError | ConnectionError)
+
+
+def failure_status(
+    claim: JSON, driver: str, pool: str, devices: frozenset[str], message: str, now: str
+) -> JSON | None:
+    """The apply configuration that sets the binding failure conditions of ``devices``
+    (those that have some) in the claim's ``status.devices``; None when none has any."""
+    entries: dict[str, JSON] = {}
+    for result in _ours(claim, driver, pool):
+        device = str(result.get("device"))
+        kinds = [str(k) for k in result.get("bindingFailureConditions") or []]
+        if device not in devices or not kinds or device in entries:
+            continue
+        conditions = [
+            {
+                "type": kind,
+                "status": "True",
+                "reason": "PrepareFailed",
+                "message": message[:1000],
+                "lastTransitionTime": now,
+            }
+            for kind in kinds
+        ]
+        entries[device] = {
+            "driver": driver,
+            "pool": pool,
+            "device": device,
+            "conditions": conditions,
+        }
+    if not entries:
+        return None
+    meta = claim.get("metadata") or {}
+    return {
+        "apiVersion": resourceapi.API_VERSION,
+        "kind": "ResourceClaim",
+        "metadata": {k: meta.get(k) for k in ("name", "namespace", "uid")},
+        "status": {"devices": list(entries.values())},
+    }
+
+
 def _ref(claim: JSON) -> ClaimRef:
     meta = claim.get("metadata") or {}
     return ClaimRef(str(meta.get("namespace", "")), str(meta.get("name", "")), str(meta["uid"]))
@@ -100,6 +161,10 @@ def _ref(claim: JSON) -> ClaimRef:
 def _allocated_at(claim: JSON) -> str:
     allocation = (claim.get("status") or {}).get("allocation") or {}
     return str(allocation.get("allocationTimestamp") or "")
+
+
+#: One allocation of one claim: UID, allocation time, devices of this pool.
+Key = tuple[str, str, frozenset[str]]
 
 
 class BindingWatcher:
@@ -119,12 +184,17 @@ class BindingWatcher:
         self._driver_name = driver_name
         self._pool = pool
         self._locked = locked
+        self._client = client
         self._log = log.bind(driver=driver_name, pool=pool)
         self._claims: dict[str, JSON] = {}  # UID -> claim, only those allocated from the pool
         self._listed = False
         self._changed = asyncio.Event()
         # (UID, allocation time, devices) handed to the driver: each allocation once.
-        self._started: set[tuple[str, str, frozenset[str]]] = set()
+        self._started: set[Key] = set()
+        # Allocations the API server failed for: attempts so far; those waiting out their
+        # back-off are in ``_backoff`` until their timer runs.
+        self._attempts: dict[Key, int] = {}
+        self._backoff: set[Key] = set()
         api = RawApi(client)
         self._reflector = Reflector(
             lambda: api.list_objects(CLAIMS_PATH, "resourceclaims"),
@@ -174,24 +244,56 @@ class BindingWatcher:
             self._changed.clear()
             if not self._listed:
                 continue
+            # One view for the whole round: the reflector changes ``_claims`` at every await
+            # below, and each change sets ``_changed``, so the next round sees it.
+            claims = dict(self._claims)
             allocated = {
                 uid: allocated_devices(c, self._driver_name, self._pool)
-                for uid, c in self._claims.items()
+                for uid, c in claims.items()
             }
             if allocated != seen:
                 seen = allocated
                 await self._locked(functools.partial(self._driver.allocated, allocated))
-            live = {(uid, _allocated_at(c), allocated[uid]) for uid, c in self._claims.items()}
+            live = {(uid, _allocated_at(c), allocated[uid]) for uid, c in claims.items()}
             # Forget allocations that are over, so a new one of the same claim is handled.
             self._started &= live
-            for uid, claim in list(self._claims.items()):
+            self._backoff &= live
+            self._attempts = {k: n for k, n in self._attempts.items() if k in live}
+            for uid, claim in claims.items():
+                if self._claims.get(uid) is not claim:
+                    continue  # changed (or gone) since the round began: the next one has it
                 waiting = waiting_devices(claim, self._driver_name, self._pool)
                 key = (uid, _allocated_at(claim), allocated[uid])
-                if waiting and key not in self._started:
+                if not waiting or key in self._started or key in self._backoff:
+                    continue
+                failed = await self._prepare(claim, waiting)
+                if failed is None:
                     self._started.add(key)
-                    await self._prepare(claim, waiting)
+                    self._attempts.pop(key, None)
+                else:
+                    self._retry_later(key, claim, failed)
 
-    async def _prepare(self, claim: JSON, waiting: frozenset[str]) -> None:
+    def _retry_later(self, key: Key, claim: JSON, error: str) -> None:
+        attempt = self._attempts.get(key, 0)
+        self._attempts[key] = attempt + 1
+        delay = min(RETRY_CAP, RETRY_DELAY * 2**attempt)
+        self._backoff.add(key)
+        self._log.warning(
+            "the API server failed a claim waiting for binding, will retry",
+            claim=str(_ref(claim)),
+            error=error,
+            attempt=attempt + 1,
+            retry_in=delay,
+        )
+        asyncio.get_running_loop().call_later(delay, self._retry_now, key)
+
+    def _retry_now(self, key: Key) -> None:
+        self._backoff.discard(key)
+        self._changed.set()
+
+    async def _prepare(self, claim: JSON, waiting: frozenset[str]) -> str | None:
+        """Prepare the claim, or set its failure conditions; or return how the API server
+        failed (then it is tried again later)."""
         ref = _ref(claim)
         self._log.info(
             "preparing claim before binding",
@@ -203,5 +305,49 @@ class BindingWatcher:
             checked = claim_to_prepare(ref, claim, self._driver_name, self._pool)
         except Exception as exc:  # a claim the API server accepted but we cannot read
             self._log.error("claim not preparable before binding", claim=str(ref), error=str(exc))
-            return
-        await self._locked(functools.partial(self._driver.prepare_before_binding, checked))
+            return await self._fail(claim, waiting, str(exc))
+        try:
+            await self._locked(functools.partial(self._driver.prepare_before_binding, checked))
+        except Exception as exc:  # the driver sets conditions itself; it raised instead
+            if transient(exc):
+                return str(exc)
+            self._log.exception("preparing before binding failed", claim=str(ref))
+            return await self._fail(claim, waiting, f"preparing failed: {exc}")
+        return None
+
+    async def _fail(self, claim: JSON, waiting: frozenset[str], message: str) -> str | None:
+        """Set the failure conditions of the waiting devices, so the scheduler deallocates
+        the claim and tries again; or return how the API server failed."""
+        ref = _ref(claim)
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = failure_status(claim, self._driver_name, self._pool, waiting, message, now)
+        if body is None:
+            self._log.error(
+                "no binding failure conditions to set: the scheduler waits for its timeout",
+                claim=str(ref),
+            )
+            return None
+        path = resourceapi.path(
+            resourceapi.RESOURCE_CLAIMS, ref.name, namespace=ref.namespace, subresource="status"
+        )
+        try:
+            response = await self._client.request(
+                "PATCH",
+                path,
+                query=[("fieldManager", self._driver_name), ("force", "true")],
+                body=body,
+                content_type=APPLY_PATCH,
+                timeout=WRITE_TIMEOUT,
+            )
+        except CONNECTION_ERRORS as exc:
+            return f"setting the binding failure conditions: {describe(exc)}"
+        if response.status == 429 or response.status >= 500:
+            return f"setting the binding failure conditions: HTTP {response.status}"
+        if not response.ok and response.status not in (404, 409):  # 404, 409: gone, replaced
+            self._log.error(
+                "binding failure conditions rejected",
+                claim=str(ref),
+                status=response.status,
+                error=response.body.decode("utf-8", "replace")[:500],
+            )
+        return None
