@@ -68,6 +68,7 @@ NODE_NAME = "dra-node-0"
 NVML_DATA = "nvml-data"
 NVML_EVENTS = "events"
 NVML_HEALTH = "health"
+NVML_FAIL = "fail"
 SYSFS_DIR = "sys"
 
 
@@ -86,6 +87,7 @@ def nvml_env(state: Path) -> dict[str, str]:
         "FAKE_NVML_DATA": str(state / NVML_DATA),
         "FAKE_NVML_EVENTS": str(state / NVML_EVENTS),
         "FAKE_NVML_HEALTH": str(state / NVML_HEALTH),
+        "FAKE_NVML_FAIL_FILE": str(state / NVML_FAIL),
     }
 
 
@@ -106,7 +108,7 @@ def write_nvml_state(
     tmp = data.with_name(f".{data.name}.{os.getpid()}")
     tmp.write_text(render(inventory))
     tmp.replace(data)
-    for name in (NVML_EVENTS, NVML_HEALTH):
+    for name in (NVML_EVENTS, NVML_HEALTH, NVML_FAIL):
         (state / name).write_text("")
     render_sysfs(inventory, state / SYSFS_DIR)
     return [gpu.minor for gpu in inventory.gpus]

@@ -121,6 +121,7 @@ def nvml_values(state: Path) -> dict[str, Any]:
         "FAKE_NVML_DATA": state / "nvml-data",
         "FAKE_NVML_EVENTS": state / "events",
         "FAKE_NVML_HEALTH": state / "health",
+        "FAKE_NVML_FAIL_FILE": state / "fail",
         "DRA_SYSFS_ROOT": state / "sys",
         "DRA_BOOT_ID_FILE": state / "boot_id",
     }

@@ -16,6 +16,8 @@
  *   FAKE_NVML_FAIL  comma-separated NVML function names, each optionally "=<code>": that
  *                   function returns the code (default NVML_ERROR_UNKNOWN, 999) instead of
  *                   doing its work, e.g. "nvmlDeviceGetMemoryInfo" or "nvmlInitWithFlags=9".
+ *   FAKE_NVML_FAIL_FILE  path of a file in FAKE_NVML_FAIL's format (names also one a line),
+ *                   read at every call: a test makes a running program's calls fail.
  *   FAKE_NVML_EVENTS  path of the events file (format at the end of this comment) that
  *                   nvmlEventSetWait_v2 reads; unset: no events ever happen.
  *   FAKE_NVML_HEALTH  path of the health file, read on every call that asks about health, so
@@ -363,12 +365,11 @@ static void warn(const char *fmt, ...) {
     va_end(ap);
 }
 
-/* FAKE_NVML_FAIL: the code `fn` must return instead of working, or NVML_SUCCESS. */
-static nvmlReturn_t injected(const char *fn) {
-    const char *spec = getenv("FAKE_NVML_FAIL");
+/* The code `fn` must return as `spec` (FAKE_NVML_FAIL's format) says, or NVML_SUCCESS. */
+static nvmlReturn_t injected_by(const char *spec, const char *fn) {
     size_t len = strlen(fn);
     while (spec && *spec) {
-        const char *end = strchr(spec, ',');
+        const char *end = strpbrk(spec, ",\n");
         size_t item = end ? (size_t)(end - spec) : strlen(spec);
         if (item >= len && strncmp(spec, fn, len) == 0 &&
             (item == len || spec[len] == '=')) {
@@ -377,6 +378,22 @@ static nvmlReturn_t injected(const char *fn) {
         spec = end ? end + 1 : NULL;
     }
     return NVML_SUCCESS;
+}
+
+/* FAKE_NVML_FAIL, then the FAKE_NVML_FAIL_FILE read now (so a test can make a running
+ * program's calls fail): the code `fn` must return instead of working, or NVML_SUCCESS. */
+static nvmlReturn_t injected(const char *fn) {
+    nvmlReturn_t ret = injected_by(getenv("FAKE_NVML_FAIL"), fn);
+    const char *path = getenv("FAKE_NVML_FAIL_FILE");
+    char buf[1024];
+    FILE *f;
+    size_t n;
+    if (ret != NVML_SUCCESS || path == NULL || (f = fopen(path, "r")) == NULL)
+        return ret;
+    n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return injected_by(buf, fn);
 }
 
 #define FAIL_POINT(fn)                           \

@@ -65,6 +65,11 @@ class StandIn:
         with (self.state / "events").open("a") as events:
             events.write(line + "\n")
 
+    def fail(self, *functions: str) -> None:
+        """NVML functions that fail from now on in every program using the stand-in (none:
+        all work again)."""
+        (self.state / "fail").write_text("".join(f"{f}\n" for f in functions))
+
     def set_health(self, states: dict[str, str]) -> None:
         """What NVML answers about each GPU's health (``lost``, ``pages-pending``, ...);
         GPUs not named are healthy."""

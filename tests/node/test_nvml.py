@@ -197,6 +197,31 @@ def test_a_lost_gpu_is_tainted_and_the_others_still_watched(node: Node, standin:
     wait_until(lambda: not node.device_taints()["gpu-2"], "the lost GPU untainted", 30)
 
 
+def test_a_health_watch_that_cannot_start_fails_liveness(node: Node, standin: StandIn) -> None:
+    """NVML gives the agent no event set any more: its health loop fails at every start, stops
+    beating, and the liveness probe makes the kubelet restart the agent."""
+    (pod,) = node.driver_pods()
+    before = pod.status.container_statuses[0].restart_count
+    try:
+        standin.fail("nvmlEventSetCreate")
+
+        def restarted() -> bool:
+            (now,) = node.driver_pods()
+            return bool(now.status.container_statuses[0].restart_count > before)
+
+        wait_until(restarted, "the kubelet to restart the agent", 240)
+        events = node.core.list_namespaced_event(
+            "dra-driver", field_selector=f"involvedObject.name={pod.metadata.name}"
+        )
+        assert any(
+            e.reason == "Unhealthy" and "background loops not alive: health" in e.message
+            for e in events.items
+        ), [e.message for e in events.items]
+    finally:
+        standin.fail()
+    node.wait_published_by(node.driver_pods()[0].metadata.uid)
+
+
 # -- dynamic MIG and reboots -------------------------------------------------------------
 
 

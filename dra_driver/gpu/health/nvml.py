@@ -14,6 +14,7 @@ from typing import Any
 
 import structlog
 
+from dra_driver.errors import DriverError
 from dra_driver.gpu.health.recheck import EventSink
 from dra_driver.gpu.health.tracker import HealthEvent
 
@@ -23,7 +24,7 @@ log = structlog.get_logger(__name__)
 XID_ECC_DBE = 48
 
 
-class WatchEnded(RuntimeError):
+class WatchEnded(DriverError):
     """NVML's event thread ended without being asked to: no health event is seen any more."""
 
 

@@ -149,9 +149,18 @@ static void start_server(void) {
         *slash = '\0';
     snprintf(server, sizeof server, "%s/%s", slash ? self : ".", SERVER_NAME);
     pid_t daemon_pid = getpid();
+    /* Closed by the child's exec (close-on-exec): once read() sees it closed, the server
+     * runs as nvidia-cuda-mps-server, so whoever sees the daemon also sees its server. */
+    int exec_done[2];
+    if (pipe2(exec_done, O_CLOEXEC) != 0) {
+        control_log("Cannot start the server: pipe: %s", strerror(errno));
+        return;
+    }
     pid_t pid = fork();
     if (pid < 0) {
         control_log("Cannot start the server: fork: %s", strerror(errno));
+        close(exec_done[0]);
+        close(exec_done[1]);
         return;
     }
     if (pid == 0) {
@@ -168,6 +177,11 @@ static void start_server(void) {
         control_log("Cannot start the server %s: %s", server, strerror(errno));
         _exit(127);
     }
+    close(exec_done[1]);
+    char byte;
+    while (read(exec_done[0], &byte, 1) < 0 && errno == EINTR)
+        ;
+    close(exec_done[0]);
     g_server = pid;
     control_log("Starting new server %d for user %u", (int)pid, (unsigned)getuid());
 }
