@@ -7,7 +7,6 @@ replaced claim, an API error, or a driver exception affects that claim alone.
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +17,7 @@ from dra_driver.errors import PrepareError
 from dra_driver.kubeletplugin.claims import ClaimFetcher, claim_to_prepare
 from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare, Driver, PreparedDevice
 from dra_driver.kubeletplugin.lock import NodeLock
+from dra_driver.kubeletplugin.uid import UID_SHAPE, valid_uid
 
 log = structlog.get_logger(__name__)
 
@@ -43,20 +43,9 @@ def error_text(exc: BaseException) -> str:
     return text
 
 
-#: metadata.uid is set by the API server, always a UUID: at most 36 of these characters. The
-#: driver names files after it, so anything else (a path separator, 300 characters that make
-#: every file operation fail with ENAMETOOLONG) never gets that far.
-_UID = re.compile(r"[0-9a-f-]{1,36}")
-
-
-def valid_uid(uid: str) -> bool:
-    """Whether ``uid`` has the shape of a Kubernetes UID."""
-    return _UID.fullmatch(uid) is not None
-
-
 def _bad_uid_error(uid: str) -> str:
     shown = uid if len(uid) <= 40 else f"{uid[:40]}... ({len(uid)} characters)"
-    return f"claim UID {shown!r} is not a Kubernetes UID (up to 36 characters of 0-9, a-f, -)"
+    return f"claim UID {shown!r} is not a Kubernetes UID ({UID_SHAPE})"
 
 
 def _by_uid_shape(claims: Sequence[ClaimRef]) -> tuple[list[ClaimRef], list[ClaimRef]]:

@@ -41,6 +41,7 @@ from dra_driver.cdi.writer import write_atomic
 from dra_driver.errors import DriverError
 from dra_driver.gpu.state import journal
 from dra_driver.gpu.state.journal import Change, Journal
+from dra_driver.kubeletplugin.uid import valid_uid
 
 log = structlog.get_logger(__name__)
 
@@ -234,7 +235,20 @@ def load(path: Path, boot_id: str) -> CheckpointData:
         moved = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
         path.replace(moved)
         raise CorruptCheckpoint(reason, moved) from None
+    for uid in [uid for uid in data.claims if not valid_uid(uid)]:
+        _drop(uid, path)
+        del data.claims[uid]
     return data
+
+
+def _drop(uid: str, path: Path) -> None:
+    """Log a record stored under a key that is no claim UID, which the caller then drops.
+
+    The driver never records such a claim (it refuses its UID), so the record is damage or
+    someone else's doing; start-up would remove the paths its key names (``..`` makes
+    ``<state>/mps/<key>`` the state directory). The rest of the file is kept: dropping the
+    record loses no claim the driver prepared."""
+    log.error("checkpoint record not under a claim UID: dropped", claim_uid=uid, path=str(path))
 
 
 class CheckpointFile:
@@ -272,6 +286,9 @@ class CheckpointFile:
         """Read the snapshot (see :func:`load`), replay the journal onto it, remember both."""
         data = load(self.path, self.boot_id)
         for change in journal.read(self.journal_path):
+            if not valid_uid(change.uid):
+                _drop(change.uid, self.journal_path)
+                continue
             if change.record is None:
                 data.claims.pop(change.uid, None)
                 continue

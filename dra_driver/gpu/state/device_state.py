@@ -58,7 +58,6 @@ from dra_driver.gpu.state.planner import (
     plan_claim,
     prepared_devices,
     shared_devices,
-    usable_uid,
 )
 from dra_driver.kubeletplugin.interfaces import (
     ClaimRef,
@@ -68,6 +67,7 @@ from dra_driver.kubeletplugin.interfaces import (
 )
 from dra_driver.kubeletplugin.lock import hold_file_lock
 from dra_driver.kubeletplugin.sockets import LOCK_FILE_NAME
+from dra_driver.kubeletplugin.uid import valid_uid
 
 log = structlog.get_logger(__name__)
 
@@ -150,6 +150,11 @@ class DeviceState:
         return self.state_dir / "mps" / claim_uid
 
     def _remove_artifacts(self, claim_uid: str, sync_dir: bool = True) -> None:
+        if not valid_uid(claim_uid):
+            # Every entrance refuses such a UID; this is the last line before an rmtree of a
+            # path built from it ("..": the state directory).
+            log.error("not removing the artifacts of a claim UID that is none", claim_uid=claim_uid)
+            return
         remove(self.spec_path(claim_uid), sync_dir=sync_dir)
         shutil.rmtree(self.mps_dir(claim_uid), ignore_errors=True)
 
@@ -235,7 +240,7 @@ class DeviceState:
             others = [(u, d) for u, r in self._data.claims.items() for d in r.devices]
             for claim in claims:
                 uid = claim.ref.uid
-                if not usable_uid(uid):
+                if not valid_uid(uid):
                     out[uid] = ClaimError(f"claim {claim.ref}: invalid claim UID {uid!r}")
                     continue
                 done = self._data.claims.get(uid)
@@ -381,52 +386,71 @@ class DeviceState:
     # --- unprepare ------------------------------------------------------------------------
 
     def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, UnprepareResult]:
-        """Unprepare a batch; unknown claims succeed (the kubelet may repeat itself)."""
+        """Unprepare a batch; unknown claims succeed (the kubelet may repeat itself).
+
+        The claims taken apart are recorded gone in one write at the end of the batch,
+        whatever fails for the claims after them (an error result or an exception); when
+        that write fails they are answered with its error, never unprepared.
+        """
         with self._lock:
             self._refresh()
             out: dict[str, UnprepareResult] = {}
             changed: dict[str, str] = {}
-            for ref in refs:
-                if not usable_uid(ref.uid):
-                    out[ref.uid] = None  # never prepared: nothing can exist under that name
-                    continue
-                rec = self._data.claims.get(ref.uid)
-                migs = [d.mig for d in rec.devices if d.mig is not None] if rec else []
-                if rec is not None and migs and rec.state is not ClaimState.UNPREPARE_STARTED:
-                    # Recorded first: a restart finishes what this unprepare starts.
-                    rec.state = ClaimState.UNPREPARE_STARTED
-                    if not self._record({ref.uid: str(ref)}, out, "that its unprepare started"):
-                        return out
-                    faults.point("unprepare.started-recorded")
-                if rec is not None:
-                    try:
-                        # Before the artifacts: a daemon is stopped through its pipe directory.
-                        others = [r for u, r in self._data.claims.items() if u != ref.uid]
-                        self._sharing.release([rec], others)
-                    except SharingError as exc:
-                        out[ref.uid] = ClaimError(f"claim {ref}: cannot undo sharing: {exc}")
-                        continue
-                    faults.point("unprepare.sharing-released")
-                try:
-                    self._remove_artifacts(ref.uid, sync_dir=False)
-                except OSError as exc:
-                    out[ref.uid] = ClaimError(f"claim {ref}: cannot remove CDI spec: {exc}")
-                    continue
-                faults.point("unprepare.cdi-removed")
-                try:
-                    for mig in migs:
-                        self._carver.destroy(mig, self._other_records(ref.uid))
-                except MigError as exc:
-                    out[ref.uid] = ClaimError(f"claim {ref}: cannot destroy MIG device: {exc}")
-                    continue
-                if migs:
-                    faults.point("unprepare.mig-destroyed")
-                if self._data.claims.pop(ref.uid, None) is not None:
-                    changed[ref.uid] = str(ref)
-                    log.info(
-                        "claim unprepared", claim=str(ref), claim_uid=ref.uid, node=self.node_name
-                    )
-                out[ref.uid] = None
-            if changed and self._record(changed, out, "that it is unprepared"):
-                faults.point("unprepare.recorded")
+            try:
+                for ref in refs:
+                    self._unprepare_one(ref, out, changed)
+            finally:
+                # A claim answered unprepared but still recorded PrepareCompleted would come
+                # back at the next read of the file, its devices refused to every new claim,
+                # and the kubelet, told it is unprepared, would never ask again.
+                if changed and self._record(changed, out, "that it is unprepared"):
+                    for uid, name in changed.items():
+                        log.info("claim unprepared", claim=name, claim_uid=uid, node=self.node_name)
+                    faults.point("unprepare.recorded")
             return out
+
+    def _unprepare_one(
+        self, ref: ClaimRef, out: dict[str, UnprepareResult], changed: dict[str, str]
+    ) -> None:
+        """Take one claim apart; its result goes to ``out``, and to ``changed`` once its
+        record is dropped (the caller records that)."""
+        if not valid_uid(ref.uid):
+            out[ref.uid] = None  # never prepared: nothing can exist under that name
+            return
+        rec = self._data.claims.get(ref.uid)
+        migs = [d.mig for d in rec.devices if d.mig is not None] if rec else []
+        if rec is not None and migs and rec.state is not ClaimState.UNPREPARE_STARTED:
+            # Recorded first: a restart finishes what this unprepare starts.
+            before, rec.state = rec.state, ClaimState.UNPREPARE_STARTED
+            if not self._record({ref.uid: str(ref)}, out, "that its unprepare started"):
+                # Nothing of it is taken apart: it stays as it was (also in the batch's
+                # final write), and the kubelet retries it.
+                rec.state = before
+                return
+            faults.point("unprepare.started-recorded")
+        if rec is not None:
+            try:
+                # Before the artifacts: a daemon is stopped through its pipe directory.
+                others = [r for u, r in self._data.claims.items() if u != ref.uid]
+                self._sharing.release([rec], others)
+            except SharingError as exc:
+                out[ref.uid] = ClaimError(f"claim {ref}: cannot undo sharing: {exc}")
+                return
+            faults.point("unprepare.sharing-released")
+        try:
+            self._remove_artifacts(ref.uid, sync_dir=False)
+        except OSError as exc:
+            out[ref.uid] = ClaimError(f"claim {ref}: cannot remove CDI spec: {exc}")
+            return
+        faults.point("unprepare.cdi-removed")
+        try:
+            for mig in migs:
+                self._carver.destroy(mig, self._other_records(ref.uid))
+        except MigError as exc:
+            out[ref.uid] = ClaimError(f"claim {ref}: cannot destroy MIG device: {exc}")
+            return
+        if migs:
+            faults.point("unprepare.mig-destroyed")
+        if self._data.claims.pop(ref.uid, None) is not None:
+            changed[ref.uid] = str(ref)
+        out[ref.uid] = None

@@ -21,6 +21,8 @@ from typing import Any
 
 import structlog
 
+from dra_driver.kubeletplugin.uid import valid_uid
+
 log = structlog.get_logger(__name__)
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES="
@@ -84,7 +86,7 @@ def claims_in_use(
             and isinstance(r.get("device"), str)
         )
         uid = meta.get("uid")
-        if not mine or not isinstance(uid, str):
+        if not mine or not valid_uid(uid):
             continue
         found[uid] = ClaimInUse(
             uid=uid,
@@ -110,7 +112,10 @@ def read_specs(cdi_root: Path, prefix: str) -> dict[str, SpecOnDisk]:
     """The claims' CDI specs under ``cdi_root`` (files ``<prefix><uid>.json``), by claim UID.
 
     A spec that cannot be read or parsed still proves its claim was prepared: it is returned
-    with what could be learnt (its UID), so the claim is kept.
+    with what could be learnt (its UID), so the claim is kept. A file whose name holds no
+    claim UID was never written by the driver (which refuses such UIDs): it is logged and
+    left alone, as its UID would name paths (``..`` makes ``<state>/mps/<uid>`` the state
+    directory itself) that start-up removes.
     """
     found: dict[str, SpecOnDisk] = {}
     try:
@@ -119,6 +124,9 @@ def read_specs(cdi_root: Path, prefix: str) -> dict[str, SpecOnDisk]:
         return found
     for path in paths:
         uid = path.name[len(prefix) : -len(".json")]
+        if not valid_uid(uid):
+            log.warning("CDI spec file not named after a claim UID: ignored", path=str(path))
+            continue
         try:
             doc = json.loads(path.read_text())
         except (OSError, ValueError, RecursionError) as exc:

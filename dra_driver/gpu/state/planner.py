@@ -51,13 +51,6 @@ class Plan:
 Footprint = tuple[str, Placement | None]
 
 
-def usable_uid(uid: str) -> bool:
-    """Whether a claim UID can name files: the API server's UIDs are UUIDs, and a UID with a
-    path separator or a NUL (only a broken or hostile caller sends one) must never reach a
-    path, where ``..`` would point outside the driver's directories."""
-    return bool(uid) and "/" not in uid and "\x00" not in uid and uid not in (".", "..")
-
-
 def plan_claim(claim: ClaimToPrepare, catalog: Catalog, driver_name: str) -> Plan:
     """What preparing ``claim`` means: its devices looked up in the catalogue, with their
     configs, shares and the MIG devices to create. Raises :class:`ClaimError` and the

@@ -13,9 +13,9 @@ from dra_driver.gpu.state.planner import (
     check_gpu_free,
     holders,
     shared_devices,
-    usable_uid,
 )
 from dra_driver.kubeletplugin.interfaces import ClaimRef
+from dra_driver.kubeletplugin.uid import valid_uid
 
 REF = ClaimRef("ns", "mine", "uid-mine")
 
@@ -89,4 +89,5 @@ def test_check_gpu_free(theirs: str, mine: str, refused: bool) -> None:
     [("0b5e-uid", True), ("", False), (".", False), ("..", False), ("a/b", False), ("a\0", False)],
 )
 def test_usable_uid(uid: str, usable: bool) -> None:
-    assert usable_uid(uid) is usable
+    # The planner's own check is gone: the transaction uses the kubelet plugin's, the only one.
+    assert valid_uid(uid) is usable
