@@ -9,6 +9,7 @@ each container saw, from its pod log; faults are injected by writing the stand-i
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -198,12 +199,13 @@ def test_a_lost_gpu_is_tainted_and_the_others_still_watched(node: Node, standin:
 
 
 def test_a_health_watch_that_cannot_start_fails_liveness(node: Node, standin: StandIn) -> None:
-    """NVML gives the agent no event set any more: its health loop fails at every start, stops
-    beating, and the liveness probe makes the kubelet restart the agent."""
+    """NVML's event waits fail and it makes no event set any more: the watcher gives up on
+    its set, its health loop fails at every start, stops beating, and the liveness probe
+    makes the kubelet restart the agent."""
     (pod,) = node.driver_pods()
     before = pod.status.container_statuses[0].restart_count
     try:
-        standin.fail("nvmlEventSetCreate")
+        standin.fail("nvmlEventSetWait_v2", "nvmlEventSetCreate")
 
         def restarted() -> bool:
             (now,) = node.driver_pods()
@@ -213,10 +215,17 @@ def test_a_health_watch_that_cannot_start_fails_liveness(node: Node, standin: St
         events = node.core.list_namespaced_event(
             "dra-driver", field_selector=f"involvedObject.name={pod.metadata.name}"
         )
-        assert any(
-            e.reason == "Unhealthy" and "background loops not alive: health" in e.message
-            for e in events.items
-        ), [e.message for e in events.items]
+        messages = [e.message for e in events.items if e.reason == "Unhealthy"]
+        assert any("Liveness probe failed" in m and "NOT_SERVING" in m for m in messages), messages
+        # The restarted container's predecessor said why, one event per line.
+        previous = node.core.read_namespaced_pod_log(pod.metadata.name, "dra-driver", previous=True)
+        crashes = [
+            json.loads(line)
+            for line in previous.splitlines()
+            if '"background loop crashed"' in line
+        ]
+        assert crashes and all(c["loop"] == "health" for c in crashes), previous[-2000:]
+        assert "no NVML event set" in crashes[-1]["error"], crashes[-1]
     finally:
         standin.fail()
     node.wait_published_by(node.driver_pods()[0].metadata.uid)

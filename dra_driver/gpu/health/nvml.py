@@ -37,6 +37,7 @@ class _Watched:
     lost: set[str] = field(default_factory=set)
     looked: float = 0.0  # monotonic time of the last look whether a lost GPU answers again
     unnamed: float = -math.inf  # monotonic time of the last rebuild after an unnamed loss
+    failed_waits: int = 0  # waits failed in a row (other than timeouts and losses)
 
 
 class NvmlEventWatcher:
@@ -54,6 +55,10 @@ class NvmlEventWatcher:
     #: Seconds before waiting again after a failed wait, and at least between two rebuilds
     #: of the event set after losses no GPU could be named for (a set that keeps failing).
     RETRY_S = 5.0
+    #: Failed waits in a row after which the event set is replaced; when no new set can be
+    #: made the thread ends, and with it the supervised loop (which fails liveness if it
+    #: cannot start again): a set that only fails watches nothing.
+    MAX_FAILED_WAITS = 3
 
     def __init__(
         self, uuids: Sequence[str], sink: EventSink, loop: asyncio.AbstractEventLoop
@@ -208,13 +213,19 @@ class NvmlEventWatcher:
         try:
             data = pynvml.nvmlEventSetWait_v2(watched.events, self.WAIT_MS)
         except pynvml.NVMLError_Timeout:
+            watched.failed_waits = 0
             return False
         except pynvml.NVMLError_GpuIsLost:
             return True
         except pynvml.NVMLError as exc:
-            log.error("NVML event wait failed", error=str(exc))
+            watched.failed_waits += 1
+            log.error("NVML event wait failed", error=str(exc), failures=watched.failed_waits)
             self._stop.wait(self.RETRY_S)
+            if watched.failed_waits >= self.MAX_FAILED_WAITS:
+                watched.failed_waits = 0
+                self._rebuild(pynvml, watched)
             return False
+        watched.failed_waits = 0
         uuid = watched.by_handle.get(_address(data.device))
         if uuid is not None:
             xid = (

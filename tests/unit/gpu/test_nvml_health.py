@@ -306,6 +306,46 @@ def test_timeouts_are_quiet_and_the_watch_goes_on(watch: Watcher) -> None:
     _clean(watch.stderr())
 
 
+def test_a_set_whose_waits_keep_failing_is_replaced(node: FakeNode, tmp_path: Path) -> None:
+    """Waits that fail (not time out) watch nothing: after a few the set is replaced, and
+    events are seen again."""
+    fail = tmp_path / "fail"
+    fail.write_text("")
+    watch = Watcher(
+        node, tmp_path / "nvml.events", WAIT_MS, retry_s=0.05, FAKE_NVML_FAIL_FILE=str(fail)
+    )
+    try:
+        fail.write_text("nvmlEventSetWait_v2=999\n")
+        time.sleep(10 * 0.05 + 3 * WAIT_MS / 1000)  # several failed waits, a new set
+        fail.write_text("")
+        # A set replaced now starts after what the file holds (as NVML's): inject later.
+        time.sleep(0.5)
+        watch.inject(f"{watch.uuid(2)} xid 79")
+        assert watch.events_out(1) == [HealthEvent(watch.uuid(2), "xid", 79)]
+        assert watch.alive()
+    finally:
+        watch.close()
+
+
+def test_a_set_that_only_fails_and_cannot_be_replaced_ends_the_watch(
+    node: FakeNode, tmp_path: Path
+) -> None:
+    """...and when no new set can be made, the thread ends and says why: the agent's
+    supervised health loop ends with it (and fails liveness if it cannot start again)."""
+    fail = tmp_path / "fail"
+    fail.write_text("")
+    watch = Watcher(
+        node, tmp_path / "nvml.events", WAIT_MS, retry_s=0.05, FAKE_NVML_FAIL_FILE=str(fail)
+    )
+    try:
+        fail.write_text("nvmlEventSetWait_v2=999\nnvmlEventSetCreate\n")
+        ended = watch.next(timeout=10)
+        assert ended["ended"].startswith("WatchEnded: no NVML event set"), ended
+        assert not watch.alive()
+    finally:
+        watch.close()
+
+
 def test_gpus_register_only_supported_events(node: FakeNode, tmp_path: Path) -> None:
     # GPU 3 supports Xid events only (nvmlEventTypeXidCriticalError): asking NVML for ECC
     # events too must not cost it its Xid events. GPU 6 supports neither (PState only).
