@@ -5,10 +5,16 @@ A kubeconfig user with an ``exec`` section names a command that prints an ``Exec
 certificate. The command is run when a credential is needed, its answer is kept until its
 ``expirationTimestamp`` (or, without one, until the server rejects it with 401), then it is
 run again.
+
+Inside the agent the plugin runs as a child process the event loop waits for
+(:meth:`ExecRunner.credential_async`), never in the loop: a slow login must not stop gRPC answers
+and heartbeats. Concurrent requests that need a fresh credential share one run.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -173,6 +179,8 @@ class ExecRunner:
         self._environ = environ
         self._clock = clock
         self._cached: Credential | None = None
+        #: The run in flight for :meth:`credential_async` (None: none yet).
+        self._renewal: asyncio.Future[Credential] | None = None
 
     def _command(self) -> str:
         """A command with a slash is relative to the kubeconfig's directory; else from PATH."""
@@ -188,49 +196,127 @@ class ExecRunner:
             )
         return found
 
-    def _run(self) -> Credential:
+    def _argv_env(self) -> tuple[list[str], dict[str, str]]:
+        """The command line and environment of one run."""
         env = dict(os.environ if self._environ is None else self._environ)
         env.update({e.name: e.value for e in self.config.env or []})
         env["KUBERNETES_EXEC_INFO"] = _exec_info(self.config, self._cluster)
-        argv = [self._command(), *self.config.args]
+        return [self._command(), *self.config.args], env
+
+    def _not_started(self, argv: list[str], exc: OSError) -> ExecPluginError:
+        return ExecPluginError(f"user {self._user!r}: running {argv[0]}: {exc.strerror or exc}")
+
+    def _timed_out(self, argv: list[str]) -> ExecPluginError:
+        return ExecPluginError(
+            f"user {self._user!r}: {argv[0]} did not answer in {PLUGIN_TIMEOUT_SECONDS:.0f}s"
+        )
+
+    def _answer(self, argv: list[str], code: int, stdout: bytes, stderr: bytes) -> Credential:
+        """The credential of a finished run; the message names the user and what failed."""
+        if code != 0:
+            last = (stderr.decode(errors="replace").strip().splitlines() or [""])[-1]
+            raise ExecPluginError(
+                f"user {self._user!r}: {argv[0]} exited with status {code}: {last}"
+            )
+        try:
+            return parse_exec_credential(stdout.decode(errors="replace"), self.config.api_version)
+        except ExecPluginError as exc:
+            raise ExecPluginError(f"user {self._user!r}: {exc}") from None
+
+    def _run(self) -> Credential:
+        """One run, blocking: for start-up (in a thread) and command-line tools."""
+        argv, env = self._argv_env()
         try:
             proc = subprocess.run(
                 argv,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
-                text=True,
                 timeout=PLUGIN_TIMEOUT_SECONDS,
                 check=False,
             )
         except OSError as exc:
-            raise ExecPluginError(
-                f"user {self._user!r}: running {argv[0]}: {exc.strerror or exc}"
-            ) from None
+            raise self._not_started(argv, exc) from None
         except subprocess.TimeoutExpired:
-            raise ExecPluginError(
-                f"user {self._user!r}: {argv[0]} did not answer in {PLUGIN_TIMEOUT_SECONDS:.0f}s"
-            ) from None
-        if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or [""])[-1]
-            raise ExecPluginError(
-                f"user {self._user!r}: {argv[0]} exited with status {proc.returncode}: {last}"
-            )
-        try:
-            return parse_exec_credential(proc.stdout, self.config.api_version)
-        except ExecPluginError as exc:
-            raise ExecPluginError(f"user {self._user!r}: {exc}") from None
+            raise self._timed_out(argv) from None  # subprocess.run killed it
+        return self._answer(argv, proc.returncode, proc.stdout, proc.stderr)
 
-    def credential(self) -> Credential:
-        """The cached credential, or a fresh one when none is cached or it (nearly) expired."""
+    async def _run_async(self) -> Credential:
+        """One run as a child process the event loop waits for: the loop never blocks.
+
+        A plugin that overruns the timeout, or a run whose waiters are all gone at shutdown,
+        is killed and reaped.
+        """
+        argv, env = self._argv_env()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+        except OSError as exc:
+            raise self._not_started(argv, exc) from None
+        try:
+            async with asyncio.timeout(PLUGIN_TIMEOUT_SECONDS):
+                stdout, stderr = await proc.communicate()
+        except TimeoutError:
+            raise self._timed_out(argv) from None
+        finally:
+            if proc.returncode is None:  # timed out or cancelled
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+        assert proc.returncode is not None
+        return self._answer(argv, proc.returncode, stdout, stderr)
+
+    def _valid(self) -> Credential | None:
+        """The cached credential unless none is cached or it (nearly) expired."""
         cached = self._cached
         if cached is None or (
             cached.expires_at is not None
             and self._clock() >= cached.expires_at - EXPIRY_MARGIN_SECONDS
         ):
+            return None
+        return cached
+
+    def credential(self) -> Credential:
+        """The cached credential, or a fresh one when none is cached or it (nearly) expired.
+
+        Blocks while the plugin runs: never call it on the event loop (use
+        :meth:`credential_async` there).
+        """
+        cached = self._valid()
+        if cached is None:
             cached = self._cached = self._run()
         return cached
+
+    async def credential_async(self) -> Credential:
+        """:meth:`credential` for the event loop: the plugin runs while the loop goes on.
+
+        Concurrent callers share one run; a caller that is cancelled leaves the run going for
+        the others (and for the next caller, who gets its answer from the cache).
+        """
+        cached = self._valid()
+        if cached is not None:
+            return cached
+        if self._renewal is None or self._renewal.done():
+            self._renewal = asyncio.ensure_future(self._renew())
+            # Retrieved here so that a failure nobody waited for is not logged as lost.
+            self._renewal.add_done_callback(_retrieve)
+        return await asyncio.shield(self._renewal)
+
+    async def _renew(self) -> Credential:
+        credential = await self._run_async()
+        self._cached = credential
+        return credential
 
     def invalidate(self) -> None:
         """The server rejected the credential: run the plugin again next time."""
         self._cached = None
+
+
+def _retrieve(task: asyncio.Future[Credential]) -> None:
+    if not task.cancelled():
+        task.exception()

@@ -10,6 +10,7 @@ Where the server is and which credentials to use come from :mod:`dra_driver.kube
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
@@ -159,7 +160,9 @@ class KubeClient:
 
         ``headers`` are sent with every request (e.g. ``Impersonate-User``).
         """
-        connection = load_connection(kubeconfig, context)
+        # In a thread: reading the files is quick, but an exec credential plugin runs once
+        # here and may take seconds (a cloud login), which the event loop must not wait out.
+        connection = await asyncio.to_thread(load_connection, kubeconfig, context)
         connection.headers.update(headers or {})
         return cls(connection, observer=observer)
 
@@ -184,10 +187,10 @@ class KubeClient:
         """Whether :meth:`close` was called."""
         return self._session.closed
 
-    def _headers(self, content_type: str | None) -> dict[str, str]:
+    async def _headers(self, content_type: str | None) -> dict[str, str]:
         headers = dict(self.headers)
         if self._token is not None:
-            headers["Authorization"] = f"Bearer {self._token.token()}"
+            headers["Authorization"] = f"Bearer {await self._token.token_async()}"
         if content_type:
             headers["Content-Type"] = content_type
         return headers
@@ -201,15 +204,16 @@ class KubeClient:
         if status == 401 and self._token is not None:
             self._token.invalidate()  # a rotated token file may already hold a fresh one
 
-    def _kwargs(
-        self, query: Query | None, body: Any, content_type: str, timeout: aiohttp.ClientTimeout
+    async def _kwargs(
+        self, query: Query | None, body: Any, content_type: str, limits: aiohttp.ClientTimeout
     ) -> dict[str, Any]:
+        """The request's arguments; awaits the token (an exec plugin may have to run)."""
         data = _encode(body)
         kwargs: dict[str, Any] = {
-            "headers": self._headers(content_type if data is not None else None),
+            "headers": await self._headers(content_type if data is not None else None),
             "params": list(query.items()) if isinstance(query, Mapping) else list(query or ()),
             "data": data,
-            "timeout": timeout,
+            "timeout": limits,
         }
         if self.connection.tls_server_name:
             kwargs["server_hostname"] = self.connection.tls_server_name
@@ -232,7 +236,7 @@ class KubeClient:
         timeouts raise (``aiohttp.ClientError``, ``TimeoutError``, ``OSError``).
         """
         method = method.upper()
-        kwargs = self._kwargs(query, body, content_type, aiohttp.ClientTimeout(total=timeout))
+        kwargs = await self._kwargs(query, body, content_type, aiohttp.ClientTimeout(total=timeout))
         try:
             async with self._session.request(method, self.server + path, **kwargs) as resp:
                 data = await resp.read()
@@ -264,7 +268,7 @@ class KubeClient:
         timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=connect_timeout, sock_read=read_timeout
         )
-        kwargs = self._kwargs(query, body, content_type, timeout)
+        kwargs = await self._kwargs(query, body, content_type, timeout)
         try:
             resp = await self._streams.request(method, self.server + path, **kwargs)
         except Exception:  # cancellation is not a failed request: not counted

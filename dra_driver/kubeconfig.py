@@ -67,6 +67,10 @@ class TokenSource:
                 self._reload()
         return self._token
 
+    async def token_async(self) -> str:
+        """:meth:`token` for the event loop (reading a small file does not stall it)."""
+        return self.token()
+
     def invalidate(self) -> None:
         """The server rejected the token: read the file again before the next request."""
         self._read_at = None
@@ -80,9 +84,20 @@ class ExecTokenSource(TokenSource):
         self._runner = runner
 
     def token(self) -> str:
-        """The plugin's token, running the plugin again when the cached one expired."""
+        """The plugin's token, running the plugin again when the cached one expired.
+
+        Blocks while the plugin runs: the client uses :meth:`token_async`.
+        """
         try:
             return self._runner.credential().token
+        except ExecPluginError as exc:
+            raise KubeConfigError(str(exc)) from None
+
+    async def token_async(self) -> str:
+        """The plugin's token; a renewal runs while the event loop goes on, and concurrent
+        requests wait for the same run."""
+        try:
+            return (await self._runner.credential_async()).token
         except ExecPluginError as exc:
             raise KubeConfigError(str(exc)) from None
 

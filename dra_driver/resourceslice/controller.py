@@ -27,10 +27,12 @@ from dra_driver.errors import DriverError
 from dra_driver.kube import KubeClient
 from dra_driver.resourceslice.backoff import Backoff, pause
 from dra_driver.resourceslice.dropped import (
+    declared_features,
     feature_gate_for,
     find_dropped,
     refused_list_attributes,
     refused_paths,
+    undeclared_paths,
 )
 from dra_driver.resourceslice.planner import Plan, plan
 from dra_driver.resourceslice.pool import DesiredPool, NodeOwner, inline_counters
@@ -114,6 +116,9 @@ class SliceController:
         self._eager_rounds = 0
         self._generation = 0
         self._inline_counters = False
+        #: The features the Node declares, as read before this round of writes (None: the
+        #: Node could not be read).
+        self._node_features: frozenset[str] | None = None
         self._reflector = Reflector(
             lambda: self._api.list_slices(self._selector),
             lambda version, timeout: self._api.watch_slices(self._selector, version, timeout),
@@ -325,6 +330,7 @@ class SliceController:
         name gets slices owned by the new object, instead of slices the garbage collector
         deletes again at once.
         """
+        self._node_features = None
         try:
             node = await self._api.get_node(self.node_name)
         except ApiError as err:
@@ -335,6 +341,7 @@ class SliceController:
                     self._reporter.report(err)
                 return None  # publish without an owner rather than not at all
             raise
+        self._node_features = declared_features(node)
         uid = meta(node).get("uid")
         return NodeOwner(name=self.node_name, uid=str(uid)) if uid else None
 
@@ -389,14 +396,26 @@ class SliceController:
                 self._log.info("the API server wants counter sets beside their devices (1.34)")
                 self._inline_counters = True
                 return None
-            paths = refused_paths(err.message) if err.status in (403, 422) else frozenset()
-            if err.status == 422:
-                paths |= refused_list_attributes(err.message, body.get("spec") or {})
+            paths = self._refused(err, body.get("spec") or {})
             if not paths - self._dropped:
                 raise  # nothing new to leave out: an error like any other
             name = str(meta(body).get("name", ""))
             dropped.update((p, name) for p in paths if p not in self._dropped)
             return None
+
+    def _refused(self, err: ApiError, spec: JSON) -> frozenset[str]:
+        """The field paths of ``spec`` that ``err`` refused for a feature the server or the
+        node lacks (empty: an error like any other)."""
+        if err.status == 422:  # validation: the Status names each bad field in its causes
+            return refused_list_attributes(err.body, spec)
+        if err.status != 403:
+            return frozenset()
+        # Admission (NodeDeclaredFeatureValidator) answers with a bare Forbidden, no causes,
+        # just like RBAC does; the Node's declared features tell which one it is. Slices are
+        # node-local, so the node checked is this one.
+        if self._node_features is not None and spec.get("nodeName") == self.node_name:
+            return undeclared_paths(spec, self._node_features)
+        return refused_paths(err.message)  # the Node is unknown: its words are all there is
 
     def _after_write(self, sent: JSON, stored: JSON, dropped: dict[str, str]) -> None:
         name = str(meta(stored).get("name", ""))
