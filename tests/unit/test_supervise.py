@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 from prometheus_client import REGISTRY
 from structlog.testing import capture_logs
 
+from dra_driver import supervise as supervise_module
 from dra_driver.agent import NodeAgent, build_state
 from dra_driver.claimreport import DeviceStatus
 from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
@@ -21,6 +23,13 @@ from dra_driver.settings import Settings
 from dra_driver.supervise import Heartbeats, supervise
 
 FAST = {"pulse": 0.05, "restart_cap": 0.05}
+
+
+@pytest.fixture(autouse=True)
+def fresh_logger(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A logger proxy of its own: the module's may have cached the configuration in force
+    when an earlier test first used it, and then capture_logs would see nothing."""
+    monkeypatch.setattr(supervise_module, "log", structlog.get_logger(supervise_module.__name__))
 
 
 def _crashes(loop: str) -> float:
