@@ -1,22 +1,52 @@
 """Kubernetes resource quantities (``1Gi``, ``500m``, ``1e3``) with the API server's exact rules.
 
+The project's one reader and writer of quantities: CEL's ``quantity()``, the capacities it
+publishes and compares with what the API server stored, consumed capacity of shares and the
+memory limits of the opaque config all go through here.
+
 A quantity is held as an integer count of nano-units: Kubernetes rounds every quantity up (away
 from zero) to a multiple of 1n, so nanos represent every parsed value exactly, and comparison,
-addition and subtraction are plain integer arithmetic.
+addition and subtraction are plain integer arithmetic. Its format (DecimalSI, BinarySI or
+DecimalExponent, from the suffix it was written with) decides how it prints: ``str()`` is
+Kubernetes' ``String()``, the text the API server stores.
 """
 
 from __future__ import annotations
 
+import math
 import re
+from decimal import Decimal
 from fractions import Fraction
 from functools import lru_cache
 from typing import Final
 
 from dra_driver.errors import DriverError
 
+DECIMAL_SI: Final = "DecimalSI"
+BINARY_SI: Final = "BinarySI"
+DECIMAL_EXPONENT: Final = "DecimalExponent"
+
+#: Kubernetes' own error texts (ErrFormatWrong, ErrSuffix, ErrNumeric).
+FORMAT_ERROR: Final = (
+    "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
+)
+SUFFIX_ERROR: Final = "unable to parse quantity's suffix"
+NUMERIC_ERROR: Final = "unable to parse numeric part of quantity"
+#: Values with more digits than this before the point are refused. Kubernetes has no limit, but
+#: it computes them in full too (``1e2147483647`` would take it gigabytes); no resource comes
+#: near, and a user's text (an opaque config, a CEL literal) must not stall the agent.
+MAX_DIGITS: Final = 4000
+
 
 class QuantityError(DriverError, ValueError):
-    """Text that is not a quantity, or a quantity that is not what was asked (an integer)."""
+    """Text that is not a quantity, or a quantity that is not what was asked (an integer).
+
+    ``reason`` is the error alone, as Kubernetes words it; the message adds the text.
+    """
+
+    def __init__(self, reason: str, text: str | None = None) -> None:
+        super().__init__(reason if text is None else f"{reason}: {text!r}")
+        self.reason = reason
 
 
 NANOS: Final = 10**9
@@ -26,9 +56,11 @@ _DECIMAL: Final = {
     "n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18,
 }  # fmt: skip
 _BINARY: Final = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+_DECIMAL_SUFFIX: Final = {power: suffix for suffix, power in _DECIMAL.items()}
+_BINARY_SUFFIX: Final = {0: "", **{power // 10: suffix for suffix, power in _BINARY.items()}}
 # Sign, digits, optional fraction, then a suffix: SI letters or an exponent e<int>/E<int>.
 _SYNTAX: Final = re.compile(r"([+-]?)([0-9]*)(?:\.([0-9]*))?([eEinumkKMGTP]*(?:[+-]?[0-9]+)?)")
-_EXPONENT: Final = re.compile(r"[eE]([+-]?[0-9]+)")
+_EXPONENT: Final = re.compile(r"[eE]([+-]?)([0-9]+)")
 
 
 class Quantity:
@@ -37,15 +69,27 @@ class Quantity:
     ``scale`` mirrors how Kubernetes holds the value: a power of ten when it fits its fast
     int64 form (value x 10^scale), None when it needs its arbitrary-precision form. Only
     ``isInteger``/``asInteger`` see the difference: Kubernetes converts only the fast form.
+    ``format`` is Kubernetes' format, which only printing (``str()``) sees.
     """
 
-    __slots__ = ("nanos", "scale", "text")
+    __slots__ = ("_string", "format", "nanos", "scale", "text")
     cel_type_name: Final = "kubernetes.Quantity"
 
-    def __init__(self, nanos: int, text: str = "", scale: int | None = 0) -> None:
+    def __init__(
+        self,
+        nanos: int,
+        text: str = "",
+        scale: int | None = 0,
+        fmt: str = DECIMAL_SI,
+        *,
+        verbatim: bool = False,
+    ) -> None:
+        """``verbatim``: Kubernetes prints ``text`` as it is (see :func:`_verbatim`)."""
         self.nanos = nanos
         self.scale = scale
-        self.text = text or _format(nanos)
+        self.format = fmt
+        self.text = text or _canonical(nanos, fmt)
+        self._string = self.text if verbatim or not text else ""
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Quantity) and other.nanos == self.nanos
@@ -57,7 +101,8 @@ class Quantity:
         return f"quantity({self.text!r})"
 
     def __str__(self) -> str:
-        return self.text
+        """Kubernetes' ``String()``: the text the API server stores (and CEL converts to)."""
+        return self._string or _canonical(self.nanos, self.format)
 
     def compare(self, other: Quantity) -> int:
         """-1, 0 or 1."""
@@ -75,34 +120,38 @@ class Quantity:
     def minus(self, other: Quantity) -> Quantity:
         """``self - other`` as Kubernetes computes it: in the int64 form by adding the negated
         value (negating the smallest int64 wraps around to itself), exactly when that fails."""
+        fmt = other.format if self.nanos == 0 else self.format
         if self.scale is not None and other.scale is not None:
             negated = Quantity(-other.nanos, scale=other.scale)
-            if Fraction(other.nanos) / (Fraction(10) ** other.scale * NANOS) == -(2**63):
+            if other.nanos and Fraction(other.nanos) / (Fraction(10) ** other.scale * NANOS) == -(
+                2**63
+            ):
                 negated = other
-            fast = self._fast_sum(negated)
+            fast = self._fast_sum(negated, fmt)
             if fast is not None:
                 return fast
-        return Quantity(self.nanos - other.nanos, scale=None)
+        return Quantity(self.nanos - other.nanos, scale=None, fmt=fmt)
 
     def plus(self, other: Quantity) -> Quantity:
         """``self + other``, keeping the fast form when Kubernetes' int64 addition does."""
-        fast = self._fast_sum(other)
-        return fast if fast is not None else Quantity(self.nanos + other.nanos, scale=None)
+        fmt = other.format if self.nanos == 0 else self.format
+        fast = self._fast_sum(other, fmt)
+        return fast if fast is not None else Quantity(self.nanos + other.nanos, scale=None, fmt=fmt)
 
-    def _fast_sum(self, other: Quantity) -> Quantity | None:
+    def _fast_sum(self, other: Quantity, fmt: str) -> Quantity | None:
         # Kubernetes' int64Amount.Add: None where it overflows (the caller then computes exactly).
         if self.scale is None or other.scale is None:
             return None
         nanos = self.nanos + other.nanos
         if other.nanos == 0:
-            return Quantity(nanos, scale=self.scale)
+            return Quantity(nanos, scale=self.scale, fmt=fmt)
         if self.nanos == 0:
-            return Quantity(nanos, scale=other.scale)
+            return Quantity(nanos, scale=other.scale, fmt=fmt)
         scale = min(self.scale, other.scale)
         unit = Fraction(10) ** scale * NANOS
         terms = [Fraction(q.nanos) / unit for q in (self, other)]
         if all(_fits(t) for t in terms) and _fits(terms[0] + terms[1]):
-            return Quantity(nanos, scale=scale)
+            return Quantity(nanos, scale=scale, fmt=fmt)
         return None
 
     def as_integer(self) -> int:
@@ -111,9 +160,20 @@ class Quantity:
             raise QuantityError("cannot convert value to integer")
         return self.nanos // NANOS
 
+    def value(self) -> int:
+        """Kubernetes' ``Value()``: the whole number, rounded up away from zero (``1.5`` is 2,
+        ``-0.1`` is -1); exact where Kubernetes' int64 would overflow."""
+        whole, rest = divmod(abs(self.nanos), NANOS)
+        if rest:
+            whole += 1
+        return whole if self.nanos >= 0 else -whole
+
     def as_float(self) -> float:
-        """The nearest float."""
-        return self.nanos / NANOS
+        """The nearest float (infinite beyond the float range, as Kubernetes')."""
+        try:
+            return self.nanos / NANOS
+        except OverflowError:
+            return math.inf if self.nanos > 0 else -math.inf
 
     def sign(self) -> int:
         """-1, 0 or 1."""
@@ -121,7 +181,7 @@ class Quantity:
 
     def human(self) -> str:
         """The value in binary units when it is a large whole number (``79.6Gi``), else ``text``."""
-        if self.nanos % NANOS or abs(self.nanos) < 1024 * NANOS:
+        if self.nanos % NANOS or not 1024 * NANOS <= abs(self.nanos) < 2**1000:
             return self.text
         value = self.nanos // NANOS
         for suffix, power in reversed(list(_BINARY.items())):
@@ -132,16 +192,39 @@ class Quantity:
         return self.text  # pragma: no cover - the loop always returns for |value| >= 1Ki
 
 
-def _format(nanos: int) -> str:
-    # Computed quantities (add/sub) have no source text; print them plainly and exactly.
+def _canonical(nanos: int, fmt: str) -> str:
+    """Kubernetes' ``CanonicalizeBytes``: the shortest exact text in ``fmt``.
+
+    BinarySI prints whole numbers from 1Ki up in powers of 1024 (``1536Mi``), anything else as
+    DecimalSI; the decimal forms take the largest power of 1000 that keeps the number whole
+    (``1500k``, ``1500e6``). Where Kubernetes has no suffix (beyond ``E`` and ``Ei``) it drops
+    the suffix and so prints another value; here the number grows instead (``1000E``).
+    """
+    if nanos == 0:
+        return "0"
     sign = "-" if nanos < 0 else ""
-    whole, frac = divmod(abs(nanos), NANOS)
-    if frac == 0:
-        return f"{sign}{whole}"
-    for suffix, scale in (("m", 10**6), ("u", 10**3), ("n", 1)):
-        if abs(nanos) % scale == 0:
-            return f"{sign}{abs(nanos) // scale}{suffix}"
-    return f"{sign}{abs(nanos)}n"  # pragma: no cover - scale 1 always divides
+    magnitude = abs(nanos)
+    if fmt == BINARY_SI and magnitude >= 1024 * NANOS and magnitude % NANOS == 0:
+        amount, power = magnitude // NANOS, 0
+        while amount % 1024 == 0 and power < 6:
+            amount, power = amount // 1024, power + 1
+        return f"{sign}{amount}{_BINARY_SUFFIX[power]}"
+    digits = str(magnitude)
+    mantissa = digits.rstrip("0")
+    exponent = len(digits) - len(mantissa) - 9
+    pad = exponent % 3  # down to a multiple of 3
+    mantissa, exponent = mantissa + "0" * pad, exponent - pad
+    if fmt == DECIMAL_EXPONENT:
+        return f"{sign}{mantissa}{f'e{exponent}' if exponent else ''}"
+    if exponent > 18:
+        mantissa, exponent = mantissa + "0" * (exponent - 18), 18
+    return f"{sign}{mantissa}{_DECIMAL_SUFFIX[exponent]}"
+
+
+def format_quantity(value: int, fmt: str = DECIMAL_SI) -> str:
+    """What Kubernetes prints for ``resource.NewQuantity(value, fmt)``, so what the API server
+    stores for that whole number: ``1000`` is ``1k``, ``1073741824`` stays as it is."""
+    return _canonical(value * NANOS, fmt)
 
 
 @lru_cache(maxsize=4096)
@@ -151,42 +234,75 @@ def parse_quantity(text: str) -> Quantity:
     Cached: devices of one product publish the same capacity strings, and quantities are
     immutable.
     """
-    if text.isascii() and text.isdigit():
-        # The common case: a plain byte count.
+    if text.isascii() and text.isdigit() and len(text) <= _FAST_DIGITS:
+        # The common case: a plain count, held in Kubernetes' int64 form.
         digits = text.lstrip("0") or "0"
-        return Quantity(int(text) * NANOS, text, 0 if len(digits) <= _FAST_DIGITS else None)
+        verbatim = text == "0" or (digits != "0" and not digits.endswith("000"))
+        return Quantity(int(text) * NANOS, text, 0, verbatim=verbatim)
     match = _SYNTAX.fullmatch(text)
     if not text or match is None:
-        raise QuantityError(
-            f"quantities must match the regular expression "
-            f"'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$': {text!r}"
-        )
+        raise QuantityError(FORMAT_ERROR, text)
     sign, whole, fraction, suffix = match.groups()
     fraction = fraction or ""
     # A missing number reads as 0, as Kubernetes parses it: "m", "Ki", "+", "." are quantities.
-    value = Fraction(int(whole + fraction or "0"), 10 ** len(fraction))
-    binary = False
+    num = whole.lstrip("0") or "0"
+    fmt, binary, power = _interpret(suffix, text)
+    significant = fraction.rstrip("0")
+    nanos = _nanos((num + significant).lstrip("0") or "0", -len(significant), power, binary, text)
+    if binary and 0 < nanos < NANOS:
+        fmt = DECIMAL_SI  # as Kubernetes does for binary values below 1
+    scale = 0 if text == "0" else _fast_scale(num, fraction, power, binary)
+    if scale is None and not whole + fraction:
+        # Kubernetes reads no number as 0 only on its fast path ("Ki", "m"); its other path
+        # needs a digit ("Pi", "e-12" are not quantities).
+        raise QuantityError(NUMERIC_ERROR, text)
+    verbatim = text == "0" or _verbatim(num + fraction, scale, binary)
+    return Quantity(-nanos if sign == "-" else nanos, text, scale, fmt, verbatim=verbatim)
+
+
+def _interpret(suffix: str, text: str) -> tuple[str, bool, int]:
+    """The format, whether the base is 2, and the power a suffix stands for."""
     if suffix in _DECIMAL:
-        power = _DECIMAL[suffix]
-        value *= Fraction(10) ** power
-    elif suffix in _BINARY:
-        power = _BINARY[suffix]
-        value *= 2**power
-        binary = True
-    elif exp := _EXPONENT.fullmatch(suffix):
-        power = int(exp.group(1))
-        if not -(2**31) <= power < 2**31:
-            raise QuantityError(f"unable to parse quantity's suffix: {text!r}")
-        value *= Fraction(10) ** power
-    else:
-        raise QuantityError(f"unable to parse quantity's suffix: {text!r}")
-    scale = _fast_scale(whole.lstrip("0") or "0", fraction, power, binary)
-    # Round up (away from zero) to whole nano-units, as the API server does.
-    scaled = value * NANOS
-    nanos = -(-scaled.numerator // scaled.denominator)
-    if binary and nanos > _INT64_MAX * NANOS:
-        nanos = _INT64_MAX * NANOS  # binary-suffixed values are capped at the int64 maximum
-    return Quantity(-nanos if sign == "-" else nanos, text, 0 if text == "0" else scale)
+        return DECIMAL_SI, False, _DECIMAL[suffix]
+    if suffix in _BINARY:
+        return BINARY_SI, True, _BINARY[suffix]
+    exp = _EXPONENT.fullmatch(suffix)
+    if exp is not None:
+        digits = exp.group(2).lstrip("0") or "0"
+        # Read as int64 (else an error), then cut to int32 as Kubernetes does: e4294967296 is e0.
+        power = int(exp.group(1) + digits) if len(digits) <= 19 else 2**63
+        if -(2**63) <= power <= _INT64_MAX:
+            return DECIMAL_EXPONENT, False, (power + 2**31) % 2**32 - 2**31
+    raise QuantityError(SUFFIX_ERROR, text)
+
+
+def _nanos(digits: str, exponent: int, power: int, binary: bool, text: str) -> int:
+    """The magnitude ``digits`` x 10^exponent x (2 or 10)^power in nano-units, rounded up as
+    Kubernetes rounds (away from zero), without computing numbers larger than the result."""
+    if digits == "0":
+        return 0
+    if binary:
+        shift = exponent + 9
+        if len(digits) + shift > 29:
+            return _INT64_MAX * NANOS  # beyond 10^28 nanos: capped at the int64 maximum
+        scaled = _int(digits) << power
+        factor: int = 10 ** abs(shift)
+        nanos = scaled * factor if shift >= 0 else -(-scaled // factor)
+        return min(nanos, _INT64_MAX * NANOS)  # binary-suffixed values are capped
+    shift = exponent + power + 9  # nanos = digits x 10^shift
+    if len(digits) + shift > MAX_DIGITS + 9:
+        raise QuantityError(f"quantities of more than {MAX_DIGITS} digits are not supported", text)
+    if shift >= 0:
+        scale: int = 10**shift
+        return int(digits) * scale
+    # Digits below 1n make the value round up; a number far below 1n is 1n.
+    keep = max(len(digits) + shift, 0)
+    return int(digits[:keep] or "0") + (1 if digits[keep:].strip("0") else 0)
+
+
+def _int(digits: str) -> int:
+    # int() refuses more than 4300 digits (a guard against slow conversion); Decimal is fast.
+    return int(digits) if len(digits) <= MAX_DIGITS else int(Decimal(digits))
 
 
 _FAST_DIGITS: Final = 18  # digits Kubernetes parses into its int64 form
@@ -216,6 +332,16 @@ def _fast_scale(num: str, denom: str, power: int, binary: bool) -> int | None:
     return scale
 
 
+def _verbatim(shifted: str, scale: int | None, binary: bool) -> bool:
+    # ParseQuantity keeps the text for String() when its fast path read it and the digits
+    # (``shifted``: without leading zeros, with the fraction) look canonical already.
+    if scale is None:
+        return False
+    if binary:
+        return int(shifted) & 7 != 0
+    return scale % 3 == 0 and not shifted.endswith("000") and shifted[0] != "0"
+
+
 def is_quantity(text: str) -> bool:
     """Whether ``text`` parses as a quantity."""
     try:
@@ -226,5 +352,5 @@ def is_quantity(text: str) -> bool:
 
 
 def int_quantity(value: int) -> Quantity:
-    """A whole-number quantity (for ``q.add(1)``)."""
-    return Quantity(value * NANOS)
+    """A whole-number quantity as CEL makes one for ``q.add(1)``: in DecimalExponent format."""
+    return Quantity(value * NANOS, fmt=DECIMAL_EXPONENT)

@@ -1,18 +1,22 @@
-"""Durable, atomic JSON files (CDI specs, the checkpoint): a reader never sees a half-written
-file, and a write that fails leaves the previous file as it was.
+"""Durable, atomic JSON files (CDI specs, the checkpoint, the publishers' record): a reader
+never sees a half-written file, and a write that fails leaves the previous file as it was. And
+the node's file lock, which serialises the processes that share such files.
 
 The temp file is made by :func:`tempfile.mkstemp` in the target's directory (O_CREAT|O_EXCL
 with a random name), so nothing placed at a guessable path beforehand, a symlink least of all,
 is ever opened for writing. Its name starts with a dot and ends in ``.tmp``, which container
-runtimes do not load and :func:`sweep_temp_files` removes at start-up.
+runtimes do not load and :func:`sweep_temp_files` removes at start-up. A lock file is opened
+with O_NOFOLLOW for the same reason.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -161,3 +165,27 @@ def _fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def open_lock_file(path: Path) -> int:
+    """Open a lock file for ``flock``, creating it (and its directory, should that have been
+    removed). A symlink at ``path`` is refused (ELOOP), never followed."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        return os.open(path, flags, 0o600)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(path, flags, 0o600)
+
+
+@contextlib.contextmanager
+def hold_file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` for the body of a ``with``, from blocking code:
+    another process of the node holding it (a second agent in a surge update) makes this wait.
+    The lock is a fresh open file description, so it conflicts with every other holder."""
+    fd = open_lock_file(path)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the last descriptor drops the flock

@@ -8,7 +8,6 @@ of silently running a pod without the sharing it asked for.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -16,15 +15,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dra_driver.errors import PrepareError
+from dra_driver.quantity import QuantityError, parse_quantity
 
 API_GROUP_VERSION = "gpu.dra.dev/v1alpha1"
 
-# A memory quantity as Kubernetes writes it; kept as text and converted to MPS's own units.
-_QUANTITY = re.compile(r"(\d{1,16})(Ki|Mi|Gi|Ti|k|M|G|T)?")
-_FACTORS: dict[str | None, int] = {
-    **{None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12},
-    **{"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40},
-}
 # MPS takes limits in whole MiB; no GPU has anywhere near 4 TiB, so more is a typo.
 MIN_LIMIT = 2**20
 MAX_LIMIT = 4 * 2**40
@@ -43,11 +37,14 @@ def quote(value: object) -> str:
 
 
 def memory_bytes(text: str) -> int:
-    """Parse a whole-number memory quantity such as ``10Gi`` or ``512M`` into bytes."""
-    match = _QUANTITY.fullmatch(text)
-    if not match:
-        raise ValueError(f"{quote(text)} is not a memory quantity such as 10Gi or 512Mi")
-    return int(match.group(1)) * _FACTORS[match.group(2)]
+    """A memory quantity (``10Gi``, ``512M``, ``1.5Gi``) in bytes, read as Kubernetes reads a
+    ``resource.Quantity`` field: any quantity, rounded up to a whole byte (``Value()``)."""
+    try:
+        return parse_quantity(text).value()
+    except QuantityError as exc:
+        raise ValueError(
+            f"{quote(text)} is not a memory quantity such as 10Gi or 512Mi: {exc.reason}"
+        ) from None
 
 
 def _memory_limit(text: str) -> str:
@@ -100,6 +97,17 @@ class MpsConfig(_Strict):
     def device_keys(self) -> frozenset[str]:
         """The device indexes and UUIDs the per-device limits name."""
         return frozenset(self.default_per_device_pinned_memory_limit)
+
+    def pinned_limit(self, ordinal: int, uuid: str) -> int | None:
+        """The pinned-memory limit in bytes of the claim's device number ``ordinal`` (whose
+        UUID is ``uuid``): its own limit, by index or else by UUID, else the default; None
+        when there is none."""
+        per_device = self.default_per_device_pinned_memory_limit
+        limit = (
+            per_device.get(str(ordinal), per_device.get(uuid))
+            or self.default_pinned_device_memory_limit
+        )
+        return None if limit is None else memory_bytes(limit)
 
 
 def _only_own_fields(sharing: GpuSharing | MigSharing) -> None:
@@ -204,14 +212,19 @@ def _check_shape(parameters: Mapping[str, Any], where: str) -> None:
             stack.extend((v, depth + 1) for v in value)
 
 
+def mps_config(config: DeviceConfig | None) -> MpsConfig | None:
+    """The MPS settings of a device's config, if it has any."""
+    sharing = config.sharing if config else None
+    return sharing.mps_config if sharing else None
+
+
 def check_device_keys(
     config: DeviceConfig | None, *, devices: int, uuids: Iterable[str], where: str
 ) -> None:
     """Every per-device limit must name one of the claim's devices: its index among the
     claim's ``devices`` or its UUID. A key naming nothing is a typo that would silently
     leave a device unlimited."""
-    sharing = config.sharing if config else None
-    mps = sharing.mps_config if sharing else None
+    mps = mps_config(config)
     if mps is None:
         return
     known = set(uuids) | {str(i) for i in range(devices)}

@@ -115,7 +115,3 @@ class Inventory(_Model):
     driver_version: str  # "560.35.03"
     cuda_driver_version: str  # "12.6"
     gpus: tuple[Gpu, ...] = ()
-
-    def gpu_by_uuid(self, uuid: str) -> Gpu | None:
-        """The GPU with this UUID, if any."""
-        return next((g for g in self.gpus if g.uuid == uuid), None)

@@ -2,7 +2,9 @@
 
 During a rolling update two plugin processes serve the same node; the kubelet may talk to
 either. An ``fcntl.flock`` on a shared file serialises them; an ``asyncio.Lock`` in front of it
-keeps tasks of one process from each parking a thread on the file lock.
+keeps tasks of one process from each parking a thread on the file lock. Blocking code (start-up,
+before the plugin serves) takes the same ``flock`` with :func:`hold_file_lock`, so recovery
+never runs while another agent of the node is half-way through a prepare.
 """
 
 from __future__ import annotations
@@ -10,11 +12,15 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import structlog
+
+from dra_driver.cdi.writer import hold_file_lock, open_lock_file
+
+__all__ = ["NodeLock", "hold_file_lock"]
 
 log = structlog.get_logger(__name__)
 
@@ -49,7 +55,7 @@ class NodeLock:
         owns_mutex = True
         try:
             if self._path is not None:
-                fd = _open_lock_file(self._path)
+                fd = open_lock_file(self._path)
                 # A fresh descriptor per acquisition: flock conflicts between open file
                 # descriptions, so even a stray thread of this process cannot share it.
                 waiter = asyncio.get_running_loop().run_in_executor(
@@ -80,28 +86,3 @@ class NodeLock:
             log.debug("lock released after cancelled acquisition", lock=str(self._path))
 
         waiter.add_done_callback(release)
-
-
-def _open_lock_file(path: Path) -> int:
-    """Open (creating) the lock file, and its directory should it have been removed."""
-    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
-    try:
-        return os.open(path, flags, 0o600)
-    except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return os.open(path, flags, 0o600)
-
-
-@contextmanager
-def hold_file_lock(path: Path) -> Iterator[None]:
-    """Hold the node lock file from blocking code (start-up, before the plugin serves).
-
-    Takes the same ``flock`` as :class:`NodeLock`, so recovery never runs while another agent
-    of the node (a surge update) is half-way through a prepare.
-    """
-    fd = _open_lock_file(path)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)

@@ -8,10 +8,11 @@ difference on every reconcile and rewrite slices forever; comparing normalised s
 from __future__ import annotations
 
 import copy
-import re
 from collections.abc import Iterable, Mapping
-from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 from typing import Any
+
+from dra_driver import quantity
 
 JSON = dict[str, Any]
 
@@ -21,39 +22,14 @@ NAMED_MAPS = frozenset({"attributes", "capacity", "counters"})
 #: Subtrees whose string leaves are resource quantities.
 _QUANTITY_SUBTREES = frozenset({"capacity", "counters"})
 
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {
-    "n": Decimal("1e-9"),
-    "u": Decimal("1e-6"),
-    "m": Decimal("1e-3"),
-    "": Decimal(1),
-    "k": Decimal("1e3"),
-    "M": Decimal("1e6"),
-    "G": Decimal("1e9"),
-    "T": Decimal("1e12"),
-    "P": Decimal("1e15"),
-    "E": Decimal("1e18"),
-}
-_QUANTITY_RE = re.compile(
-    r"^(?P<num>[+-]?(?:\d+\.?\d*|\.\d+))(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?$"
-)
 
-
-def parse_quantity(text: str) -> Decimal | None:
-    """Return the numeric value of a Kubernetes quantity string, or None if it is not one."""
-    match = _QUANTITY_RE.match(text.strip())
-    if match is None:
-        return None
+def parse_quantity(text: str) -> Fraction | None:
+    """The exact value of a Kubernetes quantity string (rounded as the API server rounds it,
+    see :mod:`dra_driver.quantity`), or None if it is not one."""
     try:
-        number = Decimal(match["num"])
-    except InvalidOperation:
+        return Fraction(quantity.parse_quantity(text).nanos, quantity.NANOS)
+    except quantity.QuantityError:
         return None
-    suffix = match["suffix"] or ""
-    if suffix in _BINARY:
-        return number * _BINARY[suffix]
-    if suffix in _DECIMAL:
-        return number * _DECIMAL[suffix]
-    return number * (Decimal(10) ** int(suffix[1:]))
 
 
 def _is_empty(value: Any, *, keep_false: bool) -> bool:
@@ -85,15 +61,16 @@ def _normalize(value: Any, key: str, in_quantities: bool, in_attributes: bool) -
     if in_quantities and isinstance(value, str):
         parsed = parse_quantity(value)
         if parsed is not None:
-            return parsed.normalize()
+            return parsed
     return value
 
 
 def normalize_spec(spec: Mapping[str, Any]) -> JSON:
     """Return a canonical copy of a ResourceSlice spec for equality comparison.
 
-    Quantities become Decimals, empty and false optional fields disappear (except boolean
-    attribute values, which carry meaning), and taint timestamps are ignored.
+    Quantities become exact numbers (Fractions, rounded as the API server rounds), empty and
+    false optional fields disappear (except boolean attribute values, which carry meaning), and
+    taint timestamps are ignored.
     """
     result = _normalize(spec, "", False, False)
     assert isinstance(result, dict)

@@ -13,17 +13,16 @@ does not take the pool back.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
-import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
+
+from dra_driver.cdi.writer import hold_file_lock, write_atomic
 
 log = structlog.get_logger(__name__)
 
@@ -89,29 +88,17 @@ def _read(path: Path) -> dict[str, int]:
     return {str(k): v for k, v in data.items() if isinstance(v, int) and not isinstance(v, bool)}
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    fd = os.open(path.with_suffix(".lock"), os.O_CREAT | os.O_RDWR, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
 def register_publisher(state_dir: Path, pod_uid: str | None) -> Publisher | None:
-    """This agent's :class:`Publisher`, recorded on the node (blocking; under a file lock).
+    """This agent's :class:`Publisher`, recorded on the node (blocking; under a file lock, and
+    written atomically: a crash leaves the previous record).
 
     Without a pod UID (not run as a pod) there is only ever one agent: no publisher then.
     """
     if not pod_uid:
         return None
     path = state_dir / PUBLISHERS_FILE
-    state_dir.mkdir(parents=True, exist_ok=True)
-    with _locked(path):
+    with hold_file_lock(path.with_suffix(".lock")):
         rank, seen = rank_pod(_read(path), pod_uid, time.time_ns())
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(seen, sort_keys=True))
-        os.replace(tmp, path)
+        write_atomic(path, dict(sorted(seen.items())))
     log.info("publisher rank", pod_uid=pod_uid, rank=rank)
     return Publisher(rank, pod_uid)

@@ -148,24 +148,6 @@ class RawApi:
             "GET", f"{NODES_PATH}/{quote(name, safe='')}", verb="get", resource="nodes", name=name
         )
 
-    async def create_node(self, body: JSON) -> JSON:
-        """POST a Node (used by tests and the local demo cluster)."""
-        return await self._json("POST", NODES_PATH, verb="create", resource="nodes", body=body)
-
-    async def delete_node(self, name: str) -> None:
-        """DELETE one Node; a missing node is not an error."""
-        try:
-            await self._json(
-                "DELETE",
-                f"{NODES_PATH}/{quote(name, safe='')}",
-                verb="delete",
-                resource="nodes",
-                name=name,
-            )
-        except ApiError as err:
-            if err.status != 404:
-                raise
-
     async def list_slices(self, field_selector: str) -> JSON:
         """LIST ResourceSlices matching a field selector (the whole list, paging followed)."""
         return await self.list_objects(SLICES_PATH, "resourceslices", field_selector)

@@ -19,7 +19,7 @@ from devenv.localcluster import ClusterError, LocalCluster
 from dra_driver.kube import KubeClient
 from dra_driver.resourceslice import DesiredPool, SliceController, contents_for, delete_pool_slices
 from dra_driver.resourceslice.publisher import Publisher
-from dra_driver.resourceslice.rawapi import SLICES_PATH, RawApi
+from dra_driver.resourceslice.rawapi import NODES_PATH, SLICES_PATH, RawApi
 from dra_driver.resourceslice.store import field_selector
 
 pytestmark = pytest.mark.e2e
@@ -67,14 +67,27 @@ def raw(kube_client: KubeClient) -> RawApi:
     return RawApi(kube_client)
 
 
+async def create_node(raw: RawApi, name: str) -> JSON:
+    """POST a bare Node (the driver never writes Nodes; only these tests do)."""
+    body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+    response = await raw.api_client.request("POST", NODES_PATH, body=body)
+    assert response.ok, response.body
+    created: JSON = response.json()
+    return created
+
+
+async def delete_node(raw: RawApi, name: str) -> None:
+    """DELETE a Node; one already gone is fine."""
+    response = await raw.api_client.request("DELETE", f"{NODES_PATH}/{name}")
+    assert response.ok or response.status == 404, response.body
+
+
 @pytest.fixture
 async def node(raw: RawApi) -> AsyncIterator[JSON]:
     name = f"pub-{uuid.uuid4().hex[:8]}"
-    created = await raw.create_node(
-        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
-    )
+    created = await create_node(raw, name)
     yield created
-    await raw.delete_node(name)
+    await delete_node(raw, name)
     await delete_pool_slices(raw, name, DRIVER)
 
 
@@ -227,7 +240,7 @@ async def test_deleted_node_takes_its_slices_along(
     controller = make_controller(kube_client, name)
     async with running(controller, pool_for(name)):
         assert len(await slices_of(raw, name)) == 2
-        await raw.delete_node(name)
+        await delete_node(raw, name)
 
         async def gone() -> bool:
             return not await slices_of(raw, name)
@@ -243,9 +256,7 @@ async def test_cleanup_deletes_only_that_node(
     kube_client: KubeClient, raw: RawApi, node: JSON
 ) -> None:
     name = node["metadata"]["name"]
-    other = await raw.create_node(
-        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"{name}-other"}}
-    )
+    other = await create_node(raw, f"{name}-other")
     other_name = other["metadata"]["name"]
     try:
         for node_name in (name, other_name):
@@ -258,7 +269,7 @@ async def test_cleanup_deletes_only_that_node(
         assert await slices_of(raw, name) == []
         assert len(await slices_of(raw, other_name)) == 2
     finally:
-        await raw.delete_node(other_name)
+        await delete_node(raw, other_name)
         await delete_pool_slices(raw, other_name, DRIVER)
 
 
@@ -365,7 +376,7 @@ async def test_dropped_fields_are_reported_once_and_not_fought_over(
     async with await KubeClient.create(str(gated_cluster.kubeconfig)) as api:
         raw = RawApi(api)
         name = f"gated-{uuid.uuid4().hex[:8]}"
-        await raw.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+        await create_node(raw, name)
         reported: list[frozenset[str]] = []
         controller = SliceController(api, driver=DRIVER, node_name=name, on_dropped=reported.append)
         async with running(controller, partitioned_pool(name)):

@@ -17,8 +17,9 @@ from dra_driver.cdi.spec import (
     qualified_name,
 )
 from dra_driver.gpu.allocation import AllocatedDevice
-from dra_driver.gpu.config import memory_bytes
+from dra_driver.gpu.config import mps_config
 from dra_driver.gpu.container import devnodes
+from dra_driver.gpu.sharing.mps import mps_limit
 
 CDI_VENDOR = "k8s.gpu.dra.dev"
 CDI_CLASS = "claim"
@@ -97,20 +98,15 @@ def _mps_edits(
     for ordinal, device in enumerate(devices):
         if device.share is not None:
             # A share's limits are what the scheduler counted for it.
-            limits.append(f"{ordinal}={device.share.memory_bytes // 2**20}M")
+            limits.append(f"{ordinal}={mps_limit(device.share.memory_bytes)}")
             percentage = device.share.thread_percentage or percentage
             continue
-        mps = device.config.sharing.mps_config if device.config and device.config.sharing else None
+        mps = mps_config(device.config)
         if mps is None:
             continue
-        limit = (
-            mps.default_per_device_pinned_memory_limit.get(
-                str(ordinal), mps.default_per_device_pinned_memory_limit.get(device.uuid)
-            )
-            or mps.default_pinned_device_memory_limit
-        )
+        limit = mps.pinned_limit(ordinal, device.uuid)
         if limit is not None:
-            limits.append(f"{ordinal}={memory_bytes(limit) // 2**20}M")
+            limits.append(f"{ordinal}={mps_limit(limit)}")
         if mps.default_active_thread_percentage is not None:
             percentage = mps.default_active_thread_percentage
     if percentage is not None:

@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 from dra_driver.gpu.inventory import Gpu, Inventory, MigDevice
+from dra_driver.quantity import format_quantity
 
 DEFAULT_DRIVER_NAME = "gpu.dra.dev"
 STANDARD_DOMAIN = "resource.kubernetes.io"
@@ -35,28 +36,15 @@ def to_semver(version: str) -> str:
     return core
 
 
-_DECIMAL_SUFFIXES = (
-    (10**18, "E"),
-    (10**15, "P"),
-    (10**12, "T"),
-    (10**9, "G"),
-    (10**6, "M"),
-    (10**3, "k"),
-)
-
-
 def quantity(value: int) -> str:
-    """An integer as the canonical Kubernetes quantity string the API server would store.
+    """An integer capacity as the canonical quantity text the API server stores for it.
 
     The server re-serialises quantities canonically; sending the canonical form keeps what it
     stores byte-equal to what was sent, so the publisher sees no drift.
     """
     if value < 0:
         raise ValueError("capacities are never negative")
-    for factor, suffix in _DECIMAL_SUFFIXES:
-        if value and value % factor == 0:
-            return f"{value // factor}{suffix}"
-    return str(value)
+    return format_quantity(value)
 
 
 MAX_STRING = 64  # the API's limit for string and version attribute values

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from dra_driver.gpu.inventory import Gpu, Inventory, MigDevice, MigProfile, Placement
+from dra_driver.gpu.inventory import Gpu, Inventory, MigProfile, Placement
 from dra_driver.gpu.publish.devices import (
     gpu_device,
     mig_device,
@@ -176,22 +176,7 @@ def placement_device(spec: PlacementSpec, inventory: Inventory) -> JSON:
 
     The MIG device does not exist until a claim for it is prepared, so it has no UUID yet.
     """
-    prof, placement = spec.profile, spec.placement
-    shape = MigDevice(
-        uuid="",
-        gpu_instance_id=0,
-        compute_instance_id=0,
-        profile_id=prof.profile_id,
-        profile_name=prof.name,
-        placement=placement,
-        memory_bytes=prof.memory_bytes,
-        multiprocessors=prof.multiprocessors,
-        copy_engines=prof.copy_engines,
-        decoders=prof.decoders,
-        encoders=prof.encoders,
-        jpeg_engines=prof.jpeg_engines,
-        ofa_engines=prof.ofa_engines,
-    )
+    shape = spec.profile.device(spec.placement, uuid="", gi_id=0)
     device = mig_device(spec.gpu, shape, inventory)
     del device["attributes"]["uuid"]
     device["consumesCounters"] = _consumes(spec.gpu, consumption(spec))

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from dra_driver.gpu.allocation import AllocatedDevice
-from dra_driver.gpu.config import MpsConfig, memory_bytes
+from dra_driver.gpu.config import MpsConfig, mps_config
 from dra_driver.gpu.sharing.backend import MpsDaemon, MpsLimits
 from dra_driver.gpu.sharing.strategy import Strategy, sharable
 from dra_driver.gpu.state.checkpoint import ClaimRecord, MpsRecord
@@ -53,13 +53,9 @@ def config_limits(configs: Sequence[tuple[str, MpsConfig | None]]) -> MpsLimits:
     for ordinal, (uuid, mps) in enumerate(configs):
         if mps is None:
             continue
-        per_device = mps.default_per_device_pinned_memory_limit
-        limit = (
-            per_device.get(str(ordinal), per_device.get(uuid))
-            or mps.default_pinned_device_memory_limit
-        )
+        limit = mps.pinned_limit(ordinal, uuid)
         if limit is not None:
-            pinned.append((ordinal, mps_limit(memory_bytes(limit))))
+            pinned.append((ordinal, mps_limit(limit)))
         if mps.default_active_thread_percentage is not None:
             percentage = mps.default_active_thread_percentage
     return MpsLimits(active_thread_percentage=percentage, pinned_memory=tuple(pinned))
@@ -131,11 +127,6 @@ def daemons_to_stop(
     return [rec for daemon, rec in sorted(daemons_in_use(released).items()) if daemon not in kept]
 
 
-def _mps_config(device: AllocatedDevice) -> MpsConfig | None:
-    sharing = device.config.sharing if device.config else None
-    return sharing.mps_config if sharing else None
-
-
 class Mps(Strategy):
     """``strategy: MPS``: the claim's own control daemon, serving the devices configured so."""
 
@@ -152,7 +143,7 @@ class Mps(Strategy):
     ) -> None:
         """Record the claim's daemon with the limits of its devices' MPS configs."""
         own = [
-            (rec.uuid, _mps_config(device))
+            (rec.uuid, mps_config(device.config))
             for device, rec in sharable(devices, record)
             if device.share is None and device.strategy == "MPS"
         ]

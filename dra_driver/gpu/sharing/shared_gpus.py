@@ -35,7 +35,6 @@ allocation cannot promise more memory than the GPU has.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +46,7 @@ from dra_driver.gpu.inventory import Gpu, Inventory
 from dra_driver.gpu.sharing.mps import daemon_for, gpu_daemon_id, to_record
 from dra_driver.gpu.sharing.strategy import Strategy, sharable
 from dra_driver.gpu.state.checkpoint import ClaimRecord
-from dra_driver.quantity import NANOS, QuantityError, parse_quantity
+from dra_driver.quantity import QuantityError, parse_quantity
 
 JSON = dict[str, Any]
 GIB = 2**30
@@ -159,12 +158,12 @@ class ShareError(PrepareError, ValueError):
 
 def _whole(text: str, name: str) -> int:
     try:
-        nanos = parse_quantity(str(text)).nanos
+        value = parse_quantity(str(text)).value()
     except QuantityError as exc:
         raise ShareError(f"consumed capacity {name}={text!r} is not a quantity: {exc}") from None
-    if nanos < 0:
+    if value < 0:
         raise ShareError(f"consumed capacity {name}={text!r} is negative")
-    return math.ceil(nanos / NANOS)
+    return value
 
 
 def consumed(capacity: Mapping[str, Any] | None) -> dict[str, int]:

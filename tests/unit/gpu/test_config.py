@@ -64,7 +64,8 @@ def test_mig_config() -> None:
         (_gpu("MPS", mpsConfig={"defaultActiveThreadPercentage": 0}), "defaultActiveThreadPercentage"),
         (_gpu("MPS", mpsConfig={"defaultActiveThreadPercentage": 101}), "defaultActiveThreadPercentage"),
         (_gpu("MPS", mpsConfig={"defaultPinnedDeviceMemoryLimit": "ten gigs"}), "not a memory quantity"),
-        (_gpu("MPS", mpsConfig={"defaultPerDevicePinnedMemoryLimit": {"0": "1.5Gi"}}), "not a memory quantity"),
+        # 1.5Gi is a quantity (1536Mi), as in a Kubernetes resource.Quantity field; 1.5GB is not.
+        (_gpu("MPS", mpsConfig={"defaultPerDevicePinnedMemoryLimit": {"0": "1.5GB"}}), "not a memory quantity"),
         ({"apiVersion": "gpu.dra.dev/v1alpha1", "kind": "MigDeviceConfig", "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {}}}, "timeSlicingConfig': unknown field"),
     ],
 )
@@ -143,7 +144,9 @@ def test_memory_bytes(text: str, value: int) -> None:
         (_gpu("MPS", mpsConfig={"defaultPinnedDeviceMemoryLimit": "1024"}), "outside the allowed range"),
         (_gpu("MPS", mpsConfig={"defaultPinnedDeviceMemoryLimit": "10Gi\n"}), "not a memory quantity"),
         (_gpu("MPS", mpsConfig={"defaultPinnedDeviceMemoryLimit": "1000Ti"}), "outside the allowed range"),
-        (_gpu("MPS", mpsConfig={"defaultPinnedDeviceMemoryLimit": "9" * 4000}), "not a memory quantity"),
+        # Kubernetes reads 4000 nines as a (huge) quantity: it is out of range, not malformed.
+        (_gpu("MPS", mpsConfig={"defaultPinnedDeviceMemoryLimit": "9" * 4000}), "outside the allowed range"),
+        (_gpu("MPS", mpsConfig={"defaultPinnedDeviceMemoryLimit": "9" * 5000}), "not a memory quantity"),
         (_gpu("MPS", mpsConfig={"defaultPerDevicePinnedMemoryLimit": {"0": "0Mi"}}), "outside the allowed range"),
         (_gpu("MPS", mpsConfig={"defaultPerDevicePinnedMemoryLimit": {"": "1Gi"}}), "not empty"),
         (_gpu("MPS", mpsConfig={"defaultPerDevicePinnedMemoryLimit": {"0": 5}}), "defaultPerDevicePinnedMemoryLimit"),
