@@ -197,6 +197,21 @@ def resolve(
     signatures: Sequence[Signature], receiver: str | None, args: Sequence[str]
 ) -> str | None:
     """The result type of the call, or None when no overload accepts these argument types."""
+    results = _matching(signatures, receiver, args)
+    if not results:
+        return None
+    return results[0] if all(r == results[0] for r in results) else DYN
+
+
+def overloads(signatures: Sequence[Signature], receiver: str | None, args: Sequence[str]) -> int:
+    """How many overloads accept these argument types: with one, the scheduler knows the
+    overload while compiling; with more (``dyn`` arguments) it dispatches when evaluating."""
+    return len(_matching(signatures, receiver, args))
+
+
+def _matching(
+    signatures: Sequence[Signature], receiver: str | None, args: Sequence[str]
+) -> list[str]:
     results = []
     for sig in signatures:
         if (sig.receiver is None) != (receiver is None) or len(sig.params) != len(args):
@@ -210,9 +225,7 @@ def resolve(
             continue
         if all(unify(p, a, bound) for p, a in zip(sig.params, args, strict=True)):
             results.append(substitute(sig.result, bound))
-    if not results:
-        return None
-    return results[0] if all(r == results[0] for r in results) else DYN
+    return results
 
 
 def describe_call(receiver: str | None, args: Sequence[str]) -> str:

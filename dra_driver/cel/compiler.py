@@ -70,10 +70,20 @@ class Node:
     #: True when the scheduler's planner knows the value too: literals, and conversions of
     #: such values (which it evaluates while planning, so their errors are compile errors).
     planned: bool = False
+    #: The scheduler's cost of evaluating this node, as far as it is known while compiling:
+    #: without what depends on the values (charged when evaluated, see cost.py) and without
+    #: the parts evaluated only sometimes (branches, later terms of && and ||, loop bodies).
+    cost: int = 0
+    #: True for an attribute in the scheduler's planner (a variable, a field or index
+    #: selection, a conditional), which further selections extend at 1 each.
+    attr: bool = False
+    #: What this attribute pays for its variable (1; 0 for a conditional), which it does not
+    #: pay as the branch of a conditional.
+    base: int = 0
 
 
-def _const(value: Any, kind: str, planned: bool = False) -> Node:
-    return Node(lambda _scope: value, kind, const=True, planned=planned)
+def _const(value: Any, kind: str, planned: bool = False, cost: int = 0) -> Node:
+    return Node(lambda _scope: value, kind, const=True, planned=planned, cost=cost)
 
 
 #: Conversions of a constant are evaluated when the scheduler builds the program, so their
@@ -84,18 +94,27 @@ _CONVERSIONS = frozenset(
 )
 
 
-def _folded(fn: Eval, kind: str, args: list[Node], name: str) -> Node:
+def _folded(fn: Eval, kind: str, args: list[Node], name: str, counting: bool, sized: bool) -> Node:
     # Calls whose arguments are all constant (quantity("40Gi"), semver("8.0.0")) are evaluated
     # once here instead of per device; one that fails stays a runtime error, as CEL requires,
-    # except for the conversions the scheduler folds while planning.
+    # except for the conversions the scheduler folds while planning (which cost nothing
+    # there; the other calls still cost what they cost, now known).
+    fixed = sum(a.cost for a in args)
     if args and all(a.const for a in args):
         conversion = name in _CONVERSIONS and len(args) == 1 and args[0].planned
         try:
-            return _const(fn({}), kind, planned=conversion)
+            value = fn({})
         except EvalError as exc:
             if conversion:
                 raise _PlanError(str(exc)) from None
-    return Node(fn, kind)
+        else:
+            if conversion:
+                return _const(value, kind, planned=True)
+            price = cost.price(name, [a.fn({}) for a in args], value) if sized else 1
+            return _const(value, kind, cost=fixed + price)
+    if sized:
+        return Node(_priced(fn, name) if counting else fn, kind, cost=fixed)
+    return Node(fn, kind, cost=fixed + 1)
 
 
 class _PlanError(DriverError):
@@ -111,16 +130,19 @@ class Compiler:
         expression: str,
         variables: Mapping[str, str],
         objects: Mapping[str, Mapping[str, str]] | None = None,
+        counting: bool = False,
     ) -> None:
-        """``variables`` maps names to static types; ``objects`` gives object types' fields."""
+        """``variables`` maps names to static types; ``objects`` gives object types' fields;
+        ``counting``: closures charge the evaluation's cost (see cost.py)."""
         self.expression = expression
         self.variables = dict(variables)
         self.objects = dict(objects or {})
         self.bound: list[tuple[str, str]] = []  # macro variables (name, type) in scope
         # Inside the argument list of string.format, literals may mix types, as there.
         self.mixed_literals = 0
-        #: Whether the expression has loops, whose cost must be counted (see cost.py).
-        self.costed = False
+        #: Whether evaluation counts its cost (see cost.py): closures whose cost depends on
+        #: values charge it, and parts evaluated only sometimes charge theirs when they are.
+        self.counting = counting
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -157,6 +179,15 @@ class Compiler:
                 f"'{checker.describe_call(receiver, args)}'",
             )
         return result
+
+    def sized(self, name: str, receiver: str | None, args: list[str]) -> bool:
+        """Whether a call of ``name`` costs by the size of its values (cost.DYNAMIC), which
+        for some the scheduler knows only when it knows the overload (cost.BY_OVERLOAD)."""
+        if name not in cost.DYNAMIC:
+            return False
+        if name not in cost.BY_OVERLOAD:
+            return True
+        return checker.overloads(SIGNATURES.get(name, []), receiver, args) == 1
 
     def check_pattern(self, where: Token, name: str, pattern: Node) -> None:
         """A constant regular expression that does not compile is a compile error."""
@@ -230,7 +261,7 @@ class Compiler:
             return self._single(tree)
         cond, left, right = (self.compile(c) for c in tree.children if isinstance(c, Tree))
         kind = self.check(tree, "_?_:_", None, [cond.type, left.type, right.type])
-        c, a, b = cond.fn, left.fn, right.fn
+        c, a, b = cond.fn, self.branch(left), self.branch(right)
 
         def ternary(scope: Scope) -> Any:
             test = c(scope)
@@ -240,26 +271,49 @@ class Compiler:
                 return b(scope)
             raise NoSuchOverload("_?_:_", test)
 
-        return Node(ternary, kind)
+        # A conditional is an attribute there; its branches are charged when taken.
+        return Node(ternary, kind, cost=cond.cost, attr=True)
+
+    def branch(self, node: Node) -> Eval:
+        """A conditional's branch: charged when taken, without its variable's read (the
+        scheduler resolves a branch that is an attribute without observing the variable)."""
+        return self.lazy(node, node.cost - node.base)
+
+    def lazy(self, node: Node, amount: int | None = None) -> Eval:
+        """``node``'s closure, charging its cost when it runs (for parts run only sometimes)."""
+        amount = node.cost if amount is None else amount
+        return _charged(node.fn, amount) if self.counting and amount else node.fn
 
     def _conditionalor(self, tree: Ast) -> Node:
-        if len(tree.children) == 1:
-            return self._single(tree)
-        left, right = self._logical_operands(tree)
-        return Node(_logical(left.fn, right.fn, True), "bool")
+        return self._logical_chain(tree, True)
 
     def _conditionaland(self, tree: Ast) -> Node:
+        return self._logical_chain(tree, False)
+
+    def _logical_chain(self, tree: Ast, is_or: bool) -> Node:
         if len(tree.children) == 1:
             return self._single(tree)
-        left, right = self._logical_operands(tree)
-        return Node(_logical(left.fn, right.fn, False), "bool")
-
-    def _logical_operands(self, tree: Ast) -> tuple[Node, Node]:
-        trees = [c for c in tree.children if isinstance(c, Tree)]
-        left, right = (self.compile(c) for c in trees)
-        self.expect_bool(trees[0], left)
-        self.expect_bool(trees[1], right)
-        return left, right
+        # a && b && c is left-recursive in the grammar: flatten it, so that a chain of
+        # thousands of terms (the scheduler balances them) compiles and runs without deep
+        # recursion.
+        trees: list[Ast] = []
+        current = tree
+        while current.data == tree.data and len(current.children) == 2:
+            left, right = current.children
+            assert isinstance(left, Tree) and isinstance(right, Tree)
+            trees.append(right)
+            current = left
+        trees.append(current)
+        trees.reverse()
+        operands = [self.compile(t) for t in trees]
+        for where, operand in zip(trees, operands, strict=True):
+            self.expect_bool(where, operand)
+        # The later terms run only when the earlier ones do not decide: charged then.
+        fns = [operands[0].fn, *(self.lazy(o) for o in operands[1:])]
+        first = operands[0].cost
+        if len(fns) == 2:
+            return Node(_logical(fns[0], fns[1], is_or), "bool", cost=first)
+        return Node(_logical_chain(fns, is_or), "bool", cost=first)
 
     # -- operators -------------------------------------------------------------------------
 
@@ -286,34 +340,42 @@ class Compiler:
                 "; use compareTo, isGreaterThan or isLessThan",
             )
         self.check(where, _OPS[op], None, [left.type, right.type])
-        fn: Eval
-        if op == "relation_eq":
-            fn = lambda s: cel_eq(a(s), b(s))  # noqa: E731 - closures are the compiled form
-        elif op == "relation_ne":
-            fn = lambda s: _ne(a(s), b(s))  # noqa: E731
-        elif op == "relation_in":
+        operands = left.cost + right.cost
+        if op == "relation_in":
             if b is _empty_list:
                 # The scheduler folds membership in a constant empty list to false, without
                 # evaluating the left side.
                 return _const(False, "bool")
             if right.primitive_list:
+                # A hash lookup there, of no cost.
                 values = b({})
-                fn = lambda s: _in_constant(a(s), values)  # noqa: E731
-            else:
-                fn = lambda s: _in(a(s), b(s))  # noqa: E731
+                return Node(lambda s: _in_constant(a(s), values), "bool", cost=left.cost)
+        apply = _RELATIONS[op]
+        sized = self.sized(_OPS[op], None, [left.type, right.type])
+        if sized and self.counting:
+            return Node(_priced2(apply, a, b, _OPS[op]), "bool", cost=operands)
+        fn: Eval
+        if op in _ORDER:
+            test, symbol = _ORDER[op], _OPS[op]
+            fn = lambda s: test(cel_compare(symbol, a(s), b(s)))  # noqa: E731 - compiled form
         else:
-            test = _ORDER[op]
-            symbol = _OPS[op]
-            fn = lambda s: test(cel_compare(symbol, a(s), b(s)))  # noqa: E731
-        return Node(fn, "bool")
+            fn = lambda s: apply(a(s), b(s))  # noqa: E731
+        return Node(fn, "bool", cost=operands + (0 if sized else 1))
 
     def _arith(self, tree: Ast) -> Node:
         if len(tree.children) == 1:
             return self._single(tree)
         op, left, right = self._binary(tree)
         a, b, apply = left.fn, right.fn, _ARITH[op]
-        kind = self.check(_operator(tree), _ARITH_NAMES[op], None, [left.type, right.type])
-        return Node(lambda s: apply(a(s), b(s)), kind)
+        name = _ARITH_NAMES[op]
+        kind = self.check(_operator(tree), name, None, [left.type, right.type])
+        operands = left.cost + right.cost
+        if self.sized(name, None, [left.type, right.type]):
+            # Concatenating strings costs their size.
+            if self.counting:
+                return Node(_priced2(apply, a, b, name), kind, cost=operands)
+            return Node(lambda s: apply(a(s), b(s)), kind, cost=operands)
+        return Node(lambda s: apply(a(s), b(s)), kind, cost=operands + 1)
 
     _addition = _arith
     _multiplication = _arith
@@ -355,8 +417,9 @@ class Compiler:
         f = operand.fn
         if op.data == "unary_not":
             self.check(tree, "!_", None, [operand.type])
-            return Node(lambda s: _not(f(s)), "bool")
-        return Node(lambda s: _neg(f(s)), self.check(tree, "-_", None, [operand.type]))
+            return Node(lambda s: _not(f(s)), "bool", cost=operand.cost + 1)
+        kind = self.check(tree, "-_", None, [operand.type])
+        return Node(lambda s: _neg(f(s)), kind, cost=operand.cost + 1)
 
     def _mixed_prefix(self, tree: Ast, not_first: bool, inner: Ast) -> None:
         """``!`` and ``-`` do not mix in CEL's grammar (``!-x``, ``-!x``), except for a signed
@@ -403,17 +466,18 @@ class Compiler:
         assert isinstance(target_tree, Tree) and isinstance(name_token, Token)
         name = _field_name(name_token)
         qualified = self.qualified_name(target_tree)
-        if qualified is not None and qualified.split(".")[0] not in self._names():
-            if f"{qualified}.{name}" in QUALIFIED_TYPE_NAMES:
-                return _const(CelType(f"{qualified}.{name}"), "type")
-            if f"{qualified}.{name}" in messages.CONSTANTS:
-                return _const(messages.CONSTANTS[f"{qualified}.{name}"], "int")
+        if qualified is not None and not self.in_scope(qualified):
+            full = f"{qualified}.{name}".removeprefix(".")
+            if full in QUALIFIED_TYPE_NAMES:
+                return _const(CelType(full), "type", planned=True)
+            if full in messages.CONSTANTS:
+                return _const(messages.CONSTANTS[full], "int", planned=True)
             self.fail(tree, f"undeclared reference to '{qualified}.{name}'")
         target = self.compile(target_tree)
         kind = self.field_type(name_token, target.type, name)
         where = self.source(target_tree)
         get = target.fn
-        return Node(lambda s: _select(get(s), name, where), kind)
+        return Node(lambda s: _select(get(s), name, where), kind, **_qualified(target, 0))
 
     def _member_opt_dot(self, tree: Ast) -> Node:
         # a.?b: optional.of(a.b) when a has b, else optional.none().
@@ -424,7 +488,7 @@ class Compiler:
         inner = checker.element(target.type) if _is_optional(target.type) else target.type
         kind = _optional_of(self.field_type(name_token, inner, name))
         get = target.fn
-        return Node(lambda s: _opt_select(get(s), name), kind)
+        return Node(lambda s: _opt_select(get(s), name), kind, **_qualified(target, 0))
 
     def _member_opt_index(self, tree: Ast) -> Node:
         # m[?k] / l[?i]: optional.of(m[k]) when present, else optional.none().
@@ -434,7 +498,7 @@ class Compiler:
         inner = checker.element(target.type) if _is_optional(target.type) else target.type
         kind = _optional_of(self.check(tree, "_[?_]", None, [inner, key.type]))
         get, k = target.fn, key.fn
-        return Node(lambda s: _opt_index(get(s), k(s)), kind)
+        return Node(lambda s: _opt_index(get(s), k(s)), kind, **_qualified(target, _key_cost(key)))
 
     def field_type(self, where: Ast | Token, target: str, name: str) -> str:
         """The type of ``target.name``: a declared field, a map value, or dyn."""
@@ -466,7 +530,8 @@ class Compiler:
             )
         where = self.source(target_tree)
         get, k = target.fn, key.fn
-        return Node(lambda s: _index(get(s), k(s), where), kind)
+        qualified = _qualified(target, _key_cost(key))
+        return Node(lambda s: _index(get(s), k(s), where), kind, **qualified)
 
     def _member_object(self, tree: Ast) -> Node:
         type_tree = tree.children[0]
@@ -478,6 +543,7 @@ class Compiler:
         inits = tree.children[1] if len(tree.children) > 1 else None
         items = inits.children if isinstance(inits, Tree) else []
         fields: list[tuple[str, str, Eval]] = []
+        cost_of_fields = 0
         for field_token, value_tree in zip(items[::2], items[1::2], strict=True):
             assert isinstance(field_token, Token) and isinstance(value_tree, Tree)
             field = str(field_token)
@@ -492,10 +558,12 @@ class Compiler:
                     f"'{checker.describe_call(None, [value.type])[1:-1]}'",
                 )
             fields.append((field, expected, value.fn))
+            cost_of_fields += value.cost
         build, full = message.build, name.lstrip(".")
         return Node(
             lambda s: build({f: messages.field_value(full, f, t, fn(s)) for f, t, fn in fields}),
             message.result,
+            cost=cost.MESSAGE_LITERAL + cost_of_fields,
         )
 
     def _member_dot_arg(self, tree: Ast) -> Node:
@@ -504,7 +572,12 @@ class Compiler:
         args = self._args(tree.children[2] if len(tree.children) > 2 else None)
         name = str(name_token)
         qualified = self.qualified_name(target_tree)
-        if qualified is not None and qualified.split(".")[0] not in self._names():
+        if qualified is not None and not self.in_scope(qualified):
+            if qualified.startswith(".") and f"{qualified[1:]}.{name}" not in functions.GLOBAL:
+                # An absolute name that is neither a variable nor a namespaced function
+                # (".cel.bind" is no macro): the scheduler reports its first part.
+                head = qualified.split(".")[1]
+                self.fail(target_tree, f"undeclared reference to '.{head}' (in container '')")
             return self._global_call(f"{qualified}.{name}", name_token, args)
         if name in _MACROS and not (name == "existsOne" and len(args) != 3):
             # existsOne exists only in the two-variable form.
@@ -524,20 +597,32 @@ class Compiler:
         finally:
             self.mixed_literals -= name == "format"
         kind = self.check(_call_position(name_token), name, target.type, [c.type for c in compiled])
+        fixed = target.cost + sum(c.cost for c in compiled)
+        sized = self.sized(name, target.type, [c.type for c in compiled])
         if name == "format" and target.const and len(args) == 1:
             self.check_format(name_token, target.fn({}), args[0], compiled[0])
         if name == "format" and target.const and all(c.const for c in compiled):
             try:
-                return _const(_call(function, [target.fn, compiled[0].fn], name)({}), kind)
+                text, values = target.fn({}), compiled[0].fn({})
+                value = _call(function, [target.fn, compiled[0].fn], name)({})
             except EvalError:
                 pass  # a value only evaluation rejects ("%f" of "x"): a runtime error
+            else:
+                price = cost.price(name, [text, values], value) if sized else 1
+                return _const(value, kind, cost=fixed + price)
         if name in _REGEX_FUNCTIONS and compiled:
             self.check_pattern(name_token, name, compiled[0])
         if name in ("or", "orValue") and len(compiled) == 1:
             # Short-circuiting, as in the scheduler: the alternative is evaluated only
-            # when the optional is empty.
-            return Node(_or_else(target.fn, compiled[0].fn, name), kind)
-        return Node(_call(function, [target.fn, *(c.fn for c in compiled)], name), kind)
+            # when the optional is empty (and costs nothing itself there; orValue's
+            # alternative, when an attribute, is resolved as a conditional's branch is).
+            other = compiled[0]
+            alternative = self.branch(other) if name == "orValue" else self.lazy(other)
+            return Node(_or_else(target.fn, alternative, name), kind, cost=target.cost)
+        call = _call(function, [target.fn, *(c.fn for c in compiled)], name)
+        if sized:
+            return Node(_priced(call, name) if self.counting else call, kind, cost=fixed)
+        return Node(call, kind, cost=fixed + 1)
 
     def _args(self, exprlist: Ast | Token | None) -> list[Ast]:
         if exprlist is None:
@@ -568,6 +653,13 @@ class Compiler:
     def _names(self) -> set[str]:
         return set(self.variables) | {name for name, _ in self.bound}
 
+    def in_scope(self, qualified: str) -> bool:
+        """Whether the dotted name ``qualified`` starts with a variable: a declared one or a
+        macro's, or with a leading dot (an absolute name) only a declared one."""
+        if qualified.startswith("."):
+            return qualified[1:].split(".")[0] in self.variables
+        return qualified.split(".")[0] in self._names()
+
     # -- primaries -------------------------------------------------------------------------
 
     def _primary(self, tree: Ast) -> Node:
@@ -580,34 +672,52 @@ class Compiler:
         token = tree.children[0]
         assert isinstance(token, Token)
         name = str(token)
-        for bound, kind in reversed(self.bound):
-            if bound == name:
-                return Node(lambda s: s[name], kind)
+        found = next((kind for bound, kind in reversed(self.bound) if bound == name), None)
+        if found is not None:
+            key = bound_key(name)
+            return Node(lambda s: s[key], found, cost=1, attr=True, base=1)
         if name in self.variables:
-            return Node(lambda s: s[name], self.variables[name])
+            return Node(lambda s: s[name], self.variables[name], cost=1, attr=True, base=1)
         if name in TYPE_NAMES:
             return _const(CelType(name), "type", planned=True)
         self.fail(token, f"undeclared reference to '{name}'")
 
     def _dot_ident(self, tree: Ast) -> Node:
-        return self._ident(tree)
+        # ".name": resolved in the root scope only, past any macro variable of that name.
+        token = tree.children[0]
+        assert isinstance(token, Token)
+        name = str(token)
+        if name in self.variables:
+            return Node(lambda s: s[name], self.variables[name], cost=1, attr=True, base=1)
+        if name in TYPE_NAMES:
+            return _const(CelType(name), "type", planned=True)
+        self.fail(token, f"undeclared reference to '.{name}' (in container '')")
 
     def _ident_arg(self, tree: Ast) -> Node:
         token = tree.children[0]
         assert isinstance(token, Token)
         name = str(token)
         args = self._args(tree.children[1] if len(tree.children) > 1 else None)
-        if name == "has":
+        if name == "has" and tree.data == "ident_arg":
             return self._has(tree, args)
+        if tree.data == "dot_ident_arg":
+            name = "." + name
         return self._global_call(name, token, args)
 
     _dot_ident_arg = _ident_arg
 
     def _global_call(self, name: str, token: Token, args: list[Ast]) -> Node:
-        if name == "cel.bind":
+        absolute = name.startswith(".")
+        name = name.removeprefix(".")
+        if name == "cel.bind" and not absolute:
+            # A macro only by its plain name.
             return self._bind(token, args)
         function = functions.GLOBAL.get(name)
         if function is None:
+            if absolute:
+                self.fail(
+                    _call_position(token), f"undeclared reference to '.{name}' (in container '')"
+                )
             self.fail(token, f"undeclared reference to '{name}'")
         compiled = [self.compile(a) for a in args]
         kind = self.check(_call_position(token), name, None, [c.type for c in compiled])
@@ -621,27 +731,38 @@ class Compiler:
         call = _call(function, [c.fn for c in compiled], name)
         if name == "lists.range":
             # Not folded: its cost is charged on every evaluation, as in the scheduler.
-            self.costed = True
-            return Node(_charged_range(call), kind)
+            return Node(_priced(call, name), kind, cost=sum(c.cost for c in compiled))
         try:
-            return _folded(call, kind, compiled, name)
+            sized = self.sized(name, None, [c.type for c in compiled])
+            return _folded(call, kind, compiled, name, self.counting, sized)
         except _PlanError as exc:
             self.fail_unplaced(f"program instantiation failed: {exc}")
 
     def _list_lit(self, tree: Ast) -> Node:
         trees = self._args(tree.children[0] if tree.children else None)
         if not trees:
-            return Node(_empty_list, checker.list_of(checker.FREE), const=True)
+            return Node(_empty_list, checker.list_of(checker.FREE), const=True, planned=True)
         items = [self.element(c) for c in trees]
         kind = checker.list_of(self.homogeneous(trees, items))
+        built = cost.LIST_LITERAL + sum(i.cost for i in items)
         if any(c.data == "opt_item" for c in trees):
             # [?x]: an element only when the optional x has a value.
             optional = [(c.data == "opt_item", i.fn) for c, i in zip(trees, items, strict=True)]
-            return Node(lambda s: _optional_items(optional, s), kind)
+            return Node(lambda s: _optional_items(optional, s), kind, cost=built)
         fns = [i.fn for i in items]
         const = all(i.const for i in items)
-        primitive = const and checker.element(kind) in ("bool", "int", "uint", "double", "string")
-        return Node(lambda s: [f(s) for f in fns], kind, const=const, primitive_list=primitive)
+        # A literal of constants is a constant there, of no cost; "in" one of primitive
+        # values is a hash lookup.
+        planned = all(i.planned for i in items)
+        primitive = planned and all(isinstance(f({}), bool | int | float | str) for f in fns)
+        return Node(
+            lambda s: [f(s) for f in fns],
+            kind,
+            const=const,
+            primitive_list=primitive,
+            planned=planned,
+            cost=0 if planned else built,
+        )
 
     def element(self, tree: Ast) -> Node:
         """A list element or map key/value; for ``?x`` the node of x typed as its value."""
@@ -654,7 +775,7 @@ class Compiler:
             self.fail(tree, f"expected type 'optional_type(dyn)' but found '{inner.type}'")
         # Keep optional.none()'s unknown element type unknown, so it joins any literal.
         params = checker.split(inner.type)[1]
-        return Node(inner.fn, params[0] if params else "dyn")
+        return Node(inner.fn, params[0] if params else "dyn", cost=inner.cost)
 
     def homogeneous(self, trees: list[Ast], items: list[Node]) -> str:
         """The one type of a literal's elements; a compile error when they differ."""
@@ -699,7 +820,9 @@ class Compiler:
                 out[key] = value
             return out if out else {}  # an empty literal is no hash map there
 
-        return Node(build, kind)
+        planned = not any(optional) and all(n.planned for n in keys + values)
+        built = cost.MAP_LITERAL + sum(n.cost for n in keys + values)
+        return Node(build, kind, cost=0 if planned else built)
 
     def _literal(self, tree: Ast) -> Node:
         token = tree.children[0]
@@ -745,7 +868,8 @@ class Compiler:
                 return not is_missing(map_lookup(value, name))
             raise NoSuchOverload("has", value)
 
-        return Node(has, "bool")
+        # The presence test itself costs nothing there (only reaching its operand).
+        return Node(has, "bool", cost=target.cost + (0 if target.attr else 1))
 
     def _bind(self, token: Token, args: list[Ast]) -> Node:
         if len(args) != 3:
@@ -755,13 +879,14 @@ class Compiler:
         init = init_node.fn
         body = self._with_bound([(var, init_node.type)], args[2])
         body_fn = body.fn
+        key = bound_key(var)
 
         def bind(scope: Scope) -> Any:
             inner = dict(scope)
-            inner[var] = init(scope)
+            inner[key] = init(scope)
             return body_fn(inner)
 
-        return Node(bind, body.type)
+        return Node(bind, body.type, cost=init_node.cost + body.cost)
 
     def _macro_var(self, tree: Ast) -> str:
         name = self.qualified_name(_unwrap(tree))
@@ -808,11 +933,15 @@ class Compiler:
         }.get(name, "bool")
         if name == "sortBy":
             self.check(tree, "@sortByAssociatedKeys", target_node.type, [checker.list_of(body)])
-        # Each iteration is charged before its first part runs (see cost.py).
-        self.costed = True
-        step = cost.ITERATION + sum(cost.static_cost(a) for a in args[nvars:])
-        parts = [_charged(compiled[0].fn, step), *(c.fn for c in compiled[1:])]
-        return Node(build(target_node.fn, names, parts), kind)
+        loop, result = _loop_costs(name, target_node, [c.cost for c in compiled])
+        if name == "sortBy":
+            # Sorting by the keys costs the square of their number, when typed.
+            keys = [checker.list_of(body)]
+            sized = self.sized("@sortByAssociatedKeys", target_node.type, keys)
+            loop = Loop(loop.step, sized=sized)
+        parts = [c.fn for c in compiled]
+        fn = build(target_node.fn, [bound_key(n) for n in names], parts, loop)
+        return Node(fn, kind, cost=target_node.cost + result)
 
     def _range_types(self, where: Ast, target: str, nvars: int) -> list[str]:
         # One variable: list elements or map keys; two: (index, element) or (key, value).
@@ -835,6 +964,12 @@ class Compiler:
 
 
 # -- runtime helpers -----------------------------------------------------------------------
+
+
+def bound_key(name: str) -> str:
+    """Where a macro or cel.bind variable lives in the scope: apart from the declared
+    variables, which ``.name`` still reaches when a macro variable has the same name."""
+    return "%" + name
 
 
 def _int_literal(text: str) -> int:
@@ -888,6 +1023,32 @@ def _logical(left: Eval, right: Eval, is_or: bool) -> Eval:
             raise error
         if other is not (not decisive):
             raise NoSuchOverload(name, other)
+        return not decisive
+
+    return logical
+
+
+def _logical_chain(operands: list[Eval], is_or: bool) -> Eval:
+    # a && b && c ...: the first decisive operand decides; otherwise the first error.
+    decisive = is_or
+    name = "_||_" if is_or else "_&&_"
+
+    def logical(scope: Scope) -> bool:
+        error: EvalError | None = None
+        for operand in operands:
+            try:
+                value = operand(scope)
+            except Abort:
+                raise
+            except EvalError as exc:
+                error = error or exc
+                continue
+            if value is decisive:
+                return is_or
+            if value is not (not decisive):
+                error = error or NoSuchOverload(name, value)
+        if error is not None:
+            raise error
         return not decisive
 
     return logical
@@ -1018,13 +1179,49 @@ def _charged(fn: Eval, amount: int) -> Eval:
     return run
 
 
-def _charged_range(fn: Eval) -> Eval:
+def _priced(call: Eval, name: str) -> Eval:
+    # A call whose cost depends on its arguments and result: charged after it returns.
+    inner = getattr(call, "priced", None)
+    if inner is None:
+        raise AssertionError(f"{name}: not a call closure")
+    function, args = inner
+
     def run(scope: Scope) -> Any:
-        values = fn(scope)
-        cost.charge(scope, len(values) + cost.RANGE_BASE)
-        return values
+        values = [a(scope) for a in args]
+        try:
+            result = function(*values)
+        except TypeError:
+            raise NoSuchOverload(name, *values) from None
+        cost.charge(scope, cost.price(name, values, result))
+        return result
 
     return run
+
+
+def _priced2(apply: Callable[[Any, Any], Any], a: Eval, b: Eval, name: str) -> Eval:
+    # An operator whose cost depends on its operands (strings by their size).
+    price = cost.DYNAMIC[name]
+
+    def run(scope: Scope) -> Any:
+        x, y = a(scope), b(scope)
+        result = apply(x, y)
+        cost.charge(scope, price((x, y), result))
+        return result
+
+    return run
+
+
+def _key_cost(key: Node) -> int:
+    # An index that is itself an attribute (m[k]) is resolved without observing its variable.
+    return key.cost - key.base
+
+
+def _qualified(target: Node, key_cost: int) -> dict[str, Any]:
+    # A field or index selection: 1 for the qualifier (and its key), on an attribute; on any
+    # other value, 1 more for the attribute the scheduler makes of it.
+    if target.attr:
+        return {"cost": target.cost + key_cost + 1, "attr": True, "base": target.base}
+    return {"cost": target.cost + key_cost + 2, "attr": True, "base": 1}
 
 
 def _or_else(target: Eval, alternative: Eval, name: str) -> Eval:
@@ -1092,11 +1289,9 @@ def _opt_index(value: Any, key: Any) -> Any:
 
 
 def _in_constant(item: Any, values: list[Any]) -> bool:
-    # The scheduler turns "x in [constants]" into a hash lookup, which a Quantity or Semver
-    # cannot take part in.
-    kind = type_name(item)
-    if kind in ("kubernetes.Quantity", "kubernetes.Semver"):
-        raise Abort(f"internal error: runtime error: hash of unhashable type {kind}")
+    # The scheduler turns "x in [constants]" into a hash lookup, which a Semver (holding Go
+    # slices) cannot take part in; a Quantity can, and is simply not found.
+    _unhashable(item)
     return _in(item, values)
 
 
@@ -1135,6 +1330,12 @@ def _index(value: Any, key: Any, where: str) -> Any:
 
 
 def _call(function: Callable[..., Any], args: list[Eval], name: str) -> Eval:
+    call = _make_call(function, args, name)
+    call.priced = (function, args)  # type: ignore[attr-defined]  # for _priced
+    return call
+
+
+def _make_call(function: Callable[..., Any], args: list[Eval], name: str) -> Eval:
     def call(scope: Scope) -> Any:
         values = [a(scope) for a in args]
         try:
@@ -1264,6 +1465,8 @@ _ORDER: dict[str, Callable[[int], bool]] = {
     "relation_gt": lambda c: c > 0,
     "relation_ge": lambda c: c >= 0,
 }
+
+
 _OPS = {
     "relation_lt": "_<_",
     "relation_le": "_<=_",
@@ -1275,9 +1478,61 @@ _OPS = {
 }
 
 
+def _ordering(op: str) -> Callable[[Any, Any], bool]:
+    test, symbol = _ORDER[op], _OPS[op]
+    return lambda a, b: test(cel_compare(symbol, a, b))
+
+
+_RELATIONS: dict[str, Callable[[Any, Any], bool]] = {
+    "relation_eq": cel_eq,
+    "relation_ne": _ne,
+    "relation_in": _in,
+    **{op: _ordering(op) for op in _ORDER},
+}
+
+
 # -- comprehension macros ------------------------------------------------------------------
 
-MacroBuilder = Callable[[Eval, list[str], list[Eval]], Eval]
+
+@dataclass(frozen=True)
+class Loop:
+    """What a macro's iterations cost there (see cost.py): ``step`` at each iteration,
+    ``taken`` more when its filter (or exists_one's predicate) is true, ``early`` when a
+    quantifier stops with elements left (one more loop test); for sortBy, whether sorting
+    by the keys costs by their number (when the scheduler knows the keys' type)."""
+
+    step: int = 0
+    taken: int = 0
+    early: int = 0
+    sized: bool = True
+
+
+def _loop_costs(name: str, target: Node, parts: list[int]) -> tuple[Loop, int]:
+    """A macro's iteration costs and the fixed cost of its result, from the expansion the
+    scheduler's parser makes of it: a loop test (all: 2, exists: 3, others: none), the
+    accumulator read (1), appending to a list (12) or a map (3), counting (2)."""
+    first = parts[0]
+    if name == "all":
+        return Loop(3 + first, early=2), 1
+    if name == "exists":
+        return Loop(4 + first, early=3), 1
+    if name in ("exists_one", "existsOne"):
+        return Loop(first, taken=2), 2
+    if name in ("map", "transformList", "transformMap"):
+        append = 3 if name == "transformMap" else 12
+        if len(parts) == 1:
+            return Loop(append + first), 1
+        return Loop(first, taken=append + parts[1]), 1
+    if name == "filter":
+        return Loop(first, taken=13), 1
+    if name == "sortBy":
+        # cel.bind of the list, read twice; the keys mapped as by map().
+        return Loop(12 + first), 3
+    # optMap / optFlatMap: hasValue() (1); then value() and the body, of(), or none().
+    return Loop(target.cost + 1 + first + (name == "optMap"), taken=1), 1
+
+
+MacroBuilder = Callable[[Eval, list[str], list[Eval], Loop], Eval]
 
 
 def _iterate(value: Any, name: str) -> list[tuple[Any, Any]]:
@@ -1328,13 +1583,15 @@ def _entries(value: Any, name: str, nvars: int) -> list[tuple[Any, Any]]:
 
 def _quantifier(name: str, want: bool) -> MacroBuilder:
     # all: any false -> false, else any error -> error; exists: any true -> true, else error.
-    def build(target: Eval, names: list[str], parts: list[Eval]) -> Eval:
+    def build(target: Eval, names: list[str], parts: list[Eval], loop: Loop) -> Eval:
         (predicate,) = parts
         bind = _binder(names)
 
         def run(scope: Scope) -> bool:
             error: EvalError | None = None
-            for first, second in _entries(target(scope), name, len(names)):
+            entries = _entries(target(scope), name, len(names))
+            for i, (first, second) in enumerate(entries):
+                cost.charge(scope, loop.step)
                 try:
                     value = predicate(bind(scope, first, second))
                 except Abort:
@@ -1343,6 +1600,8 @@ def _quantifier(name: str, want: bool) -> MacroBuilder:
                     error = error or exc
                     continue
                 if value is want:
+                    if i + 1 < len(entries):
+                        cost.charge(scope, loop.early)
                     return bool(value)
                 if value is not (not want):
                     error = error or NoSuchOverload(name, value)
@@ -1355,15 +1614,17 @@ def _quantifier(name: str, want: bool) -> MacroBuilder:
     return build
 
 
-def _exists_one(target: Eval, names: list[str], parts: list[Eval]) -> Eval:
+def _exists_one(target: Eval, names: list[str], parts: list[Eval], loop: Loop) -> Eval:
     (predicate,) = parts
     bind = _binder(names)
 
     def run(scope: Scope) -> bool:
         count = 0
         for first, second in _entries(target(scope), "exists_one", len(names)):
+            cost.charge(scope, loop.step)
             value = predicate(bind(scope, first, second))
             if value is True:
+                cost.charge(scope, loop.taken)
                 count += 1
             elif value is not False:
                 raise NoSuchOverload("exists_one", value)
@@ -1389,41 +1650,47 @@ def _predicate(keep: Eval, name: str) -> Callable[[Scope], bool]:
     return test
 
 
-def _map_macro(target: Eval, names: list[str], parts: list[Eval]) -> Eval:
+def _map_macro(target: Eval, names: list[str], parts: list[Eval], loop: Loop) -> Eval:
     bind, keep, transform = _binder(names), _filter_of(parts, "map"), parts[-1]
 
     def run(scope: Scope) -> list[Any]:
         out = []
         for first, second in _entries(target(scope), "map", len(names)):
+            cost.charge(scope, loop.step)
             inner = bind(scope, first, second)
             if keep(inner):
+                cost.charge(scope, loop.taken)
                 out.append(transform(inner))
         return out
 
     return run
 
 
-def _filter_macro(target: Eval, names: list[str], parts: list[Eval]) -> Eval:
+def _filter_macro(target: Eval, names: list[str], parts: list[Eval], loop: Loop) -> Eval:
     bind, keep = _binder(names), _predicate(parts[0], "filter")
 
     def run(scope: Scope) -> list[Any]:
         out = []
         for first, second in _entries(target(scope), "filter", len(names)):
+            cost.charge(scope, loop.step)
             if keep(bind(scope, first, second)):
+                cost.charge(scope, loop.taken)
                 out.append(first if isinstance(second, _KeyOnly) else second)
         return out
 
     return run
 
 
-def _transform_map(target: Eval, names: list[str], parts: list[Eval]) -> Eval:
+def _transform_map(target: Eval, names: list[str], parts: list[Eval], loop: Loop) -> Eval:
     bind, keep, transform = _binder(names), _filter_of(parts, "transformMap"), parts[-1]
 
     def run(scope: Scope) -> dict[Any, Any]:
         out: dict[Any, Any] = {}
         for first, second in _iterate(target(scope), "transformMap"):
+            cost.charge(scope, loop.step)
             inner = bind(scope, first, second)
             if keep(inner):
+                cost.charge(scope, loop.taken)
                 out[first] = transform(inner)
         return out
 
@@ -1432,14 +1699,16 @@ def _transform_map(target: Eval, names: list[str], parts: list[Eval]) -> Eval:
 
 def _opt_mapper(name: str, flat: bool) -> MacroBuilder:
     # optMap wraps the body's value in an optional; optFlatMap's body is an optional already.
-    def build(target: Eval, names: list[str], parts: list[Eval]) -> Eval:
+    def build(target: Eval, names: list[str], parts: list[Eval], loop: Loop) -> Eval:
         (transform,) = parts
         (var,) = names
 
         def run(scope: Scope) -> Any:
             found = _optional_value(target(scope), name)
             if found is _NOTHING:
+                cost.charge(scope, loop.taken)
                 return optional.NONE
+            cost.charge(scope, loop.step)
             result = transform({**scope, var: found})
             if not flat:
                 return optional.of(result)
@@ -1452,14 +1721,18 @@ def _opt_mapper(name: str, flat: bool) -> MacroBuilder:
     return build
 
 
-def _sort_by(target: Eval, names: list[str], parts: list[Eval]) -> Eval:
+def _sort_by(target: Eval, names: list[str], parts: list[Eval], loop: Loop) -> Eval:
     (key,) = parts
     bind = _binder(names)
 
     def run(scope: Scope) -> list[Any]:
         items = target(scope)
         entries = _entries(items, "sortBy", 1)
-        keys = [key(bind(scope, first, second)) for first, second in entries]
+        keys = []
+        for first, second in entries:
+            cost.charge(scope, loop.step)
+            keys.append(key(bind(scope, first, second)))
+        cost.charge(scope, cost.self_compare(keys) if loop.sized else 1)
         return lib_lists.sort_by_keys(items, keys)
 
     return run

@@ -32,7 +32,11 @@ OBJECTS = {
         "allowMultipleAllocations": "bool",
     }
 }
-MAX_EXPRESSION_LENGTH = 10 * 1024  # the API's limit on a selector's length
+#: The API's limit on a selector's length: API validation (the API server refuses longer
+#: selectors), not the scheduler's CEL, which compiles them; tools may warn about it.
+API_MAX_EXPRESSION_LENGTH = 10 * 1024
+#: The scheduler's CEL parser refuses expressions longer than this many code points.
+MAX_CODE_POINTS = 100_000
 
 
 class Verdict(StrEnum):
@@ -58,8 +62,10 @@ class Program:
     expression: str
     tree: Ast
     fn: Eval
-    #: Whether evaluation counts cost (the expression has loops): see :mod:`cost`.
+    #: Whether evaluation counts cost (the expression might reach the limit): see :mod:`cost`.
     costed: bool = False
+    #: The cost known while compiling, charged when evaluation starts (when counted).
+    cost: int = 0
 
     def evaluate(self, variables: dict[str, Any]) -> Any:
         """The expression's value; raises :class:`EvalError`."""
@@ -71,12 +77,21 @@ class Program:
             return Compiler(self.expression, VARIABLES, OBJECTS).compile(tree)
 
 
+def exceeds_api_length(expression: str) -> bool:
+    """Whether the API server would refuse ``expression`` for its length (the scheduler's CEL
+    would still compile it: the limit is API validation)."""
+    return len(expression) > API_MAX_EXPRESSION_LENGTH
+
+
 def parse(expression: str) -> Ast:
     """The lark tree of ``expression``; :class:`CompileError` with the position on bad syntax."""
-    if len(expression) > MAX_EXPRESSION_LENGTH:
-        raise CompileError(
-            expression, f"expression longer than {MAX_EXPRESSION_LENGTH} characters", 1, 1
+    if len(expression) > MAX_CODE_POINTS:
+        # cel-go's parser, before parsing (a Python str is a sequence of code points).
+        message = (
+            "expression code point size exceeds limit: "
+            f"size: {len(expression)}, limit {MAX_CODE_POINTS}"
         )
+        raise CompileError(expression, message, -1, 0)
     try:
         tree: Ast = grammar.parser().parse(expression)
     except UnexpectedInput as exc:
@@ -102,7 +117,9 @@ def _compile(expression: str) -> Program | CompileError:
         too_deep = nesting_error(tree)
         if too_deep is not None:
             return CompileError(expression, too_deep, -1, 0)
-        compiler = Compiler(expression, VARIABLES, OBJECTS)
+        compiler = Compiler(
+            expression, VARIABLES, OBJECTS, counting=cost.needs_counting(tree, expression)
+        )
         with deep_recursion():
             node = compiler.compile(tree)
     except CompileError as exc:
@@ -111,7 +128,7 @@ def _compile(expression: str) -> Program | CompileError:
         return CompileError(
             expression, f"must evaluate to bool or the unknown type, not {node.type}", 1, 1
         )
-    return Program(expression, tree, node.fn, compiler.costed)
+    return Program(expression, tree, node.fn, compiler.counting, node.cost)
 
 
 def compile_selector(expression: str) -> Program:
@@ -197,7 +214,7 @@ def device_variables(device: Mapping[str, Any], driver: str) -> dict[str, Any]:
 def evaluate(program: Program, variables: dict[str, Any]) -> Outcome:
     """Match, no match, or the error (a runtime error or a non-bool result)."""
     if program.costed:
-        variables = {**variables, cost.KEY: [cost.static_cost(program.tree)]}
+        variables = {**variables, cost.KEY: [program.cost]}
     try:
         value = program.fn(variables)
     except EvalError as exc:

@@ -15,7 +15,8 @@ class CompileError(CelError):
 
     ``str()`` gives the position as ``<input>:line:column``, the message, the source line and a
     caret under the offending column, the way the API server reports CEL compile errors;
-    line 0 means no position (errors found while building the program), only the message.
+    line 0 means no position (errors found while building the program), only the message;
+    line -1 is the parser's ``<input>:-1:0`` (limits it checks before or after parsing).
     """
 
     def __init__(self, expression: str, message: str, line: int, column: int) -> None:
@@ -29,6 +30,8 @@ class CompileError(CelError):
         """The full, multi-line error text."""
         if self.line == 0:
             return self.message
+        if self.line < 0:
+            return f"ERROR: <input>:-1:0: {self.message}"
         lines = self.expression.splitlines() or [""]
         source = lines[self.line - 1] if 0 < self.line <= len(lines) else lines[-1]
         caret = "." * max(self.column - 1, 0) + "^"

@@ -159,7 +159,7 @@ def _device_access(tree: Ast) -> bool:
         isinstance(name, Token)
         and str(name) in ("attributes", "capacity")
         and device_node is not None
-        and device_node.data == "ident"
+        and device_node.data in ("ident", "dot_ident")
         and str(device_node.children[0]) == "device"
     )
 

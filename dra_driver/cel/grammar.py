@@ -56,7 +56,8 @@ def grammar() -> str:
 def _literal_keywords(token: Token) -> Token:
     # true/false lex as identifiers; make them literals, as cel-python's own parser does.
     if token.value in ("true", "false"):
-        return Token("BOOL_LIT", token.value)
+        # With the identifier's position, for errors such as ".true" (a literal after a dot).
+        return Token.new_borrow_pos("BOOL_LIT", token.value, token)
     return token
 
 

@@ -122,17 +122,28 @@ def substring(text: Any, start: Any, end: Any = None) -> str:
     return s[a:b]
 
 
+#: Go's unicode.IsSpace, which trim() uses: Python's str.strip() also strips U+001C-U+001F.
+GO_SPACES = (
+    "\t\n\v\f\r \u0085\u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007"
+    "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
+
+
 def trim(text: Any) -> str:
-    """Leading and trailing Unicode white space removed."""
-    return _text("trim", text).strip()
+    """Leading and trailing white space removed, as Go's unicode.IsSpace defines it."""
+    return _text("trim", text).strip(GO_SPACES)
 
 
 def join(items: Any, sep: Any = "") -> str:
     """The strings of a list joined by ``sep``."""
     d = _text("join", sep)
-    if not isinstance(items, list | tuple) or any(type(x) is not str for x in items):
+    if not isinstance(items, list | tuple):
         raise NoSuchOverload("join", items, sep)
-    return d.join(items)
+    try:
+        # str.join refuses any element that is not a string (CEL strings are plain str).
+        return d.join(items)
+    except TypeError:
+        raise NoSuchOverload("join", items, sep) from None
 
 
 def quote(text: Any) -> str:

@@ -29,10 +29,22 @@ def compiled(pattern: str) -> Any:
         raise EvalError(f"error parsing regexp: {reason}: `{pattern}`") from None
 
 
-@lru_cache(maxsize=65536)
+#: Longer texts are matched without caching: a device's strings are at most 64 characters,
+#: and a selector that builds long ones (cel.bind, literals past the API's length) would
+#: keep megabytes in the cache.
+_CACHED_TEXT = 1024
+
+
 def search(pattern: str, text: str) -> bool:
-    """Whether ``pattern`` matches anywhere in ``text``; cached because devices of one product
-    share their strings and RE2's bindings cost microseconds a call."""
+    """Whether ``pattern`` matches anywhere in ``text``; cached for short texts because
+    devices of one product share their strings and RE2's bindings cost microseconds a call."""
+    if len(text) > _CACHED_TEXT:
+        return compiled(pattern).search(text) is not None
+    return _cached_search(pattern, text)
+
+
+@lru_cache(maxsize=65536)
+def _cached_search(pattern: str, text: str) -> bool:
     return compiled(pattern).search(text) is not None
 
 

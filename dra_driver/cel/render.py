@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dra_driver.cel.claim_explain import ClaimReport, PoolReport, RequestReport
+from dra_driver.cel.environment import API_MAX_EXPRESSION_LENGTH, exceeds_api_length
 from dra_driver.cel.match import DeviceResult, SelectorSet
 
 
@@ -23,6 +24,13 @@ def match_text(results: Sequence[tuple[SelectorSet, list[DeviceResult]]]) -> str
         out.append(f"{selector_set.label}: {matched} of {len(devices)} device(s) match")
         for selector in selector_set.selectors:
             out.append(f"  {selector.origin}: {selector.expression}")
+            if exceeds_api_length(selector.expression):
+                # The scheduler's CEL compiles it; the API server would not store it.
+                out.append(
+                    f"  note: {selector.origin}'s selector has {len(selector.expression):,} "
+                    f"characters, more than the API allows ({API_MAX_EXPRESSION_LENGTH:,}): "
+                    "the API server would refuse it"
+                )
         if not selector_set.selectors:
             out.append("  (no selectors: every device of the driver matches)")
         rows = [("DEVICE", "POOL", "VERDICT", "REASON")]

@@ -111,7 +111,8 @@ _TEXT: dict[str, list[str]] = {
     "join": ["list(string).() -> string", "list(string).(string) -> string"],
     "strings.quote": ["(string) -> string"],
     "format": ["string.(list(dyn)) -> string"],
-    "reverse": ["string.() -> string", "list(A).() -> list(A)"],
+    # The strings extension reverses strings from version 3 on; the scheduler's is version 2.
+    "reverse": ["list(A).() -> list(A)"],
     # regex
     "find": ["string.(string) -> string"],
     "findAll": ["string.(string) -> list(string)", "string.(string, int) -> list(string)"],

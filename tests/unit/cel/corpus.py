@@ -67,6 +67,9 @@ DEVICES: list[TestDevice] = [
             "architecture": {"string": "  spaced\u00a0\u2003\n"},
             "label": {"string": "line1\nline2\n"},
             "empty": {"string": ""},
+            # U+001C-U+001F: white space to Python's str.strip(), not to Go's trim().
+            "separators": {"string": "\x1c\x1dx\x1e\x1f"},
+            "spaces": {"string": "\u0085\u3000x\u2028\x0b"},
             "cudaComputeCapability": {"version": "1.2.3-alpha.1+build.5"},
             "numaNode": {"int": -1},
         },
@@ -539,6 +542,10 @@ def _strings() -> list[str]:
         f"{A}.architecture.trim() == 'spaced'",
         f"{A}.architecture.trim().size()",
         f"{p}.reverse().reverse() == {p}",
+        # Strings have no reverse() in the scheduler's strings extension (version 2).
+        "'abc'.reverse() == 'cba'",
+        "device.driver.reverse() == ''",
+        "dyn('abc').reverse() == dyn('cba')",
         f"{p}.matches('^NVIDIA')",
         f"{p}.matches('h100')",
         f"{p}.matches('(?i)h100')",
@@ -1643,10 +1650,413 @@ def _deep() -> list[str]:
     ]
 
 
-#: Loops at the cost limit's boundary: evaluated on one device only, being slow.
+#: Characters around Go's unicode.IsSpace, which trim() uses: what it strips, and what Python's
+#: str.strip() strips besides (U+001C-U+001F) or neither does.
+GO_SPACES = "\t\n\v\f\r \u0085\u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"  # fmt: skip
+NOT_SPACES = "\x1c\x1d\x1e\x1f\x00\x7f\u0084\u0086\u00ad\u180e\u200b\u200c\u200d\u2060\u2800\u3164\ufeff"  # fmt: skip
+
+
+def _cel_char(c: str) -> str:
+    return f"\\u{ord(c):04x}"
+
+
+def _cel_text(text: str) -> str:
+    return "".join(_cel_char(c) for c in text)
+
+
+def _go_trim(text: str) -> str:
+    return text.strip(GO_SPACES)
+
+
+def _whitespace() -> list[str]:
+    """What counts as white space: trim() strips Go's unicode.IsSpace, nothing else."""
+    out = []
+    for c in GO_SPACES + NOT_SPACES:
+        u = _cel_char(c)
+        out += [
+            f"'{u}x{u}'.trim() == 'x'",
+            f"'{u}x'.trim().size() == 1",
+            f"'x{u}'.trim() == 'x'",
+            f"'{u}{u}'.trim() == ''",
+        ]
+    seps = "".join(_cel_char(c) for c in "\x1c\x1d\x1e\x1f")
+    spaces = " \u3000\x1c\u0085\x1f\u00a0"
+    mixed = _cel_text(spaces)
+    raw = spaces + "x" + spaces
+    out += [
+        f"'{seps}'.trim().size() == 4",
+        f"'{mixed}x{mixed}'.trim() == '{_cel_text(_go_trim(raw))}'",
+        f"'{mixed}x{mixed}'.trim().size() == {len(_go_trim(raw))}",
+        f"'{mixed}x{mixed}'.trim().size()",
+        "' x\\u001c y '.trim() == 'x\\u001c y'",
+        "'\\u001cx'.trim().startsWith('\\u001c')",
+        "'\\u2000\\u200a\\u200b'.trim() == '\\u200b'",
+        "'\\u200b\\u200a\\u2000'.trim() == '\\u200b'",
+        "'\\U0001f680 '.trim() == '\\U0001f680'",
+        "'\\x1c'.trim() == '\\x1c'",
+        "'\\v\\f'.trim() == ''",
+        "'\\034x'.trim().size() == 2",
+        f"{A}.separators.trim().size()",
+        f"{A}.separators.trim() == {A}.separators",
+        f"{A}.spaces.trim() == 'x'",
+        f"{A}.spaces.trim().size() == 1",
+        f"{A}.architecture.trim()",
+        f"{A}.architecture.trim() == 'spaced'",
+        # Neighbours: other functions where white space matters, and how each defines it.
+        "'\\u001cx'.split('\\u001c').size() == 2",
+        "'\\u001c'.matches('\\\\s')",
+        "'\\v'.matches('\\\\s')",
+        "'\\v'.matches('[[:space:]]')",
+        "'\\u001c'.matches('[[:space:]]')",
+        "'\\u0085'.matches('\\\\s')",
+        "'\\u00a0'.matches('\\\\pZ')",
+        "'\\u001c'.matches('\\\\pZ')",
+        "'\\u3000'.matches('\\\\p{Zs}')",
+        "'\\u2028'.matches('\\\\p{Zl}')",
+        "'\\u001c'.matches('\\\\p{Cc}')",
+        "'\\u001cx'.lowerAscii() == '\\u001cx'",
+        "'\\u001c'.size() == 1",
+        "strings.quote('\\u001c') == '\"\\\\x1c\"'",
+        "strings.quote('\\u0085\\u00a0\\u3000').size()",
+        "'%s'.format([['\\u001c', '\\u3000']]).size()",
+        "double(' 1') == 1.0",
+        "double('1\\u001c') == 1.0",
+        "double('\\u00a01') == 1.0",
+        "int(' 1') == 1",
+        "int('1\\u001c') == 1",
+        "uint('\\u001c1') == 1u",
+        "isQuantity(' 1')",
+        "isQuantity('1\\u001c')",
+        "quantity('1 ') == quantity('1')",
+        "isSemver(' 1.0.0')",
+        "isSemver('1.0.0\\u001c')",
+        "isSemver('1.0.0\\u00a0')",
+        "duration(' 1s') > duration('0s')",
+        "duration(dyn('1s\\u001c')) > duration('0s')",
+        "timestamp(dyn(' 2024-01-01T00:00:00Z')) > timestamp(0)",
+        "isIP(' 10.0.0.1')",
+        "isIP('10.0.0.1\\u001c')",
+        "isCIDR('10.0.0.0/8 ')",
+        "isURL(' https://example.com')",
+        "isURL('https://example.com/\\u001c')",
+        "isURL('https://exa\\u001cmple.com/')",
+        "format.dns1123Label().validate('a\\u001c').hasValue()",
+        "format.labelValue().validate(' a').hasValue()",
+        "bool(' true')",
+        "bool('true\\u001c')",
+    ]
+    return out
+
+
+def _root_scoped() -> list[str]:
+    """Identifiers with a leading dot: CEL's absolute names, resolved in the root scope only."""
+    a = f'.device.attributes["{DRIVER}"]'
+    return [
+        f".device.driver == '{DRIVER}'",
+        f". device.driver == '{DRIVER}'",
+        f".device .driver == '{DRIVER}'",
+        f"(.device).driver == '{DRIVER}'",
+        f"{a}.numaNode == 0",
+        f"{a}['numaNode'] == 0",
+        f"{a}.productName.startsWith('NVIDIA')",
+        f"{a}.?numaNode.orValue(-1) >= 0",
+        f"{a}[?'numaNode'].hasValue()",
+        ".device.?driver.hasValue()",
+        f".device.capacity['{DRIVER}'].memory.isGreaterThan(quantity('1Gi'))",
+        ".device.allowMultipleAllocations",
+        "!.device.allowMultipleAllocations",
+        ".device.allowMultipleAllocations == device.allowMultipleAllocations",
+        f"has(.device.attributes['{DRIVER}'].numaNode)",
+        "has(.device.driver)",
+        "has(.device)",
+        ".device.driver.size() > 0",
+        ".device.driver.matches('^gpu')",
+        f".device.driver in ['{DRIVER}']",
+        f"[.device.driver][0] == '{DRIVER}'",
+        "{.device.driver: 1}[.device.driver] == 1",
+        f"(true ? .device.driver : '') == '{DRIVER}'",
+        f"{a}.exists(k, k == 'numaNode')",
+        f"{a}.all(k, .device.driver != '')",
+        ".device.attributes.exists(d, .device.attributes[d].size() > 0)",
+        f"cel.bind(d, .device, d.driver == '{DRIVER}')",
+        ".device",
+        ".device.driver",
+        ".device.attributes",
+        # A leading dot skips macro variables and cel.bind names, which are not in the root scope.
+        f"[1].all(device, .device.driver == '{DRIVER}')",
+        "[1].exists(device, device == 1 && .device.driver != '')",
+        f"cel.bind(device, 1, .device.driver == '{DRIVER}')",
+        "cel.bind(device, 1, device == 1)",
+        f"cel.bind(device, {{'driver': 'x'}}, device.driver == 'x' && .device.driver == '{DRIVER}')",
+        "[1].all(device, device.driver == '')",
+        "[1].all(x, .x > 0)",
+        "[1].map(x, .x).size() == 1",
+        "[1].exists(x, x == 1 || .x == 1)",
+        "cel.bind(x, 1, .x == 1)",
+        "cel.bind(x, 1, x == 1)",
+        "{'a': 1}.all(k, .k != '')",
+        "[1].all(i, v, .v > 0)",
+        ".x == 1",
+        ".foo.bar == 1",
+        ".device.nothing == 1",
+        ".devices.driver == ''",
+        # Functions, types and constants by their absolute names.
+        ".size('ab') == 2",
+        ".size(.device.driver) > 0",
+        ".int('1') == 1",
+        ".uint(1) == 1u",
+        ".double(1) == 1.0",
+        ".string(1) == '1'",
+        ".bytes('a') == b'a'",
+        ".bool('true')",
+        ".dyn(1) == 1",
+        ".type(1) == int",
+        "type(1) == .int",
+        "type('a') == .string",
+        "type(null) == .null_type",
+        "type(1) == .dyn",
+        "type(quantity('1')) == .kubernetes.Quantity",
+        "type(.device) == .kubernetes.DRADevice",
+        ".quantity('1') == quantity('1')",
+        ".isQuantity('1')",
+        ".semver('1.0.0').major() == 1",
+        ".isSemver('1.0.0')",
+        ".matches('abc', 'b')",
+        ".lists.range(3).size() == 3",
+        ".lists.range(3).all(x, x < 3)",
+        ".optional.of(1).hasValue()",
+        ".optional.none().hasValue() == false",
+        ".optional.ofNonZeroValue(0).hasValue() == false",
+        ".sets.contains([1], [1])",
+        ".strings.quote('a') == '\"a\"'",
+        ".format.dns1123Label().validate('a').hasValue() == false",
+        ".format.named('dns1123Label').hasValue()",
+        ".ip('10.0.0.1').family() == 4",
+        ".isIP('10.0.0.1')",
+        ".ip.isCanonical('10.0.0.1')",
+        ".cidr('10.0.0.0/8').prefixLength() == 8",
+        ".url('https://x.y/').getHost() == 'x.y'",
+        ".duration('1s') > .duration('0s')",
+        ".timestamp(0) == timestamp(0)",
+        ".google.protobuf.Int64Value{value: 1} == 1",
+        "google.protobuf.Int64Value{value: 1} == .google.protobuf.Int64Value{value: 1}",
+        ".google.protobuf.NullValue.NULL_VALUE == 0",
+        "type(1) == .google.protobuf.Int64Value",
+        ".has(device.driver)",
+        ".has(.device.driver)",
+        ".cel.bind(x, 1, x == 1)",
+        ".all([1], x, true)",
+        ".math.abs(-1) == 1",
+        ".unknownFn(1)",
+        ".true",
+        ".null",
+        ".1 == 0.1",
+        ".'a' == 'a'",
+        "..device.driver == ''",
+        ".",
+        "device.(driver) == ''",
+        "device..driver == ''",
+        ".device.`driver` == ''",
+        f"{a}.`numaNode` == 0",
+    ]
+
+
+def _chain(init: str, depth: int, step: str = "{v} + {v}", final: str = "{v}.size() > 0") -> str:
+    """``cel.bind(v0, init, cel.bind(v1, step(v0), ...final(v_depth)))``: each step's value
+    built from the previous one (doubled, for ``{v} + {v}``)."""
+    names = [f"v{i}" for i in range(depth + 1)]
+    body = final.format(v=names[-1])
+    for i in range(depth, 0, -1):
+        body = f"cel.bind({names[i]}, {step.format(v=names[i - 1])}, {body})"
+    return f"cel.bind(v0, {init}, {body})"
+
+
+_X10 = "'xxxxxxxxxx'"
+#: String functions consuming a long value (each charged by its size, as there).
+_CONSUMERS = (
+    "{v}.contains('xy') == false && {v}.matches('y') == false && {v}.startsWith({v}) && "
+    "{v}.lowerAscii() == {v} && {v}.upperAscii() != {v} && {v}.trim() == {v} && "
+    "{v}.substring(1) < {v} && {v}.indexOf('y') < 0 && {v}.lastIndexOf('y') < 0 && "
+    "strings.quote({v}) != {v} && bytes({v}).size() > 0 && {v}.split('x').size() > 0 && "
+    "{v}.replace('x', 'y') != {v} && {v}.find('y') == '' && {v}.findAll('x', 2).size() == 2 && "
+    "'%s'.format([{v}]) == {v} && {v}.charAt(0) == 'x' && {v}.endsWith('x')"
+)
+
+
+def _string_cost() -> list[str]:
+    """The runtime cost of building and reading strings: proportional to their size, so
+    values doubled by cel.bind stop at the cost limit where the scheduler stops them. These
+    depend on the device (or are cheap); :func:`_string_cost_one_device` has the rest."""
+    grow = [
+        # (initial value, depth, step): the device's strings doubled, around the limit.
+        ("device.driver", 16, "{v} + {v}"),
+        ("device.driver", 17, "{v} + {v}"),
+        (f"{A}.productName", 16, "{v} + {v}"),
+        (f"{A}.productName", 17, "{v} + {v}"),
+        (f"string({A}.index)", 17, "{v} + {v}"),
+        (f"{A}.architecture", 12, "[{v}, {v}].join({v})"),
+        ("''", 3, "{v} + {v}"),
+        ("'" + "x" * 9 + "'", 10, "{v} + {v}"),
+        ("'xx'", 10, "{v}.replace('', 'x')"),
+        (_X10, 8, "'%s%s'.format([{v}, {v}])"),
+        (_X10, 12, "strings.quote({v}).substring(1)"),
+    ]
+    return [_chain(init, depth, step) for init, depth, step in grow] + [
+        _chain("''", 1),
+        _chain("device.driver", 8, final=_CONSUMERS),
+        _chain(f"{A}.productName", 10, final="{v}.contains({v})"),
+        "[1, 2, 3].sortBy(x, -x)[0] == 3",
+        "[1, 2, 3].exists(x, x == 1)",
+        # "in" a literal of constants is a hash lookup there (no cost; a Semver cannot be
+        # hashed, a Quantity can); in any other list it costs the list's size.
+        f"dyn({C}.memory) in [1, 2]",
+        f"dyn({C}.memory) in ['a']",
+        "dyn(quantity('1')) in [dyn(1), dyn('a')]",
+        f"dyn({A}.cudaComputeCapability) in [1]",
+        f"dyn({A}.cudaComputeCapability) in [{A}.index]",
+        f"{A}.productName in ['a'.upperAscii(), 'NVIDIA H100 80GB HBM3']",
+        f"dyn({A}.numaNode) in dyn([0, 1])",
+        "lists.range(20).map(i, 'x').join('').size() == 20",
+        "lists.range(22).all(i, lists.range(i).map(j, 'x').join('').size() == i)",
+        "'" + "x" * 5000 + "'.contains('" + "x" * 5000 + "')",
+    ]
+
+
+def _string_cost_one_device() -> list[str]:
+    """Costly selectors that read no device: evaluated on one device only."""
+    grow = [
+        # (initial value, depth, step): around where the scheduler stops each.
+        ("'x'", 22, "{v} + {v}"),
+        ("'x'", 23, "{v} + {v}"),
+        ("'x'", 24, "{v} + {v}"),
+        ("'" + "x" * 76 + "'", 16, "{v} + {v}"),
+        ("'" + "x" * 77 + "'", 16, "{v} + {v}"),
+        ("b'" + "x" * 76 + "'", 16, "{v} + {v}"),
+        ("b'" + "x" * 77 + "'", 16, "{v} + {v}"),
+        ("'" + "é" * 76 + "'", 16, "{v} + {v}"),
+        ("'" + "é" * 77 + "'", 16, "{v} + {v}"),
+        ("'" + "x" * 38 + "'", 16, "[{v}, {v}].join('')"),
+        ("'" + "x" * 39 + "'", 16, "[{v}, {v}].join('')"),
+        ("'" + "x" * 38 + "'", 16, "[{v}, {v}].join()"),
+        ("'" + "x" * 39 + "'", 16, "{v}.split('').join('x')"),
+        ("'x' + 'x'", 20, "{v} + {v}"),
+        ("'" + "x" * 1220 + "'", 12, "{v}.replace('x', 'xx')"),
+        ("'" + "x" * 1221 + "'", 12, "{v}.replace('x', 'xx')"),
+        (_X10, 12, "'%s%s'.format([{v}, {v}])"),
+        (_X10, 12, "{v}.upperAscii() + {v}.lowerAscii()"),
+        (_X10, 12, "({v} + {v}).trim()"),
+        (_X10, 16, "{v} + {v}.substring(0, 1)"),
+    ]
+    s1000 = "'" + "x" * 1000 + "'"
+    return [_chain(init, depth, step) for init, depth, step in grow] + [
+        # Reading long strings: comparisons, searches and regular expressions.
+        _chain("'" + "x" * 9 + "'", 10, final="{v}.contains({v})"),
+        _chain("'" + "x" * 10 + "'", 10, final="{v}.contains({v})"),
+        _chain("'" + "x" * 3257 + "'", 10, final="{v}.matches('^x+$')"),
+        _chain("'" + "x" * 3258 + "'", 10, final="{v}.matches('^x+$')"),
+        _chain(_X10, 14, final="{v} == {v}"),
+        _chain(_X10, 14, final="{v} < {v} + 'x'"),
+        _chain(_X10, 16, final="{v} != ''"),
+        _chain(_X10, 12, final=_CONSUMERS),
+        _chain(_X10, 12, final="{v}.find('x+y')"),
+        _chain(_X10, 12, final="{v}.split('').size() > 0"),
+        _chain(_X10, 12, final="{v}.split('').join('-').size() > 0"),
+        # Short circuits: what is not evaluated is not charged.
+        _chain(_X10, 18, final="false && {v}.contains({v})"),
+        _chain(_X10, 18, final="true || {v}.contains({v})"),
+        _chain(_X10, 18, final="{v}.size() == 0 ? {v}.contains({v}) : true"),
+        _chain(_X10, 18, final="{v}.size() > 0 ? true : {v}.contains({v})"),
+        _chain(_X10, 18, final="{v}.contains({v}) || true"),
+        # Loops building strings.
+        "lists.range(2000).map(i, 'xxxxxxxxxx').join('').size() == 20000",
+        f"cel.bind(s, lists.range(100).map(i, {_X10}).join(''), lists.range(100).all(i, s.contains('xy') == false))",
+        f"cel.bind(s, lists.range(1000).map(i, {_X10}).join(''), lists.range(1000).all(i, s.contains('xy') == false))",
+        "lists.range(100000).exists(x, x == 3)",
+        # Each macro's iterations (its own steps, then the body's strings), to the limit.
+        *(
+            f"cel.bind(s, {s1000}, {loop.format(n=n)})"
+            for loop, last in [
+                ("lists.range({n}).map(i, s + s).size() > 0", 4651),
+                ("!lists.range({n}).exists(i, s + s == '')", 4830),
+                ("lists.range({n}).all(i, s + s != '')", 4854),
+                ("lists.range({n}).filter(i, (s + s).size() == 0).size() == 0", 4877),
+                ("!lists.range({n}).exists_one(i, s + s == '')", 4926),
+                ("lists.range({n}).map(i, i % 2 == 0, s + s).size() > 0", 9008),
+                ("lists.range({n}).transformList(i, v, s + s).size() > 0", 4651),
+                ("lists.range({n}).transformMap(i, v, s + s).size() > 0", 4854),
+            ]
+            for n in (last, last + 1)
+        ),
+        # Long literals read by products of sizes (contains, matches).
+        "'" + "x" * 10000 + "'.contains('" + "x" * 10000 + "')",
+        "'" + "x" * 10001 + "'.contains('" + "x" * 10001 + "')",
+        "'" + "x" * 4000 + "'.matches('" + "x" * 4000 + "')",
+        "'" + "x" * 6400 + "'.matches('" + "x" * 6400 + "')",
+        "'" + "x" * 20000 + "' == '" + "x" * 20000 + "'",
+    ]
+
+
+def _long_expressions() -> list[str]:
+    """Selectors past the API's 10,240 characters: the scheduler's CEL compiles them (that
+    limit is API validation); its parser stops at 100,000 code points."""
+
+    def padded(n: int, core: str = "true", pad: str = " ") -> str:
+        return core + pad * ((n - len(core)) // len(pad))
+
+    return [
+        padded(10_240),
+        padded(10_241),
+        padded(99_999),
+        padded(100_000),
+        padded(100_001),
+        padded(10_241, f"{A}.numaNode == 0"),
+        padded(10_241, "1 == 'a'"),
+        padded(10_241, "(", " "),
+        "true // " + "x" * 12_000,
+        "true // " + "x" * 99_992,
+        "true // " + "x" * 99_993,
+        "'" + "x" * 10_240 + "' != ''",
+        "'" + "é" * 99_992 + "' != ''",
+        "'" + "é" * 99_993 + "' != ''",
+        "'" + "\U0001f680" * 99_992 + "' != ''",
+        "'" + "\U0001f680" * 99_993 + "' != ''",
+        "'" + "x" * 12_000 + "'.size() == 12000",
+        # Chains of && and || are flat there (balanced): thousands of terms compile and run
+        # (2,600 terms took the engine past Python's recursion limit).
+        " && ".join(["true"] * 2_600) + " && false",
+        " || ".join(["false"] * 2_600) + f" || {A}.numaNode == 0",
+        " && ".join([f"{A}.numaNode >= -1"] * 250),
+        " && ".join([f"device.driver == '{DRIVER}'"] * 3_000),
+        "[" + ", ".join(["10000"] * 1_500) + "].exists(x, x == 1)",
+        "{" + ", ".join(f"{i}: {i}" for i in range(1_050)) + "}.size() == 1050",
+        " + ".join(["1"] * 2_600) + " > 0",
+    ]
+
+
+#: Loops at the cost limit's boundary, and other costly selectors that read no device:
+#: evaluated on one device only, being slow.
 COST_BOUNDARY = [
     "lists.range(1623).all(x, lists.range(100).all(y, y >= 0))",
     "lists.range(1624).all(x, lists.range(100).all(y, y >= 0))",
+    # Strings built with cel.bind, then a range that brings the total to the limit exactly
+    # (the first of each pair passes, the second stops).
+    *(
+        _chain(init, depth, step, final="{v}.size() > 0 && lists.range(" + str(m) + ").size() >= 0")
+        for init, depth, step, last in [
+            (_X10, 14, "{v} + {v}", 967190),
+            (_X10, 14, "[{v}, {v}].join('')", 934284),
+            (_X10, 10, "{v}.replace('x', 'xx')", 997928),
+            ("b'xxxxxxxxxx'", 14, "{v} + {v}", 967190),
+            (_X10, 12, "'%s%s'.format([{v}, {v}])", 999828),
+            ("device.driver", 14, "{v} + {v}", 963904),
+        ]
+        for m in (last, last + 1)
+    ),
+    *(
+        _chain(_X10, 12, final=f"{_CONSUMERS} && lists.range({m}).size() >= 0")
+        for m in (893416, 893417)
+    ),
+    *_string_cost_one_device(),
 ]
 
 SELECTORS: list[str] = list(
@@ -1668,6 +2078,10 @@ SELECTORS: list[str] = list(
         + _named_formats()
         + _messages()
         + _string_format()
+        + _whitespace()
+        + _root_scoped()
+        + _string_cost()
+        + _long_expressions()
     )
 )
 

@@ -118,9 +118,43 @@ PATTERNS = [
     "[^a-z]",
 ]
 
+#: Go's unicode.IsSpace (what trim() strips) and characters next to it that it does not strip
+#: (U+001C-U+001F are white space to Python's str.strip()).
+SPACES = "\t\n\v\f\r \u0085\u00a0\u1680\u2000\u2005\u200a\u2028\u2029\u202f\u205f\u3000"
+NOT_SPACES = "\x1c\x1d\x1e\x1f\x00\u180e\u200b\u2060\ufeff"
+#: Steps that build a longer string from the previous one (the runtime cost grows with it).
+GROWTH = [
+    "{v} + {v}",
+    "[{v}, {v}].join('')",
+    "[{v}, 'x', {v}].join('-')",
+    "{v} + {v}.substring(1)",
+    "{v}.upperAscii() + {v}.lowerAscii()",
+    "{v}.split('-').join('xx')",
+    "({v} + {v}).trim()",
+    "strings.quote({v}) + {v}",
+]
+#: What reads the last value of a chain.
+GROWTH_FINAL = [
+    "{v}.size() > {n}",
+    "{v}.contains('y')",
+    "{v}.contains({v}.substring({n}))",
+    "{v}.matches('^[^y]*$')",
+    "{v} == {v} + ''",
+    "{v} < {v}.substring(1)",
+    "{v}.startsWith({v}.substring({n}))",
+    "{v}.lowerAscii().indexOf('y') < 0",
+    "{v}.replace('x', '').size() >= 0",
+    "{v}.find('y+') == ''",
+    "{v}.trim() != ''",
+]
+
 Draw = Callable[..., object]
 
-texts = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=8)
+texts = st.one_of(
+    st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=8),
+    # White space by Go's definition and its neighbours, around other text.
+    st.text(alphabet=st.sampled_from([*SPACES, *NOT_SPACES, "x", "é"]), max_size=6),
+)
 ints = st.one_of(
     st.integers(-3, 10),
     st.sampled_from([INT64 - 1, -INT64, 2**31, 2**32, -(2**31)]),
@@ -187,16 +221,25 @@ def _literal(draw: Draw, kind: str) -> str:
     )
 
 
+def _root(draw: Draw, text: str) -> str:
+    # Sometimes the variable by its absolute name: ".device" (CEL's root scope).
+    return "." + text if draw(st.integers(0, 7)) == 0 else text
+
+
+def _attrs(draw: Draw) -> str:
+    return _root(draw, A)
+
+
 def _device_ref(draw: Draw, kind: str) -> str | None:
     name = draw(st.sampled_from(NAMES))
     if kind == "quantity":
-        return f"{C}.{draw(st.sampled_from(CAPACITIES))}"
+        return f"{_root(draw, C)}.{draw(st.sampled_from(CAPACITIES))}"
     if kind == "string" and draw(st.booleans()):
-        return "device.driver"
+        return _root(draw, "device.driver")
     if kind == "bool" and draw(st.integers(0, 3)) == 0:
-        return "device.allowMultipleAllocations"
+        return _root(draw, "device.allowMultipleAllocations")
     if kind in ("dyn", "int", "string", "bool", "semver"):
-        return f"{A}.{name}"
+        return f"{_attrs(draw)}.{name}"
     return None
 
 
@@ -251,18 +294,18 @@ def _semver_pred(draw: Draw, d: int) -> str:
 
 
 def _has(draw: Draw, d: int) -> str:
-    return f"has({A}.{draw(st.sampled_from(NAMES))})"
+    return f"has({_attrs(draw)}.{draw(st.sampled_from(NAMES))})"
 
 
 def _in(draw: Draw, d: int) -> str:
     if draw(st.booleans()):
-        return f"{_string_literal(draw(st.sampled_from(NAMES)))} in {A}"
+        return f"{_string_literal(draw(st.sampled_from(NAMES)))} in {_attrs(draw)}"
     return f"{expr(draw, 'int', d)} in {expr(draw, 'list', d)}"
 
 
 def _attribute_list(draw: Draw, d: int) -> str:
     # Attributes that may be lists (DRAListTypeAttributes) or scalars, used as lists.
-    attr = f"{A}.{draw(st.sampled_from(NAMES))}"
+    attr = f"{_attrs(draw)}.{draw(st.sampled_from(NAMES))}"
     value = expr(draw, draw(st.sampled_from(["int", "string", "bool", "semver", "dyn"])), d)
     choice = draw(st.integers(0, 4))
     if choice == 0:
@@ -278,9 +321,11 @@ def _attribute_list(draw: Draw, d: int) -> str:
 
 def _macro_bool(draw: Draw, d: int) -> str:
     fn = draw(st.sampled_from(["all", "exists", "exists_one"]))
+    # Rarely the loop variable with a leading dot: not in the root scope, a compile error.
+    x = ".x" if draw(st.integers(0, 15)) == 0 else "x"
     if draw(st.booleans()):
-        return f"{A}.{fn}(k, {A}[k] == {expr(draw, 'dyn', d)})"
-    return f"{expr(draw, 'list', d)}.{fn}(x, x == {expr(draw, 'int', d)})"
+        return f"{_attrs(draw)}.{fn}(k, {_attrs(draw)}[k] == {expr(draw, 'dyn', d)})"
+    return f"{expr(draw, 'list', d)}.{fn}(x, {x} == {expr(draw, 'int', d)})"
 
 
 def _optional(draw: Draw, d: int) -> str:
@@ -299,7 +344,7 @@ def _optional(draw: Draw, d: int) -> str:
 
 def _is_fn(draw: Draw, d: int) -> str:
     fn = draw(st.sampled_from(["isQuantity", "isSemver"]))
-    return f"{fn}({expr(draw, 'string', d)})"
+    return f"{_root(draw, fn)}({expr(draw, 'string', d)})"
 
 
 def _arith(kind: str) -> Callable[[Draw, int], str]:
@@ -313,7 +358,7 @@ def _arith(kind: str) -> Callable[[Draw, int], str]:
 def _int_fns(draw: Draw, d: int) -> str:
     choice = draw(st.integers(0, 7))
     if choice == 0:
-        return f"size({expr(draw, 'string', d)})"
+        return f"{_root(draw, 'size')}({expr(draw, 'string', d)})"
     if choice == 1:
         return f"{expr(draw, 'list', d)}.size()"
     if choice == 2:
@@ -330,8 +375,10 @@ def _int_fns(draw: Draw, d: int) -> str:
 
 
 def _string_fns(draw: Draw, d: int) -> str:
-    choice = draw(st.integers(0, 6))
+    choice = draw(st.integers(0, 7))
     s = expr(draw, "string", d)
+    if choice == 7:
+        return f"{s}.trim()"
     if choice == 0:
         return f"{s}.lowerAscii()"
     if choice == 1:
@@ -354,7 +401,7 @@ def _list_fns(draw: Draw, d: int) -> str:
     if choice == 1:
         return f"{expr(draw, 'list', d)}.map(x, x)"
     if choice == 2:
-        return f"lists.range({draw(st.integers(0, 5))})"
+        return f"{_root(draw, 'lists.range')}({draw(st.integers(0, 5))})"
     return f"{expr(draw, 'list', d)}.filter(x, x == {expr(draw, 'int', d)})"
 
 
@@ -453,6 +500,33 @@ def _message(draw: Draw, d: int) -> str:
     return f"google.protobuf.{name}{{{_MESSAGES[name]}: {value}}}"
 
 
+def _growth(draw: Draw, d: int) -> str:
+    """A string built step by step with cel.bind (each step about doubling it), then read:
+    the cost of each step grows with the string, and the scheduler stops at its limit."""
+    # Chance tests compare with a middle value: hypothesis draws the ends of a range more
+    # often. One in three of these selectors (some 1.5% of all) is built; of those, one in
+    # five long enough to reach the cost limit (a few million characters at most).
+    if draw(st.integers(0, 2)) != 1:
+        return _compare(draw, d)
+    long = draw(st.integers(0, 4)) == 2
+    depth = draw(st.integers(14, 22)) if long else draw(st.integers(1, 8))
+    choice = draw(st.integers(0, 2))
+    if choice == 0:
+        init = _string_literal("x" * draw(st.integers(0, 80)))
+    else:
+        # Typed string: the scheduler charges "+" by size only when it knows the overload
+        # while compiling (dyn + dyn costs 1, and a deep chain of those would not stop).
+        value = expr(draw, "string", d) if choice == 1 else _device_ref(draw, "string")
+        init = f"string({value or 'device.driver'})"
+    step = draw(st.sampled_from(GROWTH))
+    final = draw(st.sampled_from(GROWTH_FINAL)).replace("{n}", str(draw(st.integers(0, 3))))
+    names = [f"v{i}" for i in range(depth + 1)]
+    body = final.format(v=names[-1])
+    for i in range(depth, 0, -1):
+        body = f"cel.bind({names[i]}, {step.format(v=names[i - 1])}, {body})"
+    return f"cel.bind(v0, {init}, {body})"
+
+
 def _ternary(kind: str) -> Callable[[Draw, int], str]:
     return lambda draw, d: (
         f"({expr(draw, 'bool', d)} ? {expr(draw, kind, d)} : {expr(draw, kind, d)})"
@@ -483,6 +557,7 @@ _COMPOSITES: dict[str, list[Callable[[Draw, int], str]]] = {
         _time_compare,
         _network_pred,
         _format_pred,
+        _growth,
     ],
     "int": [_arith("int"), _int_fns, _int_fns, _ternary("int"), _time_int],
     "uint": [_arith("uint")],
@@ -518,10 +593,30 @@ _COMPOSITES: dict[str, list[Callable[[Draw, int], str]]] = {
 }
 
 
+#: Past the API's 10,240 characters (API validation, not the scheduler's CEL) and, rarely,
+#: past the parser's 100,000 code points.
+LONG = [10_241, 12_000, 99_990, 100_001]
+
+
+def _long(draw: Draw, selector: str) -> str:
+    size = draw(st.sampled_from(LONG)) - len(selector)
+    choice = draw(st.integers(0, 3))
+    if choice == 0:
+        return selector + " " * size
+    if choice == 1:
+        return f"{selector} // " + "x" * size
+    if choice == 2:
+        return f"'{'é' * size}' != '' && ({selector})"
+    return f"({selector})" + " && true" * (min(size, 12_000) // 8)
+
+
 @st.composite
 def selectors(draw: Draw) -> str:
-    """One selector, usually of type bool."""
-    return expr(draw, "bool", draw(st.integers(1, 4)))
+    """One selector, usually of type bool; a few in a thousand longer than the API allows."""
+    selector = expr(draw, "bool", draw(st.integers(1, 4)))
+    if draw(st.integers(0, 299)) == 150:
+        return _long(draw, selector)
+    return selector
 
 
 def _attribute(draw: Draw) -> dict[str, object]:
@@ -540,7 +635,9 @@ def _value(kind: str) -> st.SearchStrategy[object]:
     if kind == "bool":
         return st.booleans()
     if kind == "string":
-        return st.one_of(texts, st.sampled_from(["NVIDIA H100", "Hopper", "a\n", " x "]))
+        return st.one_of(
+            texts, st.sampled_from(["NVIDIA H100", "Hopper", "a\n", " x ", "\x1cx\u3000"])
+        )
     return st.sampled_from(VERSIONS)
 
 

@@ -17,7 +17,7 @@ from dra_driver.cel import CompileError, Verdict, compile_selector, evaluate
 from dra_driver.cel.errors import EvalError
 from dra_driver.cel.lib_format import FORMATS
 from dra_driver.cel.lib_net import parse_cidr, parse_ip
-from dra_driver.cel.lib_strings import format_string, go_quote
+from dra_driver.cel.lib_strings import GO_SPACES, format_string, go_quote, trim
 from dra_driver.cel.lib_time import civil, parse_duration, parse_timestamp
 from dra_driver.cel.lib_url import URLError, parse_url
 
@@ -261,3 +261,14 @@ def test_civil_fields_agree_with_datetime(seconds: int, offset: int) -> None:
     )
     assert fields.day_of_year == local.timetuple().tm_yday - 1
     assert fields.day_of_week == (local.weekday() + 1) % 7
+
+
+@pytest.mark.parametrize("char", list(GO_SPACES))
+def test_trim_strips_go_white_space(char: str) -> None:
+    assert trim(f"{char}x{char}") == "x"
+
+
+@pytest.mark.parametrize("char", ["\x1c", "\x1d", "\x1e", "\x1f", "\x00", "\u200b", "\ufeff"])
+def test_trim_keeps_what_go_does_not_call_white_space(char: str) -> None:
+    # U+001C-U+001F are white space to Python's str.strip(), not to Go's unicode.IsSpace.
+    assert trim(f" {char}x{char} ") == f"{char}x{char}"

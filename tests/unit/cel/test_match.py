@@ -159,6 +159,20 @@ def test_match_command_table(
     assert "memory = 42949672960 (40Gi)" in out
 
 
+def test_match_command_notes_selectors_past_the_api_length(
+    tmp_path: Path, slices_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Past the API's 10,240 characters the verdict is still the scheduler's (its CEL compiles
+    # the selector); the table notes that the API server would refuse it.
+    long = f'{A}.architecture == "Hopper"' + " " * 10_240
+    klass = tmp_path / "class.yaml"
+    klass.write_text(yaml.safe_dump(device_class("long", long)))
+    assert run(MATCH, "--class", str(klass), "--slices", str(slices_file)) == 0
+    out = capsys.readouterr().out
+    assert "class long: 8 of 16 device(s) match" in out
+    assert f"has {len(long):,} characters, more than the API allows (10,240)" in out
+
+
 def test_match_command_json_and_exit_status(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
