@@ -46,7 +46,7 @@ from dra_driver.kubeletplugin.plugin import Plugin, PluginConfig
 from dra_driver.resourceslice.controller import SliceController
 from dra_driver.resourceslice.publisher import Publisher, register_publisher
 from dra_driver.settings import Settings
-from dra_driver.startup import check_settings, reach_api_server, state_dir, sweep_temp_files_of
+from dra_driver.startup import check_settings, reach_api_server, state_dir
 from dra_driver.supervise import Heartbeats, supervise
 
 log = structlog.get_logger(__name__)
@@ -445,7 +445,6 @@ async def run_agent(settings: Settings) -> int:
             driver_root=settings.driver_root,
         )
         inventory = await discover_async(discovery)
-        await asyncio.to_thread(sweep_temp_files_of, settings)
         mig = await asyncio.to_thread(build_mig, settings, inventory)
         # The MIG backend keeps the whole inventory; the catalogue only the chosen profiles.
         inventory = published_inventory(inventory, settings.dynamic_mig, settings.mig_profiles)

@@ -15,8 +15,6 @@ from urllib.parse import quote
 import aiohttp
 import structlog
 
-from dra_driver.cdi.writer import spec_file_name, sweep_temp_files
-from dra_driver.gpu.container.claim_spec import CDI_CLASS, CDI_VENDOR
 from dra_driver.gpu.publish.overhead import OverheadError, parse_overhead
 from dra_driver.gpu.publish.profiles import ProfileListError, parse_profiles
 from dra_driver.gpu.sharing.shared_gpus import SelectionError, parse_selection
@@ -30,9 +28,6 @@ log = structlog.get_logger(__name__)
 #: How long a starting agent keeps trying to reach the API server before it gives up.
 API_WAIT = 60.0
 API_REQUEST_TIMEOUT = 10.0
-
-#: What the names of the driver's CDI specs start with (the claim UID follows).
-CDI_SPEC_PREFIX = spec_file_name(CDI_VENDOR, CDI_CLASS, "").removesuffix(".json")
 
 
 class ApiUnreachableError(KubeConfigError):
@@ -109,9 +104,3 @@ async def reach_api_server(client: KubeClient, node: str, wait: float = API_WAIT
         log.warning("this node has no Node object", node=node)
     elif response.status != 200:
         log.warning("cannot read this node's Node object", node=node, status=response.status)
-
-
-def sweep_temp_files_of(settings: Settings) -> None:
-    """Remove temp files that a crash or a failed write left in the driver's directories."""
-    sweep_temp_files(settings.cdi_root, prefix=CDI_SPEC_PREFIX)
-    sweep_temp_files(state_dir(settings))

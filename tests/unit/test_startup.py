@@ -19,8 +19,7 @@ from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
 from dra_driver.gpu.mig.factory import make_mig_backend
 from dra_driver.kube import KubeClient
 from dra_driver.kubeconfig import Connection
-from dra_driver.settings import Settings
-from dra_driver.startup import ApiUnreachableError, reach_api_server, sweep_temp_files_of
+from dra_driver.startup import ApiUnreachableError, reach_api_server
 from tests.unit.kubeserver import plain_client, serve
 
 DRIVER = "gpu.dra.dev"
@@ -178,20 +177,3 @@ async def _start_and_stop(base: Path, kubeconfig: Path, until: bytes) -> tuple[i
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-
-
-def test_sweep_at_start_removes_our_temp_files_only(tmp_path: Path) -> None:
-    settings = Settings(node_name="n", cdi_root=tmp_path / "cdi", plugins_dir=tmp_path / "plugins")
-    state = tmp_path / "plugins" / DRIVER
-    state.mkdir(parents=True)
-    (tmp_path / "cdi").mkdir()
-    left = [
-        tmp_path / "cdi" / ".k8s.gpu.dra.dev-claim_d502e626-1aad.json.tyx394v0.tmp",
-        state / ".checkpoint.json.ab12cd34.tmp",
-    ]
-    kept = [tmp_path / "cdi" / ".other.vendor-x_1.json.tmp", tmp_path / "cdi" / "k8s.gpu.dra.dev-claim_u.json"]
-    for path in left + kept:
-        path.write_text("{")
-    sweep_temp_files_of(settings)
-    assert [p.exists() for p in left] == [False, False]
-    assert [p.exists() for p in kept] == [True, True]

@@ -23,7 +23,7 @@ import structlog
 
 from dra_driver import faults
 from dra_driver.cdi.spec import NO_EDITS, ContainerEdits
-from dra_driver.cdi.writer import remove, spec_file_name, write_atomic
+from dra_driver.cdi.writer import remove, spec_file_name, sweep_temp_files, write_atomic
 from dra_driver.errors import PrepareError
 from dra_driver.gpu.container import devnodes
 from dra_driver.gpu.container.claim_spec import (
@@ -119,6 +119,9 @@ class DeviceState:
         self._file = checkpoint.CheckpointFile(state_dir / CHECKPOINT_FILE, boot_id)
         state_dir.mkdir(parents=True, exist_ok=True)
         with hold_file_lock(state_dir / LOCK_FILE_NAME):
+            # Under the node lock: a second agent's write in flight is never swept.
+            sweep_temp_files(cdi_root, prefix=SPEC_PREFIX)
+            sweep_temp_files(state_dir)
             start = recovery.start(
                 self._file,
                 evidence.with_specs(read_specs(cdi_root, SPEC_PREFIX)),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,8 @@ from dra_driver.gpu.state import checkpoint
 from dra_driver.gpu.state.checkpoint import ClaimState
 from dra_driver.gpu.state.device_state import ClaimError, DeviceState
 from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare, PreparedDevice
+from dra_driver.kubeletplugin.lock import hold_file_lock
+from dra_driver.kubeletplugin.sockets import LOCK_FILE_NAME
 from tests.unit.cdi_schema import schema_errors
 
 NODE = "node-1"
@@ -239,3 +242,27 @@ def test_another_agent_sees_the_journal(tmp_path: Path) -> None:
     assert isinstance(second.prepare([_claim("c", "gpu-3")])["c"], list)
     assert first.unprepare([ClaimRef("ns", "claim-a", "a")]) == {"a": None}
     assert sorted(_state(tmp_path).prepared_claims()) == ["c"]
+
+
+def test_start_up_sweeps_our_temp_files_only_under_the_node_lock(tmp_path: Path) -> None:
+    state_dir = tmp_path / "plugin"
+    state_dir.mkdir()
+    (tmp_path / "cdi").mkdir()
+    left = [
+        tmp_path / "cdi" / ".k8s.gpu.dra.dev-claim_d502e626-1aad.json.tyx394v0.tmp",
+        state_dir / ".checkpoint.json.ab12cd34.tmp",
+    ]
+    kept = [tmp_path / "cdi" / ".other.vendor-x_1.json.tmp", tmp_path / "cdi" / "other.vendor-x_1.json"]
+    for path in left + kept:
+        path.write_text("{")
+    # While another agent of the node holds the lock (it may be writing), nothing is swept.
+    started = threading.Event()
+    with hold_file_lock(state_dir / LOCK_FILE_NAME):
+        starting = threading.Thread(target=lambda: (started.set(), _state(tmp_path)))
+        starting.start()
+        started.wait()
+        starting.join(timeout=0.3)
+        assert starting.is_alive() and [p.exists() for p in left] == [True, True]
+    starting.join()
+    assert [p.exists() for p in left] == [False, False]
+    assert [p.exists() for p in kept] == [True, True]
