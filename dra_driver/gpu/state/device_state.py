@@ -243,6 +243,8 @@ class DeviceState:
             others = [(u, d) for u, r in self._data.claims.items() for d in r.devices]
             for claim in claims:
                 uid = claim.ref.uid
+                if uid in out or any(plan.ref.uid == uid for plan in plans):
+                    continue  # the same claim twice in a batch: its first entry decides
                 if not valid_uid(uid):
                     out[uid] = ClaimError(f"claim {claim.ref}: invalid claim UID {uid!r}")
                     continue

@@ -301,3 +301,20 @@ async def test_dropped_counters_fall_back_to_static_devices(tmp_path: Path) -> N
     assert [d["name"] for d in devices] == ["gpu-0"]
     assert not any(s.shared_counters for s in static.slices)
     assert not await publishing.on_dropped(frozenset({"DRAPartitionableDevices"}))  # once
+
+
+def test_a_claim_twice_in_one_batch_is_prepared_once(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    # Creating its MIG device fails, which undoes the claim's first entry of the batch.
+    mig_file = tmp_path / "plugin" / SIMULATED_STATE_FILE
+    sim = json.loads(mig_file.read_text())
+    for gpu in sim["gpus"].values():
+        gpu["failCreate"] = "GPU in a bad state"
+    mig_file.write_text(json.dumps(sim))
+    a = "0a0a0a0a-0000-4000-8000-00000000000a"
+    b = "0b0b0b0b-0000-4000-8000-00000000000b"
+    out = state.prepare([_claim(a, MIG_3G), _claim(a, MIG_3G), _claim(b, "gpu-0")])
+    assert sorted(out) == [a, b]
+    assert isinstance(out[a], ClaimError) and "bad state" in str(out[a])
+    assert isinstance(out[b], ClaimError)  # the GPU cannot leave MIG mode for it either
+    assert state.prepared_claims() == {}
