@@ -249,7 +249,13 @@ class DeviceState:
                     out[uid] = ClaimError(f"claim {claim.ref}: invalid claim UID {uid!r}")
                     continue
                 done = self._data.claims.get(uid)
-                if done is not None and done.state is ClaimState.PREPARE_COMPLETED:
+                # Without its spec (an unprepare cut short after removing it), the claim is
+                # prepared again: its devices exist, and "prepared" must mean usable.
+                if (
+                    done is not None
+                    and done.state is ClaimState.PREPARE_COMPLETED
+                    and self.spec_path(uid).exists()
+                ):
                     out[uid] = prepared_devices(done)
                     continue
                 try:

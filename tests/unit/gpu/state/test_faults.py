@@ -337,3 +337,32 @@ def test_unprepare_after_dynamic_mig_was_turned_off_keeps_the_device(tmp_path: P
     assert static.unprepare([_ref("a")]) == {"a": None}
     assert static.prepared_claims() == {} and not static.spec_path("a").exists()
     assert len(_instances(tmp_path)) == 1  # nothing can destroy it without dynamic MIG
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_claim_whose_unprepare_was_cut_short_is_prepared_again_with_its_spec(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dynamic: bool
+) -> None:
+    # The agent dies after removing the claim's CDI spec, before recording it gone: the
+    # record still says PrepareCompleted. A new pod of the claim makes the kubelet prepare it
+    # again; answering "prepared" from the record alone would hand it a CDI device that no
+    # longer exists.
+    uid, device = ("a", "gpu-2") if not dynamic else ("0a0a0a0a-0000-4000-8000-00000000000a", MIG_3G)
+    state = _state(tmp_path) if dynamic else _static(tmp_path)
+    first = state.prepare([_claim(uid, device)])[uid]
+    assert isinstance(first, list)
+
+    def die(name: str) -> None:
+        if name == "unprepare.cdi-removed":
+            raise SystemExit("killed")
+
+    monkeypatch.setattr(faults, "point", die)
+    with pytest.raises(SystemExit):
+        state.unprepare([_ref(uid)])
+    monkeypatch.setattr(faults, "point", lambda name: None)
+    restarted = _state(tmp_path, API_DOWN) if dynamic else _static(tmp_path)
+    again = restarted.prepare([_claim(uid, device)])[uid]
+    assert isinstance(again, list) and again == first
+    assert restarted.spec_path(uid).exists()
+    if dynamic:
+        assert len(_instances(tmp_path)) == 1
