@@ -15,6 +15,7 @@ from typing import Any
 from dra_driver.resourceslice.backoff import Backoff, pause
 from dra_driver.resourceslice.rawapi import CONNECTION_ERRORS, ApiError
 from dra_driver.resourceslice.reporting import ApiErrorReporter, describe
+from dra_driver.resourceslice.store import is_older
 
 JSON = dict[str, Any]
 
@@ -59,12 +60,31 @@ class Reflector:
         self._backoff_cap = backoff_cap
         self._watch_timeout = watch_timeout
         self._reached = reached or asyncio.Event()
+        #: resourceVersion of the last event handed over ("" before the first).
+        self._handed_over = ""
 
     async def relist(self) -> str:
-        """List, hand the objects over, and return the version to watch from."""
+        """List, hand the objects over, and return the version to watch from.
+
+        For another task that wants a fresh view while the watch runs: the list's answer
+        can arrive after the watch already handed over newer events (another connection),
+        and such a listing is not handed over, as it would undo them (a slice deleted since
+        would come back, and nothing would tell the consumer it is gone).
+        """
+        return await self._relist(behind_watch_ok=False)
+
+    async def _relist(self, *, behind_watch_ok: bool) -> str:
         listing = await self._list()
+        version = str((listing.get("metadata") or {}).get("resourceVersion", ""))
+        if not behind_watch_ok and is_older(version, self._handed_over):
+            self._log.debug(
+                f"listed {self._resource} behind the watch, keeping the watched view",
+                rv=version,
+                watched=self._handed_over,
+            )
+            return version
         self._on_listed(list(listing.get("items") or []))
-        return str((listing.get("metadata") or {}).get("resourceVersion", ""))
+        return version
 
     async def run(self) -> None:
         """List and watch until cancelled."""
@@ -73,7 +93,8 @@ class Reflector:
         while True:
             try:
                 if version is None:
-                    version = await self.relist()
+                    # No watch runs now: the listing is the newest view there is.
+                    version = await self._relist(behind_watch_ok=True)
                     self._log.debug(f"listed {self._resource}", rv=version)
                 version = await self._follow(version)
                 backoff.reset()
@@ -121,6 +142,7 @@ class Reflector:
             version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
             if kind != "BOOKMARK":
                 self._on_event(kind, obj)
+                self._handed_over = version
         if events == 0 and asyncio.get_running_loop().time() - started < 1.0:
             # A watch that ends at once without a word is a proxy or server misbehaving; going
             # straight back would spin, so treat it like a lost connection.

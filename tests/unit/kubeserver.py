@@ -90,6 +90,10 @@ class FakeApiServer:
     url: str = ""
     routes: dict[tuple[str, str], Handler] = field(default_factory=dict)
     seen: list[dict[str, Any]] = field(default_factory=list)
+    #: Answers every request no route matches (None: 404), e.g. a whole in-memory API.
+    fallback: Handler | None = None
+    #: Whether requests are recorded in :attr:`seen` (a long churn run would hoard them).
+    record: bool = True
 
     def json(self, method: str, path: str, status: int, body: Any, **headers: str) -> None:
         """Answer ``method path`` with a JSON body."""
@@ -100,6 +104,10 @@ class FakeApiServer:
         self.routes[(method, path)] = handler
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+        handler = self.routes.get((request.method, request.path)) or self.fallback
+        if not self.record and handler is not None:
+            result: web.StreamResponse = await handler(request)
+            return result
         body = await request.read()
         transport = request.transport
         self.seen.append(
@@ -112,13 +120,12 @@ class FakeApiServer:
                 "peercert": transport.get_extra_info("peercert") if transport else None,
             }
         )
-        handler = self.routes.get((request.method, request.path))
         if handler is None:
             return web.json_response(
                 {"kind": "Status", "reason": "NotFound", "message": f"{request.path} not found"},
                 status=404,
             )
-        result: web.StreamResponse = await handler(request)
+        result = await handler(request)
         return result
 
 
