@@ -10,7 +10,6 @@ replace earlier ones that have not been written yet.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import json
 import random
 from collections.abc import Mapping, Sequence
@@ -20,12 +19,11 @@ import structlog
 
 from dra_driver import resourceapi
 from dra_driver.events import post_event
-from dra_driver.kube import KubeClient
+from dra_driver.kube import KubeClient, server_side_apply
 from dra_driver.kubeletplugin.interfaces import ClaimRef
 
 log = structlog.get_logger(__name__)
 
-APPLY_PATCH = "application/apply-patch+yaml"
 MAX_ATTEMPTS = 6
 WRITE_DELAY = 0.5
 
@@ -161,18 +159,13 @@ class ClaimReporter:
         for attempt in range(MAX_ATTEMPTS):
             if ref.uid in self._pending:
                 return  # superseded while we were backing off
-            now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            body = status_body(ref, self._driver, self._pool, devices, now)
+            body = status_body(ref, self._driver, self._pool, devices, resourceapi.api_time())
             path = resourceapi.path(
                 resourceapi.RESOURCE_CLAIMS, ref.name, namespace=ref.namespace, subresource="status"
             )
             try:
-                response = await self._client.request(
-                    "PATCH",
-                    path,
-                    query=[("fieldManager", self._driver), ("force", "true")],
-                    body=body,
-                    content_type=APPLY_PATCH,
+                response = await server_side_apply(
+                    self._client, path, body, field_manager=self._driver
                 )
                 status = response.status
                 text = response.body.decode("utf-8", "replace")

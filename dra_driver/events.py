@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 import uuid
 from urllib.parse import quote
 
@@ -27,7 +26,7 @@ async def post_event(
     component: str = "dra-driver",
 ) -> bool:
     """Create a core/v1 Event about an object; failures are logged, never raised."""
-    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = resourceapi.api_time()
     event_ns = namespace or "default"  # events about cluster-scoped objects live in default
     body = {
         "apiVersion": "v1",

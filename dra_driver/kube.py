@@ -108,6 +108,32 @@ def _encode(body: Any) -> bytes | None:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
+#: The content type of a server-side apply patch.
+APPLY_PATCH = "application/apply-patch+yaml"
+
+
+async def server_side_apply(
+    client: Any,
+    path: str,
+    body: Any,
+    *,
+    field_manager: str,
+    timeout: float = 30.0,  # noqa: ASYNC109
+) -> Response:
+    """Apply ``body`` at ``path`` as ``field_manager``, taking over conflicting fields (the
+    driver owns what it writes there). ``client`` is a :class:`KubeClient` or anything with
+    its ``request``."""
+    response: Response = await client.request(
+        "PATCH",
+        path,
+        query=[("fieldManager", field_manager), ("force", "true")],
+        body=body,
+        content_type=APPLY_PATCH,
+        timeout=timeout,
+    )
+    return response
+
+
 class KubeClient:
     """Async client for one API server; create with :meth:`create`, close with :meth:`close`."""
 

@@ -7,6 +7,7 @@ next API version is a change in one place.
 
 from __future__ import annotations
 
+import datetime
 from urllib.parse import quote
 
 GROUP = "resource.k8s.io"
@@ -40,3 +41,8 @@ def path(resource: str, name: str = "", *, namespace: str = "", subresource: str
         if subresource:
             parts.append(subresource)
     return "/".join(parts)
+
+
+def api_time() -> str:
+    """Now as the API server writes a ``metav1.Time``: RFC 3339 in UTC, whole seconds."""
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -21,7 +21,6 @@ are pure functions of a claim; the watcher is the thin loop around them.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import functools
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
@@ -30,6 +29,7 @@ import aiohttp
 import structlog
 
 from dra_driver import resourceapi
+from dra_driver.kube import server_side_apply
 from dra_driver.kubeletplugin.claims import claim_to_prepare
 from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare
 from dra_driver.resourceslice.rawapi import CONNECTION_ERRORS, ApiError, RawApi
@@ -38,7 +38,6 @@ from dra_driver.resourceslice.reporting import ApiErrorReporter, describe
 
 JSON = dict[str, Any]
 CLAIMS_PATH = resourceapi.path(resourceapi.RESOURCE_CLAIMS)
-APPLY_PATCH = "application/apply-patch+yaml"
 #: Seconds before a claim is tried again after the API server failed; doubles up to the cap.
 #: The scheduler gives up on a claim after 10 minutes, which ends the retries with it.
 RETRY_DELAY = 1.0
@@ -319,8 +318,9 @@ class BindingWatcher:
         """Set the failure conditions of the waiting devices, so the scheduler deallocates
         the claim and tries again; or return how the API server failed."""
         ref = _ref(claim)
-        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = failure_status(claim, self._driver_name, self._pool, waiting, message, now)
+        body = failure_status(
+            claim, self._driver_name, self._pool, waiting, message, resourceapi.api_time()
+        )
         if body is None:
             self._log.error(
                 "no binding failure conditions to set: the scheduler waits for its timeout",
@@ -331,13 +331,8 @@ class BindingWatcher:
             resourceapi.RESOURCE_CLAIMS, ref.name, namespace=ref.namespace, subresource="status"
         )
         try:
-            response = await self._client.request(
-                "PATCH",
-                path,
-                query=[("fieldManager", self._driver_name), ("force", "true")],
-                body=body,
-                content_type=APPLY_PATCH,
-                timeout=WRITE_TIMEOUT,
+            response = await server_side_apply(
+                self._client, path, body, field_manager=self._driver_name, timeout=WRITE_TIMEOUT
             )
         except CONNECTION_ERRORS as exc:
             return f"setting the binding failure conditions: {describe(exc)}"

@@ -34,6 +34,7 @@ from typing import Any
 from aiohttp import web
 
 from dra_driver import resourceapi
+from dra_driver.kube import APPLY_PATCH
 from tests.unit.kubeserver import FakeApiServer, serve
 
 JSON = dict[str, Any]
@@ -43,7 +44,6 @@ SLICES = resourceapi.RESOURCE_SLICES
 CLAIMS = resourceapi.RESOURCE_CLAIMS
 NODES = "nodes"
 KINDS = {SLICES: "ResourceSlice", CLAIMS: "ResourceClaim", NODES: "Node"}
-APPLY_PATCH = "application/apply-patch+yaml"
 
 
 @dataclass

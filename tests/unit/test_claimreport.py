@@ -28,8 +28,9 @@ def test_empty_list_clears() -> None:
 async def test_reporter_applies_status_and_posts_events() -> None:
     import asyncio
 
-    from dra_driver.claimreport import APPLY_PATCH, ClaimReporter
+    from dra_driver.claimreport import ClaimReporter
     from dra_driver.events import post_event
+    from dra_driver.kube import APPLY_PATCH
     from tests.unit.kubeserver import plain_client, serve
 
     path = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c/status"

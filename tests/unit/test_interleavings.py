@@ -54,9 +54,9 @@ from grpc_health.v1 import health_pb2
 from dra_driver import resourceapi
 from dra_driver._proto.dra.v1 import api_pb2 as v1_pb2
 from dra_driver._proto.dra.v1 import api_pb2_grpc as v1_grpc
-from dra_driver.kube import KubeClient
+from dra_driver.kube import APPLY_PATCH, KubeClient
 from dra_driver.kubeletplugin import ClaimRef, KubeClaimFetcher, Plugin
-from dra_driver.kubeletplugin.binding import APPLY_PATCH, BindingWatcher
+from dra_driver.kubeletplugin.binding import BindingWatcher
 from dra_driver.kubeletplugin.interfaces import ClaimToPrepare
 from dra_driver.kubeletplugin.liveness import LivenessServicer
 from dra_driver.resourceslice.controller import SliceController

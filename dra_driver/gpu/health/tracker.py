@@ -9,7 +9,6 @@ over.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ import structlog
 from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.publish.devices import devices_for_gpu
 from dra_driver.kubeletplugin.interfaces import DeviceHealth, HealthStatus
+from dra_driver.resourceapi import api_time
 
 log = structlog.get_logger(__name__)
 
@@ -56,10 +56,6 @@ class _Condition:
 def parse_xids(text: str) -> frozenset[int]:
     """``"13,31,43"`` -> {13, 31, 43}."""
     return frozenset(int(x) for x in text.split(",") if x.strip())
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class HealthTracker:
@@ -105,7 +101,7 @@ class HealthTracker:
         for name in names:
             old = self._conditions.get(name)
             new = _Condition(
-                event.problem, event.xid, _now(), event.uuid, now, event.message, event.hold
+                event.problem, event.xid, api_time(), event.uuid, now, event.message, event.hold
             )
             if old is not None and (old.problem, old.xid) == (event.problem, event.xid):
                 new = dataclasses.replace(new, since=old.since)
