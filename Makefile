@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test unit e2e e2e-core test-versions lint demo proto clean fuzz-cel hw-check
+.PHONY: install test unit e2e e2e-core test-versions lint demo proto clean fuzz-cel fuzz-state fuzz-async hw-check
 .DEFAULT_GOAL := help
 
 help:
@@ -23,6 +23,9 @@ help:
 	@echo "make node-up   control plane + one real node (kubelet, containerd, runc) + the chart; root"
 	@echo "make e2e-node  end-to-end tests on that node;  make node-down  remove it all"
 	@echo "make fuzz-cel  random selectors against the scheduler's CEL, until interrupted"
+	@echo "make fuzz-state  the node's claim state against its model with fresh seeds;"
+	@echo "make fuzz-async  the async loops under perturbed scheduling with fresh seeds;"
+	@echo "               both for FUZZ_SECONDS=N seconds (until interrupted when unset)"
 	@echo "make bench     benchmarks (about an hour); results in docs/performance.md"
 	@echo "make hw-check  pre-flight of this node's NVIDIA driver and GPUs (skipped without one);"
 	@echo "               HW_CHECK_ARGS=\"--carve --mps\" also makes a MIG device and an MPS daemon"
@@ -77,6 +80,13 @@ test-versions: install
 # The generated half of tests/unit/cel/test_differential.py with a fresh seed and no bound.
 fuzz-cel: install celref
 	CEL_FUZZ=1 DRA_CELREF_BIN=$(CELREF_BIN) $(BIN)/pytest -m "not e2e" -x -q -p no:cacheprovider tests/unit/cel/test_differential.py -k generated
+
+# Fresh seeds for the stateful and interleaving suites (bounded runs are part of make test).
+fuzz-state: install
+	$(BIN)/python -m tests.fuzz_state --seconds $(or $(FUZZ_SECONDS),0)
+
+fuzz-async: install
+	$(BIN)/python -m tests.fuzz_async --seconds $(or $(FUZZ_SECONDS),0)
 
 demo: install testenv
 	$(TESTENV_ENV) $(BIN)/dra-driver demo
