@@ -482,7 +482,8 @@ class NodeModel(RuleBasedStateMachine):
             self.fs.dead = False
         except OSError as exc:
             # A start-up that cannot record what it found exits (and is restarted).
-            assert self.fs.injected and "cannot write" in str(exc), exc
+            assert self.fs.injected, exc
+            assert "cannot write" in str(exc) or "cannot sync directory" in str(exc), exc
         finally:
             self.fs.clear()
             self.crash.clear()
