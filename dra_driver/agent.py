@@ -29,6 +29,7 @@ from dra_driver.gpu.health.tracker import HealthEvent, HealthTracker, parse_xids
 from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.mig.backend import MigBackend
 from dra_driver.gpu.mig.factory import make_mig_backend
+from dra_driver.gpu.nvidia_config import config_apis
 from dra_driver.gpu.publish.overhead import parse_overhead
 from dra_driver.gpu.publish.profiles import published_inventory
 from dra_driver.gpu.publish.publisher import CONSUMABLE, NodePublishing
@@ -118,6 +119,7 @@ def build_state(
     return DeviceState(
         inventory=inventory,
         driver_name=settings.driver_name,
+        config_apis=config_apis(settings.compat),
         node_name=settings.node_name,
         cdi_root=settings.cdi_root,
         state_dir=state_dir(settings),

@@ -99,6 +99,7 @@ def _cleanup(settings: Settings, _: argparse.Namespace) -> int:
 
 _AGENT = (
     *_DISCOVERY,
+    "compat",
     "driver_name",
     "kubeconfig",
     "cdi_root",
@@ -214,6 +215,7 @@ COMMANDS: dict[str, Command] = {
         "print the ResourceSlices the driver would publish for this node",
         (
             *_DISCOVERY,
+            "compat",
             "driver_name",
             "dynamic_mig",
             "mig_profiles",
@@ -230,7 +232,7 @@ COMMANDS: dict[str, Command] = {
     ),
     "cleanup": Command(
         "delete one node's ResourceSlices of this driver (after an uninstall)",
-        ("node_name", "driver_name", "kubeconfig", "context", *_LOGGING),
+        ("node_name", "compat", "driver_name", "kubeconfig", "context", *_LOGGING),
         _cleanup,
     ),
     "match": MATCH,

@@ -13,11 +13,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from dra_driver.errors import DriverError
 
 ENV_PREFIX = "DRA_"
+#: The NVIDIA DRA driver's name, which ``--compat nvidia`` publishes as.
+NVIDIA_DRIVER_NAME = "gpu.nvidia.com"
 
 
 class SettingsError(DriverError):
@@ -34,6 +36,11 @@ class Settings(BaseModel):
         pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
         max_length=63,
         description="DRA driver name (a DNS subdomain); also the attribute domain",
+    )
+    compat: Literal["", "nvidia"] = Field(
+        "",
+        description="nvidia: a drop-in for the NVIDIA DRA driver: publish as gpu.nvidia.com "
+        "and accept its opaque configs (resource.nvidia.com/v1beta1) besides this driver's",
     )
     node_name: str = Field(
         "",
@@ -150,6 +157,26 @@ class Settings(BaseModel):
         "is untainted, with an Event on the Node (0: never, taints stay until a restart)",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _compat_driver_name(cls, values: Any) -> Any:
+        """``--compat nvidia`` names the driver as the NVIDIA driver does, unless told
+        otherwise (the default name counts as not told)."""
+        if isinstance(values, dict) and values.get("compat") == "nvidia":
+            default = cls.model_fields["driver_name"].default
+            if values.get("driver_name", default) == default:
+                values = {**values, "driver_name": NVIDIA_DRIVER_NAME}
+        return values
+
+    @model_validator(mode="after")
+    def _compat_keeps_its_name(self) -> Settings:
+        if self.compat == "nvidia" and self.driver_name != NVIDIA_DRIVER_NAME:
+            raise ValueError(
+                f"--compat nvidia publishes as {NVIDIA_DRIVER_NAME}, the name the NVIDIA "
+                f"driver's classes and configs use; drop --driver-name {self.driver_name}"
+            )
+        return self
+
 
 def env_name(field: str) -> str:
     """The environment variable behind a settings field."""
@@ -229,6 +256,7 @@ def from_namespace(
         return Settings.model_validate(values)
     except ValidationError as exc:
         err = exc.errors()[0]
-        field = str(err["loc"][0])
+        # A rule across fields (--compat with --driver-name) has no location of its own.
+        field = str(err["loc"][0]) if err["loc"] else "compat"
         source = origin.get(field, flag_name(field))
         raise SettingsError(f"{source}: {err['msg']} (got {values.get(field)!r})") from None

@@ -8,9 +8,9 @@ of silently running a pod without the sharing it asked for.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -22,6 +22,15 @@ API_GROUP_VERSION = "gpu.dra.dev/v1alpha1"
 # MPS takes limits in whole MiB; no GPU has anywhere near 4 TiB, so more is a typo.
 MIN_LIMIT = 2**20
 MAX_LIMIT = 4 * 2**40
+#: The pinned-memory limits as the admission policy reads them (the JSON schema's
+#: ``x-dra-quantity`` of every limit field, see :data:`QUANTITY_KEY`): the bounds in bytes, and
+#: the words of the messages, the same as :func:`_memory_limit`'s.
+MEMORY_LIMIT: dict[str, Any] = {
+    "minimum": MIN_LIMIT,
+    "maximum": MAX_LIMIT,
+    "range": "1Mi to 4Ti",
+    "example": "a memory quantity such as 10Gi or 512Mi",
+}
 # The API server caps opaque parameters at 10 KiB of JSON; a config this driver understands is
 # four levels deep. Checked before parsing, so a hostile object cannot exhaust the stack.
 MAX_DEPTH = 16
@@ -42,22 +51,67 @@ def memory_bytes(text: str) -> int:
     try:
         return parse_quantity(text).value()
     except QuantityError as exc:
-        raise ValueError(
-            f"{quote(text)} is not a memory quantity such as 10Gi or 512Mi: {exc.reason}"
-        ) from None
+        raise ValueError(f"{quote(text)} is not {MEMORY_LIMIT['example']}: {exc.reason}") from None
 
 
 def _memory_limit(text: str) -> str:
     """Check a pinned-memory limit: a quantity between 1Mi and 4Ti."""
     value = memory_bytes(text)
     if not MIN_LIMIT <= value <= MAX_LIMIT:
-        raise ValueError(f"{quote(text)} is outside the allowed range 1Mi to 4Ti")
+        raise ValueError(f"{quote(text)} is outside the allowed range {MEMORY_LIMIT['range']}")
     return text
+
+
+#: JSON schema keys the admission policy's generator (hack/gen_admission_policy.py) reads
+#: besides the standard ones: a string field (or the strings of a map field) that must be a
+#: quantity within bounds, and a model's :class:`Rule` list.
+QUANTITY_KEY = "x-dra-quantity"
+RULES_KEY = "x-dra-rules"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A rule across a model's fields, stated once for both checkers.
+
+    ``cel`` is a CEL condition over ``self``, the object as the user wrote it (a map with the
+    JSON field names, whose fields may be missing, null or of any type), true when the object
+    is valid; ``holds`` is the same condition in Python over the same map; ``message`` is the
+    error of both. The agent's validator calls ``holds`` (on ``model_dump(by_alias=True)``),
+    the admission policy generated from the models evaluates ``cel``, and
+    tests/unit/test_admission_policy.py checks on a table that the two agree.
+    """
+
+    cel: str
+    message: str
+    holds: Callable[[Mapping[str, Any]], bool]
+
+
+def _rules_schema(schema: dict[str, Any], model: type[BaseModel]) -> None:
+    rules: tuple[Rule, ...] = getattr(model, "rules", ())
+    if rules:
+        schema[RULES_KEY] = [{"rule": r.cel, "message": r.message} for r in rules]
 
 
 class _Strict(BaseModel):
     # strict: no coercion, so `true` is not 1 and "50" is not 50.
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        populate_by_name=True,
+        strict=True,
+        json_schema_extra=_rules_schema,
+    )
+    #: Rules across fields, checked once every field is valid.
+    rules: ClassVar[tuple[Rule, ...]] = ()
+
+    @model_validator(mode="after")
+    def _check_rules(self) -> _Strict:
+        if self.rules:
+            data = self.model_dump(by_alias=True)
+            for rule in self.rules:
+                if not rule.holds(data):
+                    raise ValueError(rule.message)
+        return self
 
 
 class TimeSlicingConfig(_Strict):
@@ -73,11 +127,30 @@ class MpsConfig(_Strict):
         default=None, alias="defaultActiveThreadPercentage"
     )
     default_pinned_device_memory_limit: str | None = Field(
-        default=None, alias="defaultPinnedDeviceMemoryLimit"
+        default=None,
+        alias="defaultPinnedDeviceMemoryLimit",
+        json_schema_extra={QUANTITY_KEY: MEMORY_LIMIT},
     )
     # Keyed by device index within the claim's allocation or by UUID.
     default_per_device_pinned_memory_limit: dict[str, str] = Field(
-        default_factory=dict, alias="defaultPerDevicePinnedMemoryLimit"
+        default_factory=dict,
+        alias="defaultPerDevicePinnedMemoryLimit",
+        json_schema_extra={QUANTITY_KEY: MEMORY_LIMIT},
+    )
+
+    rules = (
+        Rule(
+            cel="!(type(self.?defaultPerDevicePinnedMemoryLimit.orValue(null)) == map && "
+            '"" in self.defaultPerDevicePinnedMemoryLimit)',
+            message="defaultPerDevicePinnedMemoryLimit: a device key must be a device index "
+            "or UUID, not empty",
+            holds=lambda s: (
+                not (
+                    isinstance(s.get("defaultPerDevicePinnedMemoryLimit"), Mapping)
+                    and "" in s["defaultPerDevicePinnedMemoryLimit"]
+                )
+            ),
+        ),
     )
 
     @field_validator("default_pinned_device_memory_limit")
@@ -88,9 +161,7 @@ class MpsConfig(_Strict):
     @field_validator("default_per_device_pinned_memory_limit")
     @classmethod
     def _check_limits(cls, value: dict[str, str]) -> dict[str, str]:
-        for key, limit in value.items():
-            if not key:
-                raise ValueError("a device key must be a device index or UUID, not empty")
+        for limit in value.values():
             _memory_limit(limit)
         return value
 
@@ -110,13 +181,17 @@ class MpsConfig(_Strict):
         return None if limit is None else memory_bytes(limit)
 
 
-def _only_own_fields(sharing: GpuSharing | MigSharing) -> None:
-    """A strategy's settings under another strategy are a mistake, never silently dropped."""
-    time_slicing = getattr(sharing, "time_slicing_config", None)
-    if sharing.strategy == "MPS" and time_slicing is not None:
-        raise ValueError("timeSlicingConfig is set but the strategy is MPS; remove one")
-    if sharing.strategy == "TimeSlicing" and sharing.mps_config is not None:
-        raise ValueError("mpsConfig is set but the strategy is TimeSlicing; remove one")
+# A strategy's settings under another strategy are a mistake, never silently dropped.
+_NO_TIME_SLICING_UNDER_MPS = Rule(
+    cel='!(self.?strategy.orValue(null) == "MPS" && self.?timeSlicingConfig.orValue(null) != null)',
+    message="timeSlicingConfig is set but the strategy is MPS; remove one",
+    holds=lambda s: not (s.get("strategy") == "MPS" and s.get("timeSlicingConfig") is not None),
+)
+_NO_MPS_UNDER_TIME_SLICING = Rule(
+    cel='!(self.?strategy.orValue(null) == "TimeSlicing" && self.?mpsConfig.orValue(null) != null)',
+    message="mpsConfig is set but the strategy is TimeSlicing; remove one",
+    holds=lambda s: not (s.get("strategy") == "TimeSlicing" and s.get("mpsConfig") is not None),
+)
 
 
 class GpuSharing(_Strict):
@@ -126,10 +201,7 @@ class GpuSharing(_Strict):
     time_slicing_config: TimeSlicingConfig | None = Field(default=None, alias="timeSlicingConfig")
     mps_config: MpsConfig | None = Field(default=None, alias="mpsConfig")
 
-    @model_validator(mode="after")
-    def _one_strategy(self) -> GpuSharing:
-        _only_own_fields(self)
-        return self
+    rules = (_NO_TIME_SLICING_UNDER_MPS, _NO_MPS_UNDER_TIME_SLICING)
 
 
 class MigSharing(_Strict):
@@ -138,10 +210,7 @@ class MigSharing(_Strict):
     strategy: Literal["TimeSlicing", "MPS"]
     mps_config: MpsConfig | None = Field(default=None, alias="mpsConfig")
 
-    @model_validator(mode="after")
-    def _one_strategy(self) -> MigSharing:
-        _only_own_fields(self)
-        return self
+    rules = (_NO_MPS_UNDER_TIME_SLICING,)
 
 
 class GpuConfig(_Strict):
@@ -161,9 +230,11 @@ class MigDeviceConfig(_Strict):
 
 
 DeviceConfig = GpuConfig | MigDeviceConfig
-_KINDS: dict[str, type[GpuConfig] | type[MigDeviceConfig]] = {
-    "GpuConfig": GpuConfig,
-    "MigDeviceConfig": MigDeviceConfig,
+#: Config APIs by apiVersion, each its models by kind.
+ConfigKinds = Mapping[str, Mapping[str, type[GpuConfig] | type[MigDeviceConfig]]]
+#: This driver's own config API.
+OWN_API: ConfigKinds = {
+    API_GROUP_VERSION: {"GpuConfig": GpuConfig, "MigDeviceConfig": MigDeviceConfig}
 }
 #: Which config kind applies to which device type.
 KIND_FOR_TYPE = {"gpu": "GpuConfig", "mig": "MigDeviceConfig"}
@@ -173,18 +244,21 @@ class ConfigError(PrepareError, ValueError):
     """A claim's configuration cannot be used; the message says what to fix."""
 
 
-def parse_config(parameters: Any, *, where: str) -> DeviceConfig:
-    """Parse one opaque parameters object strictly; ``where`` names the claim and request."""
+def parse_config(parameters: Any, *, where: str, apis: ConfigKinds = OWN_API) -> DeviceConfig:
+    """Parse one opaque parameters object strictly; ``where`` names the claim and request,
+    ``apis`` the config APIs accepted."""
     if not isinstance(parameters, Mapping):
         raise ConfigError(f"{where}: opaque parameters must be an object")
     _check_shape(parameters, where)
     api_version = parameters.get("apiVersion")
-    if api_version != API_GROUP_VERSION:
-        raise ConfigError(f"{where}: apiVersion {quote(api_version)} is not {API_GROUP_VERSION!r}")
-    model = _KINDS.get(str(parameters.get("kind")))
+    kinds = apis.get(api_version) if isinstance(api_version, str) else None
+    if kinds is None:
+        accepted = " or ".join(repr(a) for a in apis)
+        raise ConfigError(f"{where}: apiVersion {quote(api_version)} is not {accepted}")
+    model = kinds.get(str(parameters.get("kind")))
     if model is None:
         raise ConfigError(
-            f"{where}: kind {quote(parameters.get('kind'))} is not one of {', '.join(_KINDS)}"
+            f"{where}: kind {quote(parameters.get('kind'))} is not one of {', '.join(kinds)}"
         )
     try:
         return model.model_validate(parameters)
@@ -253,9 +327,10 @@ class ConfigEntry:
 
 
 def parse_allocation_config(
-    entries: Iterable[Mapping[str, Any]], *, driver: str, claim: str
+    entries: Iterable[Mapping[str, Any]], *, driver: str, claim: str, apis: ConfigKinds = OWN_API
 ) -> list[ConfigEntry]:
-    """Parse this driver's opaque configs; configs for other drivers are ignored."""
+    """Parse this driver's opaque configs (of the ``apis`` accepted); configs for other
+    drivers are ignored."""
     parsed = []
     for entry in entries:
         opaque = entry.get("opaque") or {}
@@ -268,7 +343,7 @@ def parse_allocation_config(
             ConfigEntry(
                 source=str(entry.get("source", "FromClaim")),
                 requests=requests,
-                config=parse_config(opaque.get("parameters"), where=where),
+                config=parse_config(opaque.get("parameters"), where=where, apis=apis),
             )
         )
     return parsed

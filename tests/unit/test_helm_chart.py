@@ -331,3 +331,29 @@ def test_extra_volumes_and_the_host_pid_namespace() -> None:
     assert {"name": "state", "hostPath": {"path": "/var/lib/x"}} in spec["volumes"]
     assert {"name": "state", "mountPath": "/var/lib/x"} in container(objects)["volumeMounts"]
     assert "extraVolumeMounts" in render_error("extraVolumeMounts[0].name=state")
+
+
+def test_compat_nvidia_renders_the_nvidia_drivers_classes_and_name() -> None:
+    objects = render(compat="nvidia", driverName="ignored.example.com")
+    classes = {o["metadata"]["name"]: o["spec"] for o in kind(objects, "DeviceClass")}
+    assert set(classes) == {"gpu.nvidia.com", "mig.nvidia.com", "shared.gpu.nvidia.com"}
+    assert classes["gpu.nvidia.com"]["extendedResourceName"] == "nvidia.com/gpu"
+    for name, device_type in (("gpu.nvidia.com", "gpu"), ("mig.nvidia.com", "mig")):
+        (selector,) = classes[name]["selectors"]
+        assert selector["cel"]["expression"] == (
+            f'device.driver == "gpu.nvidia.com" && '
+            f'device.attributes["gpu.nvidia.com"].type == "{device_type}"'
+        )
+    assert env(objects)["DRA_DRIVER_NAME"] == "gpu.nvidia.com"
+    assert env(objects)["DRA_COMPAT"] == "nvidia"
+    rules = [r for o in kind(objects, "ClusterRole") for r in o["rules"]]
+    assert ["gpu.nvidia.com"] in [r.get("resourceNames") for r in rules]
+    # Only the GPU class serves the extended resource: a second one would be ambiguous.
+    acknowledged = render(
+        compat="nvidia",
+        **{"extendedResource.enabled": "true", "extendedResource.acknowledgeNoDevicePlugin": "true"},
+    )
+    names = [o["metadata"]["name"] for o in kind(acknowledged, "DeviceClass")]
+    assert not [n for n in names if n.startswith("extended.")]
+    assert "DRA_COMPAT" not in env(render())
+    assert "/compat" in render_error("compat=amd")

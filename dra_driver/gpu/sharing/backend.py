@@ -31,6 +31,8 @@ class MpsLimits:
 
     active_thread_percentage: int | None = None
     pinned_memory: tuple[tuple[int, str], ...] = ()
+    # The daemon serves clients of any Linux user (-M; the NVIDIA config API's multiUser).
+    multi_user: bool = False
 
     @property
     def empty(self) -> bool:

@@ -329,6 +329,7 @@ class HostSharing:
         argv = [
             *prefix, "sh", "-c", LAUNCH_SCRIPT, "sh",
             str(daemon.shm_dir), self.shm_size, self._group(daemon.daemon_id), str(tool), "-d",
+            *(["-M"] if daemon.limits.multi_user else []),
         ]  # fmt: skip
         env = {
             "CUDA_VISIBLE_DEVICES": ",".join(daemon.uuids),

@@ -50,6 +50,7 @@ def config_limits(configs: Sequence[tuple[str, MpsConfig | None]]) -> MpsLimits:
     """
     percentage: int | None = None
     pinned: list[tuple[int, str]] = []
+    multi_user = False
     for ordinal, (uuid, mps) in enumerate(configs):
         if mps is None:
             continue
@@ -58,7 +59,11 @@ def config_limits(configs: Sequence[tuple[str, MpsConfig | None]]) -> MpsLimits:
             pinned.append((ordinal, mps_limit(limit)))
         if mps.default_active_thread_percentage is not None:
             percentage = mps.default_active_thread_percentage
-    return MpsLimits(active_thread_percentage=percentage, pinned_memory=tuple(pinned))
+        # Only the NVIDIA config API has it (compat mode).
+        multi_user = multi_user or bool(getattr(mps, "multi_user", None))
+    return MpsLimits(
+        active_thread_percentage=percentage, pinned_memory=tuple(pinned), multi_user=multi_user
+    )
 
 
 NO_LIMITS = MpsLimits()
@@ -89,6 +94,7 @@ def to_record(daemon: MpsDaemon) -> MpsRecord:
         shm_dir=str(daemon.shm_dir),
         active_thread_percentage=daemon.limits.active_thread_percentage,
         pinned_memory={str(k): v for k, v in daemon.limits.pinned_memory},
+        multi_user=daemon.limits.multi_user or None,
     )
 
 
@@ -103,6 +109,7 @@ def from_record(record: MpsRecord) -> MpsDaemon:
         limits=MpsLimits(
             active_thread_percentage=record.active_thread_percentage,
             pinned_memory=tuple(sorted((int(k), v) for k, v in record.pinned_memory.items())),
+            multi_user=bool(record.multi_user),
         ),
     )
 

@@ -47,6 +47,7 @@ class SimDaemon(_Model):
     shm_dir: str = Field(alias="shmDir")
     active_thread_percentage: int | None = Field(default=None, alias="activeThreadPercentage")
     pinned_memory: dict[str, str] = Field(default_factory=dict, alias="pinnedMemory")
+    multi_user: bool | None = Field(default=None, alias="multiUser")
     starts: int = 0
 
 

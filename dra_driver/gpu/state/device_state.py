@@ -25,6 +25,7 @@ from dra_driver import faults
 from dra_driver.cdi.spec import NO_EDITS, ContainerEdits
 from dra_driver.cdi.writer import remove, spec_file_name, sweep_temp_files, write_atomic
 from dra_driver.errors import PrepareError
+from dra_driver.gpu.config import OWN_API, ConfigKinds
 from dra_driver.gpu.container import devnodes
 from dra_driver.gpu.container.claim_spec import (
     CDI_CLASS,
@@ -94,6 +95,7 @@ class DeviceState:
         sharing: SharingBackend | None = None,
         shared_gpus: frozenset[str] = frozenset(),
         evidence: Evidence = NO_EVIDENCE,
+        config_apis: ConfigKinds = OWN_API,
     ) -> None:
         """``mig`` turns on dynamic MIG: MIG devices are created when a claim for one of the
         published placements is prepared and destroyed when it is unprepared. ``sharing``
@@ -102,7 +104,8 @@ class DeviceState:
         allocations are shares (several claims, each limited by what the scheduler counted).
         ``evidence``: the claims the API server says hold devices of the node (its ``specs``
         are read from ``cdi_root`` here); without the API's word start-up destroys nothing
-        that no checkpoint record names."""
+        that no checkpoint record names. ``config_apis``: the opaque config APIs accepted
+        (the NVIDIA driver's too in its compatibility mode)."""
         self.driver_name = driver_name
         self.node_name = node_name
         self.cdi_root = cdi_root
@@ -110,6 +113,7 @@ class DeviceState:
         self._common = common_edits
         self._mig_minors = mig_minors
         self._device_nodes = device_nodes
+        self._config_apis = config_apis
         self._lock = threading.Lock()
         self._inventory = inventory
         self._dynamic = mig is not None
@@ -259,7 +263,7 @@ class DeviceState:
                     out[uid] = prepared_devices(done)
                     continue
                 try:
-                    plan = plan_claim(claim, self._catalog, self.driver_name)
+                    plan = plan_claim(claim, self._catalog, self.driver_name, self._config_apis)
                     record = ClaimRecord(
                         state=ClaimState.PREPARE_STARTED,
                         namespace=claim.ref.namespace,

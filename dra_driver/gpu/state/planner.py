@@ -12,7 +12,13 @@ from typing import Any
 
 from dra_driver.errors import PrepareError
 from dra_driver.gpu.allocation import AllocatedDevice, with_share
-from dra_driver.gpu.config import check_device_keys, parse_allocation_config, resolve_config
+from dra_driver.gpu.config import (
+    OWN_API,
+    ConfigKinds,
+    check_device_keys,
+    parse_allocation_config,
+    resolve_config,
+)
 from dra_driver.gpu.container.claim_spec import cdi_device_id
 from dra_driver.gpu.inventory import Placement
 from dra_driver.gpu.mig.backend import overlaps
@@ -51,12 +57,14 @@ class Plan:
 Footprint = tuple[str, Placement | None]
 
 
-def plan_claim(claim: ClaimToPrepare, catalog: Catalog, driver_name: str) -> Plan:
+def plan_claim(
+    claim: ClaimToPrepare, catalog: Catalog, driver_name: str, apis: ConfigKinds = OWN_API
+) -> Plan:
     """What preparing ``claim`` means: its devices looked up in the catalogue, with their
-    configs, shares and the MIG devices to create. Raises :class:`ClaimError` and the
-    config and share errors, all meant for the claim's user."""
+    configs (of the config ``apis`` accepted), shares and the MIG devices to create. Raises
+    :class:`ClaimError` and the config and share errors, all meant for the claim's user."""
     ref = claim.ref
-    configs = parse_allocation_config(claim.config, driver=driver_name, claim=str(ref))
+    configs = parse_allocation_config(claim.config, driver=driver_name, claim=str(ref), apis=apis)
     devices: list[AllocatedDevice] = []
     carve: list[PlacementSpec | None] = []
     for result in claim.results:

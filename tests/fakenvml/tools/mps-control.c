@@ -56,6 +56,7 @@ static char g_pipe_dir[PATH_MAX], g_log_dir[PATH_MAX];
 static char g_socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
 static char g_pid_file[PATH_MAX + 64], g_log[PATH_MAX + 64];
 static int g_echo;     /* -f: log lines also on stderr */
+static int g_multi_user; /* -M: clients of any user */
 static int g_listen = -1;
 static pid_t g_server = -1;
 static double g_thread_percentage = 100.0;
@@ -70,9 +71,10 @@ static void control_log(const char *fmt, ...) {
 }
 
 static int usage(FILE *out, int status) {
-    fprintf(out, "usage: nvidia-cuda-mps-control [-d | -f | -h]\n"
+    fprintf(out, "usage: nvidia-cuda-mps-control [-d | -f | -h] [-M]\n"
                  "  -d  start the MPS control daemon in the background\n"
                  "  -f  run the MPS control daemon in the foreground\n"
+                 "  -M  multi-user: serve clients of any user\n"
                  "  -h  this help\n"
                  "Without options: read commands from stdin and send them to the daemon.\n"
                  "(stand-in for tests, driver %s)\n",
@@ -452,6 +454,8 @@ static int run_daemon(int detach) {
         return 1;
     }
     control_log("Starting control daemon using socket %s", g_socket);
+    if (g_multi_user)
+        control_log("Multi-user mode: clients of any user are served");
     control_log("To connect CUDA applications to this daemon, set env "
                 "CUDA_MPS_PIPE_DIRECTORY=%s",
                 g_pipe_dir);
@@ -580,6 +584,8 @@ int main(int argc, char **argv) {
             daemon_mode = 1;
         else if (strcmp(argv[i], "-f") == 0)
             foreground = 1;
+        else if (strcmp(argv[i], "-M") == 0)
+            g_multi_user = 1;
         else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0)
             return usage(stdout, 0);
         else

@@ -69,3 +69,14 @@ NVIDIA device plugin does not run on the same nodes: both would hand out the sam
 {{- fail "extendedResource.enabled=true serves the extended resource through DRA: the NVIDIA device plugin must not run on the same nodes (both would hand out the same GPUs). Set extendedResource.acknowledgeNoDevicePlugin=true to confirm." }}
 {{- end }}
 {{- end }}
+
+{{/* The driver name: the NVIDIA DRA driver's with compat: nvidia, else driverName. */}}
+{{- define "dra-driver.driverName" -}}
+{{- if eq (toString .Values.compat) "nvidia" -}}
+gpu.nvidia.com
+{{- else if eq (toString .Values.compat) "" -}}
+{{ .Values.driverName }}
+{{- else -}}
+{{- fail (printf "compat: %q is not a compatibility mode; use \"nvidia\" or leave it empty" (toString .Values.compat)) -}}
+{{- end -}}
+{{- end }}

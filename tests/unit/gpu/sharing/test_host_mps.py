@@ -148,3 +148,15 @@ def test_shm_is_a_world_writable_tmpfs_with_a_limit(sharing: HostSharing) -> Non
     assert stat.S_IMODE(shm.stat().st_mode) == 0o1777
     sharing.stop_mps("claim-1", sharing.mps_root / "claim-1" / "pipe")
     assert str(shm) not in Path("/proc/self/mounts").read_text()
+
+
+def test_a_multi_user_daemon_is_started_with_its_flag(sharing: HostSharing) -> None:
+    # multiUser of the NVIDIA config API (compat mode).
+    daemon = daemon_for(sharing.mps_root, "claim-m", ["GPU-1"], MpsLimits(multi_user=True))
+    sharing.start_mps(daemon)
+    (identity,) = daemons(daemon.pipe_dir)
+    assert procs.cmdline(identity.pid)[1:] == ["-d", "-M"]
+    assert "Multi-user mode" in (daemon.log_dir / "control.log").read_text()
+    sharing.stop_mps("claim-m", daemon.pipe_dir)
+    plain = started(sharing)
+    assert procs.cmdline(plain.pid)[1:] == ["-d"]
