@@ -171,6 +171,7 @@ class NodeAgent:
             binding=settings.dynamic_mig and settings.mig_binding_conditions,
             overhead=parse_overhead(settings.node_overhead),
             list_attributes=settings.list_attributes,
+            legacy_nvidia=settings.compat == "nvidia",
         )
         self.slices = SliceController(
             client,

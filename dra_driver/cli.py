@@ -58,7 +58,10 @@ def _slices(settings: Settings, _: argparse.Namespace) -> int:
     )
     slices = render_pool(
         catalog.pool(
-            settings.node_name, settings.driver_name, list_attributes=settings.list_attributes
+            settings.node_name,
+            settings.driver_name,
+            list_attributes=settings.list_attributes,
+            legacy_nvidia=settings.compat == "nvidia",
         )
     )
     if settings.output == "table":

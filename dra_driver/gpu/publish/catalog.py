@@ -22,6 +22,7 @@ from dra_driver.gpu.publish.devices import (
     DEFAULT_DRIVER_NAME,
     devices_for_gpu,
     gpu_device_name,
+    legacy_nvidia_attributes,
 )
 from dra_driver.gpu.publish.devices import list_attributes as gpu_lists
 from dra_driver.gpu.publish.partitions import PlacementSpec, dynamic_layout, placements
@@ -85,6 +86,7 @@ class Catalog:
         bind_placements: bool = False,
         device_fields: JSON | None = None,
         list_attributes: bool = False,
+        legacy_nvidia: bool = False,
     ) -> DesiredPool:
         """The pool to publish: pool name = node name, slices packed by API limits.
 
@@ -96,6 +98,8 @@ class Catalog:
         so their MIG devices are made before the pod is bound. ``device_fields`` are added to
         every device (e.g. the node overhead it costs). ``list_attributes``: whole GPUs carry
         their list-type attributes (:func:`~dra_driver.gpu.publish.devices.list_attributes`).
+        ``legacy_nvidia``: devices also carry the attributes older NVIDIA DRA driver releases
+        published (:func:`~dra_driver.gpu.publish.devices.legacy_nvidia_attributes`).
         """
         taints = taints or {}
 
@@ -116,6 +120,9 @@ class Catalog:
                     device = {**device, **BINDING_FIELDS}
                 if list_attributes and entry.kind == "gpu" and (lists := gpu_lists(entry.gpu)):
                     device = {**device, "attributes": {**device["attributes"], **lists}}
+                if legacy_nvidia:
+                    legacy = legacy_nvidia_attributes(entry.gpu, entry.kind == "gpu")
+                    device = {**device, "attributes": {**device["attributes"], **legacy}}
                 if device_fields:
                     device = {**device, **device_fields}
                 out.append({**device, "taints": own} if own else device)

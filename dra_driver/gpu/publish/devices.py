@@ -91,6 +91,8 @@ def _common_attributes(gpu: Gpu, inventory: Inventory) -> JSON:
         "driverVersion": _version(inventory.driver_version),
         "cudaDriverVersion": _version(inventory.cuda_driver_version),
     }
+    # A MIG device is at its GPU's PCI address, as the NVIDIA DRA driver publishes it too.
+    attrs[f"{STANDARD_DOMAIN}/pciBusID"] = _string(gpu.pci_bus_id)
     if gpu.pcie_root:
         attrs[f"{STANDARD_DOMAIN}/pcieRoot"] = _string(gpu.pcie_root)
     if gpu.numa_node is not None:
@@ -110,7 +112,6 @@ def gpu_device(gpu: Gpu, inventory: Inventory) -> JSON:
         **_common_attributes(gpu, inventory),
         "migCapable": _bool(gpu.mig.capable),
         "migEnabled": _bool(gpu.mig_enabled),
-        f"{STANDARD_DOMAIN}/pciBusID": _string(gpu.pci_bus_id),
     }
     capacity: JSON = {
         "memory": {"value": quantity(gpu.memory_bytes)},
@@ -127,6 +128,16 @@ def list_attributes(gpu: Gpu) -> JSON:
         return {}
     profiles = sorted({p.name[:MAX_STRING] for p in gpu.mig_profiles})
     return {"migProfiles": {"strings": profiles}}
+
+
+def legacy_nvidia_attributes(gpu: Gpu, whole: bool) -> JSON:
+    """Attributes older NVIDIA DRA driver releases published, which selectors (and its own
+    examples) still name: ``pcieBusID`` (now the standard ``pciBusID``) on GPUs and MIG
+    devices, and on whole GPUs ``index`` and ``minor``. Compat mode adds them."""
+    legacy = {"pcieBusID": _string(gpu.pci_bus_id)}
+    if whole:
+        legacy |= {"index": _int(gpu.index), "minor": _int(gpu.minor)}
+    return legacy
 
 
 def mig_device(gpu: Gpu, mig: MigDevice, inventory: Inventory) -> JSON:

@@ -75,14 +75,17 @@ class NodePublishing:
         binding: bool = False,
         overhead: Mapping[str, str] | None = None,
         list_attributes: bool = False,
+        legacy_nvidia: bool = False,
     ) -> None:
         """``shared``: UUIDs of the GPUs published as shared GPUs (sharing by memory);
         ``binding``: MIG placements carry binding conditions (dynamic MIG only);
         ``overhead``: node resource -> what each pod using a device costs the node;
-        ``list_attributes``: whole GPUs carry list-type attributes (their MIG profiles)."""
+        ``list_attributes``: whole GPUs carry list-type attributes (their MIG profiles);
+        ``legacy_nvidia``: devices carry older NVIDIA DRA driver attributes (compat mode)."""
         self.backend = backend
         self._binding = binding
         self._list_attributes = list_attributes
+        self._legacy_nvidia = legacy_nvidia
         self._overhead = dict(overhead or {})
         self._inventory = inventory
         self.shared = shared
@@ -122,6 +125,7 @@ class NodePublishing:
             if NODE_ALLOCATABLE in self.given_up
             else overhead_fields(self._overhead),
             list_attributes=self._list_attributes and LIST_ATTRIBUTES not in self.given_up,
+            legacy_nvidia=self._legacy_nvidia,
         )
 
     async def on_dropped(self, gates: Iterable[str]) -> dict[str, str]:
