@@ -24,7 +24,7 @@ MIN_LIMIT = 2**20
 MAX_LIMIT = 4 * 2**40
 #: The pinned-memory limits as the admission policy reads them (the JSON schema's
 #: ``x-dra-quantity`` of every limit field, see :data:`QUANTITY_KEY`): the bounds in bytes, and
-#: the words of the messages, the same as :func:`_memory_limit`'s.
+#: the words of the messages, the same as :func:`memory_limit`'s.
 MEMORY_LIMIT: dict[str, Any] = {
     "minimum": MIN_LIMIT,
     "maximum": MAX_LIMIT,
@@ -54,11 +54,11 @@ def memory_bytes(text: str) -> int:
         raise ValueError(f"{quote(text)} is not {MEMORY_LIMIT['example']}: {exc.reason}") from None
 
 
-def _memory_limit(text: str) -> str:
-    """Check a pinned-memory limit: a quantity between 1Mi and 4Ti."""
+def memory_limit(text: str, bounds: Mapping[str, Any] = MEMORY_LIMIT) -> str:
+    """Check a pinned-memory limit: a quantity within ``bounds`` (by default 1Mi to 4Ti)."""
     value = memory_bytes(text)
-    if not MIN_LIMIT <= value <= MAX_LIMIT:
-        raise ValueError(f"{quote(text)} is outside the allowed range {MEMORY_LIMIT['range']}")
+    if not bounds["minimum"] <= value <= bounds["maximum"]:
+        raise ValueError(f"{quote(text)} is outside the allowed range {bounds['range']}")
     return text
 
 
@@ -156,13 +156,13 @@ class MpsConfig(_Strict):
     @field_validator("default_pinned_device_memory_limit")
     @classmethod
     def _check_limit(cls, value: str | None) -> str | None:
-        return None if value is None else _memory_limit(value)
+        return None if value is None else memory_limit(value)
 
     @field_validator("default_per_device_pinned_memory_limit")
     @classmethod
     def _check_limits(cls, value: dict[str, str]) -> dict[str, str]:
         for limit in value.values():
-            _memory_limit(limit)
+            memory_limit(limit)
         return value
 
     def device_keys(self) -> frozenset[str]:

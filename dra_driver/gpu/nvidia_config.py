@@ -6,43 +6,41 @@ the models extend ours; where the NVIDIA driver reads a field differently, these
 it (docs/migrating.md lists each difference):
 
 - ``mpsConfig.defaultActiveThreadPercentage`` may be 0 (ours: 1 to 100);
-- pinned-memory limits may be numbers of bytes as well as quantity strings, and have no upper
-  bound (ours: quantity strings from 1Mi to 4Ti); both refuse less than 1Mi;
+- pinned-memory limits have no upper bound (ours: 1Mi to 4Ti); both refuse less than 1Mi;
 - ``mpsConfig.multiUser`` starts the MPS control daemon in multi-user mode (``-M``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
 from dra_driver.gpu.config import (
+    MEMORY_LIMIT,
     MIN_LIMIT,
     OWN_API,
+    QUANTITY_KEY,
     ConfigKinds,
     GpuConfig,
     GpuSharing,
     MigDeviceConfig,
     MigSharing,
     MpsConfig,
-    memory_bytes,
-    quote,
+    memory_limit,
 )
 
 API_GROUP_VERSION = "resource.nvidia.com/v1beta1"
 
 
-def _nvidia_limit(value: object) -> str:
-    """A pinned-memory limit as the NVIDIA driver reads a ``resource.Quantity``: a quantity
-    string or a number of bytes, at least 1Mi (it hands MPS whole MiB)."""
-    if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise ValueError(f"{quote(value)} is not a memory quantity such as 10Gi or 512Mi")
-    text = str(value)
-    if memory_bytes(text) < MIN_LIMIT:
-        raise ValueError(f"{quote(value)} is below 1Mi, the smallest limit MPS takes")
-    return text
+#: The NVIDIA driver's pinned-memory limits: at least 1Mi (it hands MPS whole MiB), no upper
+#: bound but the int64 a ``resource.Quantity`` holds.
+NVIDIA_MEMORY_LIMIT: dict[str, Any] = {
+    **MEMORY_LIMIT,
+    "minimum": MIN_LIMIT,
+    "maximum": 2**63 - 1,
+    "range": "1Mi and more",
+}
 
 
 class NvidiaMpsConfig(MpsConfig):
@@ -51,33 +49,29 @@ class NvidiaMpsConfig(MpsConfig):
     default_active_thread_percentage: Annotated[int, Field(ge=0, le=100)] | None = Field(
         default=None, alias="defaultActiveThreadPercentage"
     )
+    default_pinned_device_memory_limit: str | None = Field(
+        default=None,
+        alias="defaultPinnedDeviceMemoryLimit",
+        json_schema_extra={QUANTITY_KEY: NVIDIA_MEMORY_LIMIT},
+    )
+    default_per_device_pinned_memory_limit: dict[str, str] = Field(
+        default_factory=dict,
+        alias="defaultPerDevicePinnedMemoryLimit",
+        json_schema_extra={QUANTITY_KEY: NVIDIA_MEMORY_LIMIT},
+    )
     multi_user: bool | None = Field(default=None, alias="multiUser")
 
-    @field_validator(
-        "default_pinned_device_memory_limit",
-        "default_per_device_pinned_memory_limit",
-        mode="before",
-    )
-    @classmethod
-    def _limits_as_nvidia_reads_them(cls, value: Any) -> Any:
-        if value is None:
-            return None
-        if isinstance(value, Mapping):
-            for key in value:
-                if not key:
-                    raise ValueError("a device key must be a device index or UUID, not empty")
-            return {str(k): _nvidia_limit(v) for k, v in value.items()}
-        return _nvidia_limit(value)
-
-    # The NVIDIA driver sets no upper bound: these replace the checks of ours by name.
+    # These replace the checks of ours by name: the NVIDIA driver's bounds.
     @field_validator("default_pinned_device_memory_limit")
     @classmethod
     def _check_limit(cls, value: str | None) -> str | None:
-        return value
+        return None if value is None else memory_limit(value, NVIDIA_MEMORY_LIMIT)
 
     @field_validator("default_per_device_pinned_memory_limit")
     @classmethod
     def _check_limits(cls, value: dict[str, str]) -> dict[str, str]:
+        for limit in value.values():
+            memory_limit(limit, NVIDIA_MEMORY_LIMIT)
         return value
 
 

@@ -28,6 +28,7 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import DynamicApiError
 
 from devenv.localcluster import LocalCluster, repo_root
+from tests.unit.test_manifests import slice_policy
 
 pytestmark = pytest.mark.e2e
 
@@ -416,7 +417,7 @@ def test_policy_type_checks(
             "kube-controller-manager runs without validatingadmissionpolicy-status-controller,"
             " which writes the policy's type-checking status"
         )
-    (policy,) = by_kind(base_objects(), "ValidatingAdmissionPolicy")
+    policy, _ = slice_policy(base_objects())
     res = _resource(dyn, policy)
     deadline = time.monotonic() + 30
     while True:

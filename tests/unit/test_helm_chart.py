@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_manifests import CHART, Obj, by_key, run, tool
+from tests.unit.test_manifests import CHART, Obj, by_key, run, slice_policy, tool
 
 CLUSTER_SCOPED = {
     "Namespace",
@@ -97,7 +97,7 @@ def test_namespace_from_release() -> None:
     assert ns["metadata"]["name"] == "gpu-ops"
     (binding,) = kind(objects, "ClusterRoleBinding")
     assert binding["subjects"][0]["namespace"] == "gpu-ops"
-    (policy,) = kind(objects, "ValidatingAdmissionPolicy")
+    policy, _ = slice_policy(objects.values())
     expression = policy["spec"]["matchConditions"][0]["expression"]
     assert expression == 'request.userInfo.username == "system:serviceaccount:gpu-ops:dra-driver"'
 
@@ -156,7 +156,7 @@ def test_second_release_does_not_collide() -> None:
         }
 
     a, b = cluster_scoped(first), cluster_scoped(second)
-    assert len(a) == len(b) == 8
+    assert len(a) == len(b) == 10
     assert a.isdisjoint(b)
     # Each release's binding and policy point at its own objects.
     (role,) = kind(second, "ClusterRole")
@@ -165,9 +165,9 @@ def test_second_release_does_not_collide() -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "gpu-b-dra-driver", "namespace": "gpu-b"}
     ]
-    (vap_binding,) = kind(second, "ValidatingAdmissionPolicyBinding")
-    (vap,) = kind(second, "ValidatingAdmissionPolicy")
-    assert vap_binding["spec"]["policyName"] == vap["metadata"]["name"]
+    policies = {p["metadata"]["name"] for p in kind(second, "ValidatingAdmissionPolicy")}
+    bound = {b["spec"]["policyName"] for b in kind(second, "ValidatingAdmissionPolicyBinding")}
+    assert bound == policies and len(policies) == 2
 
 
 def test_admin_values() -> None:
@@ -298,7 +298,6 @@ def test_schema_rejects(value: str, where: str) -> None:
 def test_values_reach_the_agent(values: dict[str, str]) -> None:
     objects = render(**values)
     e = env(objects)
-    kinds = [o["kind"] for o in objects.values()]
     if "discovery.profile" in values:
         assert e["DRA_BACKEND"] == "simulated" and e["DRA_PROFILE"] == "mixed"
     else:
@@ -307,7 +306,8 @@ def test_values_reach_the_agent(values: dict[str, str]) -> None:
         assert e["DRA_DYNAMIC_MIG"] == "true" and e["DRA_SHARED_GPUS"] == "model:L4"
         assert e["DRA_MIG_PROFILES"] == "1g.10gb,7g.80gb"
     if "admissionPolicy.enabled" in values:
-        assert "ValidatingAdmissionPolicy" not in kinds
+        names = [o["metadata"]["name"] for o in kind(objects, "ValidatingAdmissionPolicy")]
+        assert not [n for n in names if n.endswith("-resourceslices")], names
     if "driverName" in values:
         assert container(objects)["image"] == "ghcr.io/example/dra-driver:v0.1.0"  # appVersion
         assert e["DRA_DRIVER_NAME"] == "gpu.example.com"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -210,9 +210,26 @@ def test_rbac_rules_are_commented() -> None:
         assert role[i - 1].strip().startswith("#"), f"rbac.yaml:{i + 1}: rule without comment"
 
 
+def slice_policy(objects: Iterable[Obj]) -> tuple[Obj, Obj]:
+    """The policy that confines slice writes to the agent's node, and its binding (the other
+    policy checks opaque configs)."""
+    (policy,) = [
+        o
+        for o in objects
+        if o["kind"] == "ValidatingAdmissionPolicy"
+        and o["metadata"]["name"].endswith("-resourceslices")
+    ]
+    (binding,) = [
+        o
+        for o in objects
+        if o["kind"] == "ValidatingAdmissionPolicyBinding"
+        and o["spec"]["policyName"] == policy["metadata"]["name"]
+    ]
+    return policy, binding
+
+
 def test_admission_policy() -> None:
-    policy = one("ValidatingAdmissionPolicy")
-    binding = one("ValidatingAdmissionPolicyBinding")
+    policy, binding = slice_policy(base_objects().values())
     assert policy["apiVersion"] == "admissionregistration.k8s.io/v1"
     assert binding["spec"] == {
         "policyName": policy["metadata"]["name"],

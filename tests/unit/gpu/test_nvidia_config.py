@@ -52,10 +52,10 @@ def test_the_nvidia_api_is_accepted_only_in_compat_mode() -> None:
         ({"defaultActiveThreadPercentage": 0}, True, False),
         ({"defaultActiveThreadPercentage": 100}, True, True),
         ({"defaultActiveThreadPercentage": 101}, False, False),
-        ({"defaultPinnedDeviceMemoryLimit": 1073741824}, True, False),
+        ({"defaultPinnedDeviceMemoryLimit": 1073741824}, False, False),
         ({"defaultPinnedDeviceMemoryLimit": "8Ti"}, True, False),
         ({"defaultPinnedDeviceMemoryLimit": "512Ki"}, False, False),
-        ({"defaultPerDevicePinnedMemoryLimit": {"0": 2097152}}, True, False),
+        ({"defaultPerDevicePinnedMemoryLimit": {"0": "16Ti"}}, True, False),
         ({"multiUser": True}, True, False),
         ({"multiUser": "yes"}, False, False),
         ({"multiuser": True}, False, False),
@@ -77,7 +77,7 @@ def test_mps_fields_are_read_as_the_nvidia_driver_reads_them(
 
 def test_multi_user_and_numeric_limits_reach_the_daemon() -> None:
     config = parse_config(
-        _mps(multiUser=True, defaultPinnedDeviceMemoryLimit=2**30), where="c", apis=NVIDIA
+        _mps(multiUser=True, defaultPinnedDeviceMemoryLimit="1Gi"), where="c", apis=NVIDIA
     )
     assert config.sharing is not None and config.sharing.mps_config is not None
     limits = config_limits([("GPU-1", config.sharing.mps_config)])
