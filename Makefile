@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test unit e2e e2e-core test-versions lint demo proto clean fuzz-cel fuzz-state fuzz-async hw-check
+.PHONY: first-run-note install test unit e2e e2e-core test-versions lint demo proto clean fuzz-cel fuzz-state fuzz-async hw-check
 .DEFAULT_GOAL := help
 
 help:
@@ -33,6 +33,7 @@ help:
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
+	@echo "install: the venv $(VENV) with the package and its dev tools (quiet pip; about 30 s the first time)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
@@ -60,7 +61,7 @@ e2e-core: install testenv
 
 # The whole suite against one release (K8S, default the newest); without K8S, as CI runs it,
 # then the core end-to-end tests against the oldest release too.
-test: install testenv celref tools lint
+test: first-run-note install testenv celref tools lint
 	$(TESTENV_ENV) DRA_CELREF_BIN=$(CELREF_BIN) $(BIN)/pytest
 ifeq ($(K8S),)
 	$(MAKE) --no-print-directory e2e-core K8S=$(K8S_OLDEST)
@@ -88,7 +89,7 @@ fuzz-state: install
 fuzz-async: install
 	$(BIN)/python -m tests.fuzz_async --seconds $(or $(FUZZ_SECONDS),0)
 
-demo: install testenv
+demo: first-run-note install testenv
 	$(TESTENV_ENV) $(BIN)/dra-driver demo
 
 # On a real GPU node: the driver, discovery against nvidia-smi -L, MIG, health events (and
@@ -98,6 +99,11 @@ hw-check: install
 
 proto: install
 	hack/gen-proto.sh
+
+# On a fresh machine, say first what the first run builds and about how long it takes
+# (testenv/README.md); each build then reports its own progress and time.
+first-run-note:
+	@[ -x $(TESTENV_BIN) ] || echo "first run: make $(or $(MAKECMDGOALS),$@) builds the control plane, testenv $(K8S_VERSION), from the Kubernetes sources with Go: 6-11 min on 2 cores (later runs: seconds)"
 
 clean:
 	rm -rf $(VENV) .cache

@@ -16,6 +16,9 @@ TOOLS_ROOT      := $(abspath $(patsubst %/,%,$(dir $(lastword $(MAKEFILE_LIST)))
 TOOLS_BIN       ?= $(TOOLS_ROOT)/.cache/tools/bin
 TOOLS_GO        ?= go
 
+# Each build prints what it builds, its progress and its time (hack/buildprogress.py runs
+# with the system python3; BUILDPROGRESS=0 runs the builds plainly).
+TOOLS_PROGRESS   = python3 $(TOOLS_ROOT)/hack/buildprogress.py --key $(1) --name '$(1) $(2)' --why '$(3)' --
 TOOLS_PYTHON    ?= $(if $(wildcard $(TOOLS_ROOT)/.venv/bin/python),$(TOOLS_ROOT)/.venv/bin/python,python3)
 
 HELM_VERSION      ?= v3.22.0
@@ -44,12 +47,14 @@ $(TOOLS_BIN)/.hadolint-$(HADOLINT_VERSION):
 
 $(HELM): $(TOOLS_BIN)/.helm-$(HELM_VERSION)
 	@command -v $(TOOLS_GO) >/dev/null || { echo "tools: '$(TOOLS_GO)' not found; install Go" >&2; exit 1; }
-	GOBIN=$(TOOLS_BIN) GOFLAGS=-buildvcs=false $(TOOLS_GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+	@GOBIN=$(TOOLS_BIN) GOFLAGS=-buildvcs=false $(call TOOLS_PROGRESS,helm,$(HELM_VERSION),the chart renderer for the manifest tests and make node-up) \
+	  $(TOOLS_GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
 	@touch $@
 
 $(KUSTOMIZE): $(TOOLS_BIN)/.kustomize-$(KUSTOMIZE_VERSION)
 	@command -v $(TOOLS_GO) >/dev/null || { echo "tools: '$(TOOLS_GO)' not found; install Go" >&2; exit 1; }
-	GOBIN=$(TOOLS_BIN) GOFLAGS=-buildvcs=false $(TOOLS_GO) install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION)
+	@GOBIN=$(TOOLS_BIN) GOFLAGS=-buildvcs=false $(call TOOLS_PROGRESS,kustomize,$(KUSTOMIZE_VERSION),the overlay renderer for the manifest tests) \
+	  $(TOOLS_GO) install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION)
 	@touch $@
 
 hadolint: $(HADOLINT)

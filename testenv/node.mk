@@ -34,21 +34,26 @@ NODE_HELM_ARGS   ?=
 NODE_MODE         = --backend $(NODE_BACKEND) --helm-args '$(NODE_HELM_ARGS)'
 NODE_ROOT_CHECK   = @[ "$$(id -u)" = 0 ] || { echo "$@: needs root (containers, mounts, a bridge, cgroups)" >&2; exit 1; }
 
-.PHONY: node-up node-down node-status node-images node-packages e2e-node test-node demo-node
+.PHONY: node-artifacts node-up node-down node-status node-images node-packages e2e-node test-node demo-node
 
+# Each Go build prints what it builds, its progress and its time (hack/buildprogress.py).
 $(CONTAINERD_BINS) &:
-	GOBIN=$(NODE_CACHE)/bin $(TESTENV_GO) install -tags '$(CONTAINERD_TAGS)' \
+	@GOBIN=$(NODE_CACHE)/bin $(call go_progress,containerd,containerd $(CONTAINERD_VERSION),containerd$(comma) its runc shim and ctr for the real node) \
+	  $(TESTENV_GO) install -tags '$(CONTAINERD_TAGS)' \
 	  $(foreach c,containerd containerd-shim-runc-v2 ctr,github.com/containerd/containerd/v2/cmd/$(c)@$(CONTAINERD_VERSION))
 
 $(NODE_CACHE)/bin/runc:
-	GOBIN=$(NODE_CACHE)/bin CGO_ENABLED=1 $(TESTENV_GO) install -tags seccomp github.com/opencontainers/runc@$(RUNC_VERSION)
+	@GOBIN=$(NODE_CACHE)/bin CGO_ENABLED=1 $(call go_progress,runc,runc $(RUNC_VERSION),the OCI runtime of the real node) \
+	  $(TESTENV_GO) install -tags seccomp github.com/opencontainers/runc@$(RUNC_VERSION)
 
 $(CNI_BINS) &:
-	GOBIN=$(NODE_CACHE)/cni CGO_ENABLED=0 $(TESTENV_GO) install \
+	@GOBIN=$(NODE_CACHE)/cni CGO_ENABLED=0 $(call go_progress,cni,CNI plugins $(CNI_PLUGINS_VERSION),bridge$(comma) host-local$(comma) loopback and portmap for the pod network of the real node) \
+	  $(TESTENV_GO) install \
 	  $(foreach p,main/bridge ipam/host-local main/loopback meta/portmap,github.com/containernetworking/plugins/plugins/$(p)@$(CNI_PLUGINS_VERSION))
 
 $(NODE_CACHE)/bin/pause: $(TESTENV_DIR)/cmd/pause/main.go
-	cd $(TESTENV_DIR) && CGO_ENABLED=0 $(TESTENV_GO) build -ldflags '-s -w' -o $@ ./cmd/pause
+	@cd $(TESTENV_DIR) && CGO_ENABLED=0 $(call go_progress,pause,pause,the binary of the pause image of the real node) \
+	  $(TESTENV_GO) build -ldflags '-s -w' -o $@ ./cmd/pause
 
 $(NODE_CACHE)/images/pause.tar: $(NODE_CACHE)/bin/pause $(NODE_DIR)/ociimage.py
 	@mkdir -p $(dir $@)
@@ -72,10 +77,16 @@ node-packages:
 	  command -v $${p%%:*} >/dev/null || [ -e $${p%%:*} ] || missing="$$missing $${p#*:}"; done; \
 	[ -z "$$missing" ] || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; }
 
+# The node's binaries and images, two at a time, images first: the driver's image (mostly
+# downloads and unpacking) builds while Go compiles. These links are small (containerd's
+# peaks at 0.8 GB). Silent when all are present.
+node-artifacts: $(NODE_IMAGES) $(CONTAINERD_BINS) $(NODE_CACHE)/bin/runc $(CNI_BINS)
+	@:
+
 node-up: install testenv helm
 	$(NODE_ROOT_CHECK)
 	@$(MAKE) --no-print-directory node-packages
-	@$(MAKE) --no-print-directory $(CONTAINERD_BINS) $(NODE_CACHE)/bin/runc $(CNI_BINS) $(NODE_IMAGES)
+	@$(MAKE) --no-print-directory -j2 node-artifacts
 	DRA_TESTENV_BIN=$(TESTENV_BIN) $(NODE_PY) up --bin-dir $(NODE_CACHE)/bin --cni-dir $(NODE_CACHE)/cni \
 	  $(foreach i,$(NODE_IMAGES),--image $(i)) --runc $(NODE_CACHE)/bin/runc --helm $(HELM) --chart deployments/helm/dra-driver \
 	  --driver-image $(DRIVER_IMAGE) $(NODE_MODE)

@@ -28,6 +28,7 @@ TESTENV_BIN     ?= $(TESTENV_CACHE)/bin/testenv
 # The CEL engine follows the newest release's scheduler, whatever K8S selects.
 CELREF_BIN      ?= $(TESTENV_ROOT)/.cache/testenv/$(K8S_NEWEST)/bin/celref
 TESTENV_GO      ?= go
+comma           := ,
 TESTENV_PYTHON  ?= $(TESTENV_ROOT)/.venv/bin/python
 TESTENV_MODFILE := mod/$(K8S_VERSION)/go.mod
 TESTENV_TAGS    := $(shell $(TESTENV_PIN) --tags $(K8S_VERSION))
@@ -39,6 +40,11 @@ TESTENV_LDFLAGS := $(foreach p,k8s.io/component-base/version k8s.io/client-go/pk
                    -X $(p).gitVersion=$(K8S_VERSION) -X $(p).gitMajor=1 -X $(p).gitMinor=$(K8S_MINOR) \
                    -X $(p).gitTreeState=clean)
 TESTENV_BUILD   := $(TESTENV_GO) build -modfile=$(TESTENV_MODFILE) -tags '$(TESTENV_TAGS)'
+# Every Go build of the fragments runs under hack/buildprogress.py (plain python3: the venv
+# may not exist yet): a banner saying what is built, why and how long it took on 2 cores,
+# progress while it compiles, the elapsed time at the end. BUILDPROGRESS=0 runs them plainly.
+#   $(call go_progress,KEY,NAME,WHY) go build ...   (KEY: a row of the script's timing table)
+go_progress      = python3 $(TESTENV_ROOT)/hack/buildprogress.py --key $(1) --name '$(2)' --why '$(3)' --
 # The control plane's feature gates: every DRA gate of the release (all), or the release's
 # defaults (default), as a cluster that sets no gate runs.
 K8S_GATES       ?= all
@@ -54,7 +60,8 @@ testenv: $(TESTENV_BIN)
 $(TESTENV_BIN): $(TESTENV_SOURCES)
 	@command -v $(TESTENV_GO) >/dev/null || { echo "testenv: '$(TESTENV_GO)' not found; install Go (see $(TESTENV_DIR)/go.mod)" >&2; exit 1; }
 	@mkdir -p $(dir $@)
-	cd $(TESTENV_DIR) && ./pin.sh --check $(K8S_VERSION) >/dev/null && \
+	@cd $(TESTENV_DIR) && ./pin.sh --check $(K8S_VERSION) >/dev/null && \
+	  $(call go_progress,testenv,testenv $(K8S_VERSION),the local control plane (apiserver$(comma) scheduler$(comma) controller-manager$(comma) etcd$(comma) kubelet-dra) that make demo and the e2e tests run) \
 	  $(TESTENV_BUILD) -ldflags '$(TESTENV_LDFLAGS)' -o $@.tmp ./cmd/testenv
 	@mv -f $@.tmp $@
 
@@ -73,7 +80,8 @@ $(CELREF_BIN): $(shell find $(TESTENV_DIR) -name '*.go' -not -path '*/testdata/*
                $(TESTENV_DIR)/mod/$(K8S_NEWEST)/go.mod $(TESTENV_DIR)/mod/$(K8S_NEWEST)/go.sum
 	@command -v $(TESTENV_GO) >/dev/null || { echo "celref: '$(TESTENV_GO)' not found; install Go (see $(TESTENV_DIR)/go.mod)" >&2; exit 1; }
 	@mkdir -p $(dir $@)
-	cd $(TESTENV_DIR) && ./pin.sh --check $(K8S_NEWEST) >/dev/null && \
+	@cd $(TESTENV_DIR) && ./pin.sh --check $(K8S_NEWEST) >/dev/null && \
+	  $(call go_progress,celref,celref $(K8S_NEWEST),the CEL engine of the newest scheduler$(comma) the reference for the CEL differential tests) \
 	  $(TESTENV_GO) build -modfile=mod/$(K8S_NEWEST)/go.mod -o $@.tmp ./cmd/celref
 	@mv -f $@.tmp $@
 
