@@ -128,6 +128,8 @@ class Node:
     kubeconfig: Path
     helm_bin: Path
     ctr_bin: Path
+    #: The driver name the chart installs (compat mode: the NVIDIA driver's).
+    driver: str = "gpu.dra.dev"
     _dyn: DynamicClient | None = field(default=None, repr=False)
 
     @classmethod
@@ -254,7 +256,11 @@ class Node:
     def allocated(self, namespace: str, pod: str) -> list[Allocated]:
         """The devices allocated to the pod's claims, with their slices' attributes."""
         p = self.core.read_namespaced_pod(pod, namespace)
+        # Claims made from templates are in the status; claims named by the pod in its spec.
         claims = [s.resource_claim_name for s in p.status.resource_claim_statuses or []]
+        claims += [
+            c.resource_claim_name for c in p.spec.resource_claims or [] if c.resource_claim_name
+        ]
         ext = p.status.extended_resource_claim_status
         if ext is not None:
             claims.append(ext.resource_claim_name)
@@ -395,7 +401,7 @@ class Node:
             slices = self.slices()
             return bool(slices) and all(
                 (s["metadata"].get("annotations") or {})
-                .get("gpu.dra.dev/publisher", "")
+                .get(f"{self.driver}/publisher", "")
                 .endswith("/" + uid)
                 for s in slices
             )
@@ -405,7 +411,8 @@ class Node:
     def slices(self) -> list[dict[str, Any]]:
         """The driver's ResourceSlices as plain dicts."""
         res = self.dynamic.resources.get(api_version="resource.k8s.io/v1", kind="ResourceSlice")
-        return [item.to_dict() for item in res.get(field_selector="spec.driver=gpu.dra.dev").items]
+        selector = f"spec.driver={self.driver}"
+        return [item.to_dict() for item in res.get(field_selector=selector).items]
 
     def driver_pods(self) -> list[client.V1Pod]:
         pods = self.core.list_namespaced_pod(DRIVER_NAMESPACE, label_selector=DRIVER_LABELS)
@@ -444,7 +451,10 @@ class Node:
         wait_until(ready, f"the default ServiceAccount of {namespace}", timeout=30)
 
     def delete_namespace(self, namespace: str) -> None:
-        """Delete the pods first (so the kubelet unprepares their claims), then the rest."""
+        """Delete the pods first (so the kubelet unprepares their claims), then the rest.
+        Deployments go before their pods, which they would make again."""
+        client.AppsV1Api(self.api).delete_collection_namespaced_deployment(namespace)
+        client.AppsV1Api(self.api).delete_collection_namespaced_replica_set(namespace)
         for p in self.core.list_namespaced_pod(namespace).items:
             self.core.delete_namespaced_pod(p.metadata.name, namespace, grace_period_seconds=1)
         wait_until(
