@@ -326,3 +326,61 @@ def test_admission_latency(api: Api, ns: str, installed: None) -> None:
         f"difference median {with_policy[0] - without[0]:+.2f} ms p95 {with_policy[1] - without[1]:+.2f} ms"
     )
     assert with_policy[0] < without[0] + 250  # generous: a sanity bound, not a benchmark
+
+
+def _nvidia_objects() -> tuple[Obj, Obj]:
+    """The same policy installed as the NVIDIA driver (compat mode), under its own name."""
+    text = POLICY_FILE.read_text().replace(f'"{unit.DRIVER}"', f'"{unit.NVIDIA}"', 1)
+    policy, binding = [d for d in yaml.safe_load_all(text) if d]
+    name = policy["metadata"]["name"] + "-nvidia"
+    policy["metadata"]["name"] = binding["metadata"]["name"] = name
+    binding["spec"]["policyName"] = name
+    return policy, binding
+
+
+NVIDIA_CASES = [
+    # (mpsConfig, refused naming this field or None)
+    ({"defaultActiveThreadPercentage": 0, "multiUser": True}, None),
+    ({"defaultPinnedDeviceMemoryLimit": "8Ti"}, None),
+    ({"defaultActiveThreadPercentage": 101}, "sharing.mpsConfig.defaultActiveThreadPercentage"),
+    ({"multiUser": "yes"}, "sharing.mpsConfig.multiUser"),
+    ({"multiuser": True}, "sharing.mpsConfig"),
+]
+
+
+def test_in_compat_mode_the_nvidia_config_api_is_checked(
+    api: Api, ns: str, installed: None
+) -> None:
+    objects = _nvidia_objects()
+    for plural, obj in zip(
+        ("validatingadmissionpolicies", "validatingadmissionpolicybindings"), objects, strict=True
+    ):
+        status, body = api.call("POST", f"{ADMISSION}/{plural}", obj)
+        assert status in (200, 201), body
+    bad = {"apiVersion": unit.NVIDIA_API, "kind": "GpuConfig", "sharing": {"strategy": "Nope"}}
+    try:
+        _wait(
+            lambda: _create(api, ns, claim_body(bad, _name("probe"), unit.NVIDIA), True)[0] == 422,
+            "the compat policy to take effect",
+        )
+        for mps, field in NVIDIA_CASES:
+            params = {
+                "apiVersion": unit.NVIDIA_API,
+                "kind": "GpuConfig",
+                "sharing": {"strategy": "MPS", "mpsConfig": mps},
+            }
+            assert (unit.agent_error(params, unit.config_apis("nvidia")) is None) is (field is None)
+            status, body = _create(api, ns, claim_body(params, _name("nv"), unit.NVIDIA), True)
+            if field is None:
+                assert status == 201, body
+            else:
+                assert status == 422 and f"field '{field}" in body.get("message", ""), body
+        # Under our own name the NVIDIA API is not ours to accept.
+        status, body = _create(api, ns, claim_body(params, _name("nv")), True)
+        assert status == 422 and "is not 'gpu.dra.dev/v1alpha1'" in body["message"], body
+    finally:
+        for plural, obj in (
+            ("validatingadmissionpolicybindings", objects[1]),
+            ("validatingadmissionpolicies", objects[0]),
+        ):
+            api.call("DELETE", f"{ADMISSION}/{plural}/{obj['metadata']['name']}")
