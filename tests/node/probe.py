@@ -275,9 +275,9 @@ class Node:
         return out
 
     def published_devices(self) -> dict[tuple[str, str], dict[str, Any]]:
-        res = self.dynamic.resources.get(api_version="resource.k8s.io/v1", kind="ResourceSlice")
+        """The driver's published devices by (pool, name): their attributes."""
         out: dict[tuple[str, str], dict[str, Any]] = {}
-        for s in res.get().to_dict()["items"]:
+        for s in self.slices():
             for d in s["spec"].get("devices", []):
                 out[(s["spec"]["pool"]["name"], d["name"])] = d.get("attributes", {})
         return out

@@ -47,6 +47,12 @@ def compat(node: Node) -> Iterator[Node]:
         node.driver = "gpu.dra.dev"
         node.switch_chart("simulated", *no_extended)
         node.switch_chart("simulated")
+        # The kubelet removes the slices of a driver whose plugin is gone, after a while.
+        res = node.dynamic.resources.get(api_version="resource.k8s.io/v1", kind="ResourceSlice")
+        wait_until(
+            lambda: not res.get(field_selector=f"spec.driver={NVIDIA_DRIVER}").items,
+            f"the kubelet to remove the {NVIDIA_DRIVER} slices",
+        )
 
 
 def _pods(node: Node, namespace: str, workload: Workload) -> list[str]:
