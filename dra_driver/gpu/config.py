@@ -137,6 +137,8 @@ class MpsConfig(_Strict):
         alias="defaultPerDevicePinnedMemoryLimit",
         json_schema_extra={QUANTITY_KEY: MEMORY_LIMIT},
     )
+    #: The bounds the limits are checked against (another config API may widen them).
+    limit_bounds: ClassVar[Mapping[str, Any]] = MEMORY_LIMIT
 
     rules = (
         Rule(
@@ -156,13 +158,13 @@ class MpsConfig(_Strict):
     @field_validator("default_pinned_device_memory_limit")
     @classmethod
     def _check_limit(cls, value: str | None) -> str | None:
-        return None if value is None else memory_limit(value)
+        return None if value is None else memory_limit(value, cls.limit_bounds)
 
     @field_validator("default_per_device_pinned_memory_limit")
     @classmethod
     def _check_limits(cls, value: dict[str, str]) -> dict[str, str]:
         for limit in value.values():
-            memory_limit(limit)
+            memory_limit(limit, cls.limit_bounds)
         return value
 
     def device_keys(self) -> frozenset[str]:

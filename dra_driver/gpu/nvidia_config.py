@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from dra_driver.gpu.config import (
     MEMORY_LIMIT,
@@ -27,7 +27,6 @@ from dra_driver.gpu.config import (
     MigDeviceConfig,
     MigSharing,
     MpsConfig,
-    memory_limit,
 )
 
 API_GROUP_VERSION = "resource.nvidia.com/v1beta1"
@@ -60,19 +59,7 @@ class NvidiaMpsConfig(MpsConfig):
         json_schema_extra={QUANTITY_KEY: NVIDIA_MEMORY_LIMIT},
     )
     multi_user: bool | None = Field(default=None, alias="multiUser")
-
-    # These replace the checks of ours by name: the NVIDIA driver's bounds.
-    @field_validator("default_pinned_device_memory_limit")
-    @classmethod
-    def _check_limit(cls, value: str | None) -> str | None:
-        return None if value is None else memory_limit(value, NVIDIA_MEMORY_LIMIT)
-
-    @field_validator("default_per_device_pinned_memory_limit")
-    @classmethod
-    def _check_limits(cls, value: dict[str, str]) -> dict[str, str]:
-        for limit in value.values():
-            memory_limit(limit, NVIDIA_MEMORY_LIMIT)
-        return value
+    limit_bounds = NVIDIA_MEMORY_LIMIT
 
 
 class NvidiaGpuSharing(GpuSharing):

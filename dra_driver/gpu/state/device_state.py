@@ -242,12 +242,13 @@ class DeviceState:
             self._refresh()
             out: dict[str, PrepareResult] = {}
             plans: list[Plan] = []
+            planned: set[str] = set()
             held = holders(self._data.claims)
             shared = shared_devices(self._data.claims)
             others = [(u, d) for u, r in self._data.claims.items() for d in r.devices]
             for claim in claims:
                 uid = claim.ref.uid
-                if uid in out or any(plan.ref.uid == uid for plan in plans):
+                if uid in out or uid in planned:
                     continue  # the same claim twice in a batch: its first entry decides
                 if not valid_uid(uid):
                     out[uid] = ClaimError(f"claim {claim.ref}: invalid claim UID {uid!r}")
@@ -310,6 +311,7 @@ class DeviceState:
                 others += [(uid, r) for r in records]
                 self._data.claims[uid] = record
                 plans.append(plan)
+                planned.add(uid)
             batch = {plan.ref.uid: str(plan.ref) for plan in plans}
             if plans and self._record(batch, out, "that its prepare started"):
                 faults.point("prepare.started-recorded")
