@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -132,6 +133,7 @@ def build_state(
             else devnodes.simulated
         ),
         mig=mig,
+        mig_layout=settings.mig_layout,
         shared_gpus=shared_uuids(inventory, parse_selection(settings.shared_gpus)),
         sharing=make_sharing_backend(
             settings.backend,
@@ -169,6 +171,7 @@ class NodeAgent:
             inventory,
             shared,
             binding=settings.dynamic_mig and settings.mig_binding_conditions,
+            mig_layout=settings.mig_layout,
             overhead=parse_overhead(settings.node_overhead),
             list_attributes=settings.list_attributes,
             legacy_nvidia=settings.compat == "nvidia",
@@ -185,7 +188,12 @@ class NodeAgent:
         self.reporter = ClaimReporter(client, self.driver, self.node)
         self.heartbeats = Heartbeats()
         self._tasks: set[asyncio.Task[Any]] = set()
-        self.plugin_driver = GpuDriver(state, self.reporter, on_carve_failed=self.on_carve_failed)
+        self.plugin_driver = GpuDriver(
+            state,
+            self.reporter,
+            on_carve_failed=self.on_carve_failed,
+            on_no_placement=self.on_no_placement,
+        )
         self.plugin = Plugin(
             PluginConfig(
                 driver_name=self.driver,
@@ -273,19 +281,33 @@ class NodeAgent:
         """Creating MIG devices failed before binding: keep new claims off those GPUs (a
         ``mig-failed`` taint) until a re-check after ``--mig-failure-hold``."""
         hold = self.settings.mig_failure_hold
+        self._keep_off(
+            gpus,
+            HealthEvent("", "mig-failed", message=message, hold=hold),
+            "MIGCreateFailed",
+            f"creating a MIG device failed; no new MIG devices there for {hold:g}s",
+        )
+
+    def on_no_placement(self, gpus: tuple[str, ...], message: str) -> None:
+        """A share of MIG slices fit by count but not by position: keep new claims off the
+        GPU (a ``mig-fragmented`` taint) until the next re-check, so the scheduler, which
+        only counts, places the pod elsewhere instead of here again."""
+        self._keep_off(
+            gpus,
+            HealthEvent("", "mig-fragmented", message=message),
+            "MIGNoPlacement",
+            "the slices fit but no placement is free; no new claims there until the next "
+            "health re-check",
+        )
+
+    def _keep_off(self, gpus: tuple[str, ...], event: HealthEvent, reason: str, what: str) -> None:
+        """Taint ``gpus`` with ``event``'s problem; one Node Event per newly tainted GPU."""
         now = time.monotonic()
         for uuid in gpus:
-            event = HealthEvent(uuid, "mig-failed", message=message, hold=hold)
-            if not self.health.apply(event, now):
+            if not self.health.apply(dataclasses.replace(event, uuid=uuid), now):
                 continue
-            log.warning("MIG device creation failed: GPU tainted", uuid=uuid, error=message)
-            self._spawn(
-                self._node_event(
-                    "MIGCreateFailed",
-                    f"creating a MIG device on GPU {uuid} failed; no new MIG devices there "
-                    f"for {hold:g}s: {message}",
-                )
-            )
+            log.warning(f"{what}: GPU tainted", uuid=uuid, error=event.message)
+            self._spawn(self._node_event(reason, f"GPU {uuid}: {what}: {event.message}"))
         self._health_changed()
 
     def _health_changed(self) -> None:

@@ -37,6 +37,9 @@ class DeviceStatus(NamedTuple):
     binding: Sequence[str] = ()
     #: Preparing it failed: its binding failure conditions (set True) and why.
     failure: tuple[Sequence[str], str] | None = None
+    #: One of several allocations of the device: the allocation's shareID (the API server
+    #: accepts the status of such a device only under it).
+    share_id: str | None = None
 
 
 def _condition(kind: str, reason: str, message: str, now: str) -> dict[str, str]:
@@ -71,6 +74,7 @@ def status_body(
                     "driver": driver,
                     "pool": pool,
                     "device": d.device,
+                    **({"shareID": d.share_id} if d.share_id else {}),
                     "conditions": _conditions(d, now),
                     "data": dict(d.data),
                 }
@@ -100,8 +104,8 @@ class ClaimReporter:
         self._tasks: set[asyncio.Task[Any]] = set()
 
     def set_devices(self, ref: ClaimRef, devices: Sequence[tuple[Any, ...]]) -> None:
-        """Publish the claim's prepared devices, (device name, data) or (device name, data,
-        binding conditions) each (an empty list clears them); a driver passes plain tuples
+        """Publish the claim's prepared devices, (device name, data[, binding conditions[,
+        failure[, shareID]]]) each (an empty list clears them); a driver passes plain tuples
         and needs nothing from this module."""
         queued = self._pending.get(ref.uid)
         if not devices and queued is not None and queued[1]:
@@ -112,13 +116,14 @@ class ClaimReporter:
         self._wake.set()
 
     def binding_failed(
-        self, ref: ClaimRef, devices: Sequence[tuple[str, Sequence[str]]], message: str
+        self, ref: ClaimRef, devices: Sequence[tuple[Any, ...]], message: str
     ) -> None:
         """Preparing the claim before binding failed: set each device's binding failure
-        conditions, (device name, condition types) each, so the scheduler tries elsewhere."""
+        conditions, (device name, condition types[, shareID]) each, so the scheduler tries
+        elsewhere."""
         self._pending[ref.uid] = (
             ref,
-            [DeviceStatus(name, {}, (), (kinds, message)) for name, kinds in devices],
+            [DeviceStatus(d[0], {}, (), (d[1], message), *d[2:]) for d in devices],
         )
         self._wake.set()
 

@@ -55,6 +55,7 @@ def _slices(settings: Settings, _: argparse.Namespace) -> int:
         inventory,
         dynamic=settings.dynamic_mig,
         shared=shared_uuids(inventory, parse_selection(settings.shared_gpus)),
+        layout=settings.mig_layout,
     )
     slices = render_pool(
         catalog.pool(
@@ -118,6 +119,7 @@ _AGENT = (
     "dynamic_mig",
     "mig_binding_conditions",
     "mig_failure_hold",
+    "mig_layout",
     "node_overhead",
     "list_attributes",
     "mig_profiles",
@@ -221,6 +223,7 @@ COMMANDS: dict[str, Command] = {
             "compat",
             "driver_name",
             "dynamic_mig",
+            "mig_layout",
             "mig_profiles",
             "shared_gpus",
             "list_attributes",

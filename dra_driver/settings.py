@@ -133,6 +133,14 @@ class Settings(BaseModel):
         '(migProfiles), for selectors like .migProfiles.includes("3g.40gb") (needs '
         "DRAListTypeAttributes, alpha)",
     )
+    mig_layout: Literal["placements", "capacity"] = Field(
+        "placements",
+        description="with --dynamic-mig, how MIG is published: placements (every placement "
+        "of every profile a device, with shared counters; claims select a profile) or capacity "
+        "(each GPU one device that claims share by computeSlices and memorySlices, the "
+        "placement chosen by the agent: far cheaper for the scheduler on large clusters; needs "
+        "DRAConsumableCapacity)",
+    )
     mig_profiles: str = Field(
         "",
         description="with --dynamic-mig, publish placements of these MIG profiles only, "

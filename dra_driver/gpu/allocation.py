@@ -37,6 +37,14 @@ class AllocatedDevice:
     mig: MigDevice | None = None
     config: DeviceConfig | None = None
     share: Share | None = None  # a share of a shared GPU (several claims on one GPU)
+    # Dynamic MIG by capacity: the allocation's share of the GPU's MIG slices (its shareID).
+    slices_share: str | None = None
+
+    @property
+    def share_id(self) -> str | None:
+        """The allocation's shareID when it is one of several of its device (its CDI
+        device is named after it)."""
+        return self.share.share_id if self.share else self.slices_share
 
     @property
     def uuid(self) -> str:

@@ -10,7 +10,7 @@ import structlog
 
 from dra_driver import metrics
 from dra_driver.gpu.state.device_state import DeviceState
-from dra_driver.gpu.state.planner import CarveError
+from dra_driver.gpu.state.planner import CarveError, NoPlacementError
 from dra_driver.kubeletplugin import run_blocking
 from dra_driver.kubeletplugin.interfaces import (
     ClaimRef,
@@ -26,14 +26,15 @@ class ClaimStatus(Protocol):
     """Where prepare outcomes go (the claim status writer, :mod:`dra_driver.claimreport`)."""
 
     def set_devices(self, ref: ClaimRef, devices: Sequence[tuple[Any, ...]]) -> None:
-        """The claim's prepared devices, (device name, data, binding conditions) each;
-        empty clears them."""
+        """The claim's prepared devices, (device name, data, binding conditions, failure,
+        shareID) each; empty clears them."""
         ...
 
     def binding_failed(
-        self, ref: ClaimRef, devices: Sequence[tuple[str, Sequence[str]]], message: str
+        self, ref: ClaimRef, devices: Sequence[tuple[Any, ...]], message: str
     ) -> None:
-        """Preparing before binding failed: set these devices' binding failure conditions."""
+        """Preparing before binding failed: set these devices' binding failure conditions,
+        (device name, condition types, shareID) each."""
         ...
 
     def prepare_failed(self, ref: ClaimRef, message: str) -> None:
@@ -43,6 +44,8 @@ class ClaimStatus(Protocol):
 
 #: Told when creating MIG devices failed for a claim before binding: the GPUs' UUIDs, why.
 CarveFailed = Callable[[tuple[str, ...], str], None]
+#: Told when a share of MIG slices found no free placement before binding: the GPUs, why.
+NoPlacement = Callable[[tuple[str, ...], str], None]
 
 
 def _conditions(claim: ClaimToPrepare, key: str) -> dict[str, list[str]]:
@@ -63,10 +66,12 @@ class GpuDriver:
         state: DeviceState,
         reporter: ClaimStatus | None = None,
         on_carve_failed: CarveFailed | None = None,
+        on_no_placement: NoPlacement | None = None,
     ) -> None:
         self.state = state
         self.reporter = reporter
         self.on_carve_failed = on_carve_failed
+        self.on_no_placement = on_no_placement
 
     async def prepare(self, claims: Sequence[ClaimToPrepare]) -> Mapping[str, PrepareResult]:
         """Prepare a batch of claims."""
@@ -90,7 +95,7 @@ class GpuDriver:
         reporter.set_devices(
             claim.ref,
             [
-                (d.device_name, {"uuid": d.uuid}, binding.get(d.device_name, []))
+                (d.device_name, {"uuid": d.uuid}, binding.get(d.device_name, []), None, d.share_id)
                 for d in (record.devices if record else [])
             ],
         )
@@ -106,12 +111,21 @@ class GpuDriver:
         outcome = results.get(claim.ref.uid)
         if isinstance(outcome, CarveError) and self.on_carve_failed is not None:
             self.on_carve_failed(outcome.gpus, str(outcome))
+        if isinstance(outcome, NoPlacementError) and self.on_no_placement is not None:
+            self.on_no_placement(outcome.gpus, str(outcome))
         if self.reporter is None:
             return
         if isinstance(outcome, Exception) or outcome is None:
             message = str(outcome) if outcome is not None else "no result"
-            failures = _conditions(claim, "bindingFailureConditions")
-            self.reporter.binding_failed(claim.ref, list(failures.items()), message)
+            failures = [
+                (
+                    str(r.get("device")),
+                    list(r.get("bindingFailureConditions") or []),
+                    r.get("shareID"),
+                )
+                for r in claim.results
+            ]
+            self.reporter.binding_failed(claim.ref, failures, message)
             self.reporter.prepare_failed(claim.ref, message)
         else:
             self._report_prepared(self.reporter, claim)

@@ -83,8 +83,16 @@ def check_node_consistent(node: NodeHandle) -> dict[str, Any]:
         for device in record["devices"]:
             if device.get("sharing") == "admin":
                 continue
-            other = holders.setdefault(device["deviceName"], uid)
-            assert other == uid, f"{device['deviceName']} is prepared for {other} and {uid}"
+            # Shares of one device are held apart by their shareID; a MIG device made for a
+            # claim by the GPU instance it is.
+            mig = device.get("mig")
+            key = (
+                f"{mig['gpuUUID']} GPU instance at {mig['start']}"
+                if mig
+                else f"{device['deviceName']} {device.get('shareID') or ''}".strip()
+            )
+            other = holders.setdefault(key, uid)
+            assert other == uid, f"{key} is prepared for {other} and {uid}"
     orphans = set(specs) - set(claims)
     assert not orphans, f"CDI specs without a prepared claim: {sorted(orphans)}"
     # Temp files of interrupted writes must not pile up either (runtimes ignore them, people

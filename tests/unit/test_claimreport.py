@@ -92,3 +92,14 @@ async def test_status_cleared_before_it_was_written_costs_nothing() -> None:
         task.cancel()
     (patch,) = server.seen
     assert b'"devices": []' in patch["body"] or b'"devices":[]' in patch["body"]
+
+
+def test_a_share_of_a_device_is_reported_under_its_share_id() -> None:
+    # The API server accepts the status of a device allocated several times only with the
+    # allocation's shareID ("must be an allocated device in the claim" otherwise).
+    ref = ClaimRef("ns", "c", "u")
+    shares = [DeviceStatus("gpu-0", {}, ("MIGDeviceReady",), None, "s-1"), DeviceStatus("gpu-1", {})]
+    devices = status_body(ref, "d", "p", shares, "t")["status"]["devices"]
+    assert devices[0]["shareID"] == "s-1"
+    assert "MIGDeviceReady" in [c["type"] for c in devices[0]["conditions"]]
+    assert "shareID" not in devices[1]

@@ -289,6 +289,7 @@ def test_schema_rejects(value: str, where: str) -> None:
             "features.sharedGpus": "model:L4",
             "features.dynamicMig": "true",
             "features.migProfiles": "1g.10gb\\,7g.80gb",
+            "features.migLayout": "capacity",
         },
         {"admissionPolicy.enabled": "false"},
         {"driverName": "gpu.example.com", "image.tag": ""},
@@ -305,6 +306,7 @@ def test_values_reach_the_agent(values: dict[str, str]) -> None:
     if "features.sharedGpus" in values:
         assert e["DRA_DYNAMIC_MIG"] == "true" and e["DRA_SHARED_GPUS"] == "model:L4"
         assert e["DRA_MIG_PROFILES"] == "1g.10gb,7g.80gb"
+        assert e["DRA_MIG_LAYOUT"] == "capacity"
     if "admissionPolicy.enabled" in values:
         names = [o["metadata"]["name"] for o in kind(objects, "ValidatingAdmissionPolicy")]
         assert not [n for n in names if n.endswith("-resourceslices")], names

@@ -164,9 +164,7 @@ def build_claim_spec(
         kind=CDI_KIND,
         devices=tuple(
             Device(
-                name=cdi_device_name(
-                    claim_uid, d.device_name, d.share.share_id if d.share else None
-                ),
+                name=cdi_device_name(claim_uid, d.device_name, d.share_id),
                 edits=_device_edits(d, mig_minors, device_nodes),
             )
             for d in devices

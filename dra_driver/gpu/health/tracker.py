@@ -28,7 +28,12 @@ DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
 #: ``mig-failed``: creating a MIG device on the GPU failed; not a health problem of the
 #: devices already in use, but no new claim should be placed there for a while.
-Problem = Literal["xid", "gpu-lost", "mig-failed"]
+#: ``mig-fragmented``: a share of the GPU's MIG slices fit by count but no placement was
+#: free; the scheduler, which counts, would pick the GPU again, so it is kept off until the
+#: next re-check.
+Problem = Literal["xid", "gpu-lost", "mig-failed", "mig-fragmented"]
+#: Problems of MIG device creation, not of the devices in use.
+MIG_PROBLEMS = ("mig-failed", "mig-fragmented")
 
 
 @dataclass(frozen=True)
@@ -38,7 +43,7 @@ class HealthEvent:
     uuid: str
     problem: Problem
     xid: int | None = None
-    message: str = ""  # what failed (mig-failed)
+    message: str = ""  # what failed (mig-failed, mig-fragmented)
     hold: float = 0.0  # seconds before a re-check may clear it, at least
 
 
@@ -140,6 +145,8 @@ class HealthTracker:
             return "GPU is lost (fell off the bus or stopped answering)"
         if condition.problem == "mig-failed":
             return f"creating a MIG device failed: {condition.message}"
+        if condition.problem == "mig-fragmented":
+            return f"no MIG placement free: {condition.message}"
         return f"critical Xid {condition.xid} error"
 
     def taints(self) -> dict[str, list[dict[str, Any]]]:
@@ -147,7 +154,7 @@ class HealthTracker:
         out: dict[str, list[dict[str, Any]]] = {}
         for name, c in self._conditions.items():
             taint: dict[str, Any] = {"effect": "NoSchedule", "timeAdded": c.since}
-            if c.problem in ("gpu-lost", "mig-failed"):
+            if c.problem in ("gpu-lost", *MIG_PROBLEMS):
                 taint["key"] = f"{self.driver_name}/{c.problem}"
             else:
                 taint["key"] = f"{self.driver_name}/xid"
@@ -161,7 +168,7 @@ class HealthTracker:
         bad = {
             name: self._reason(c)
             for name, c in self._conditions.items()
-            if c.problem != "mig-failed"
+            if c.problem not in MIG_PROBLEMS
         }
         return [
             DeviceHealth(

@@ -21,10 +21,12 @@ from dra_driver.gpu.inventory import Gpu, Inventory, MigDevice
 from dra_driver.gpu.publish.devices import (
     DEFAULT_DRIVER_NAME,
     devices_for_gpu,
+    gpu_device,
     gpu_device_name,
     legacy_nvidia_attributes,
 )
 from dra_driver.gpu.publish.devices import list_attributes as gpu_lists
+from dra_driver.gpu.publish.mig_capacity import capacity_device
 from dra_driver.gpu.publish.partitions import PlacementSpec, dynamic_layout, placements
 from dra_driver.gpu.sharing.shared_gpus import shared_device
 from dra_driver.resourceslice.pool import DesiredPool, contents_for
@@ -48,6 +50,7 @@ class Entry:
     mig: MigDevice | None = None  # a MIG device that exists
     placement: PlacementSpec | None = None  # dynamic MIG: the MIG device prepare creates
     shared: bool = False  # a shared GPU: several claims each hold a share of it
+    partitioned: bool = False  # dynamic MIG by capacity: claims share it by MIG slices
 
     @property
     def kind(self) -> str:
@@ -94,8 +97,9 @@ class Catalog:
         without taints of its own carries those of its whole GPU: they share its health.
         ``withdraw_tainted``: leave the devices that would carry taints out instead, for an
         API server without device taints (nothing else keeps the scheduler off them).
-        ``bind_placements``: MIG placements carry binding conditions (:data:`BINDING_FIELDS`),
-        so their MIG devices are made before the pod is bound. ``device_fields`` are added to
+        ``bind_placements``: MIG placements (and GPUs published by MIG capacity) carry binding
+        conditions (:data:`BINDING_FIELDS`), so their MIG devices are made before the pod is
+        bound. ``device_fields`` are added to
         every device (e.g. the node overhead it costs). ``list_attributes``: whole GPUs carry
         their list-type attributes (:func:`~dra_driver.gpu.publish.devices.list_attributes`).
         ``legacy_nvidia``: devices also carry the attributes older NVIDIA DRA driver releases
@@ -116,7 +120,7 @@ class Catalog:
                 if own and withdraw_tainted:
                     continue
                 entry = self.entries[name]
-                if bind_placements and entry.placement is not None:
+                if bind_placements and (entry.placement is not None or entry.partitioned):
                     device = {**device, **BINDING_FIELDS}
                 if list_attributes and entry.kind == "gpu" and (lists := gpu_lists(entry.gpu)):
                     device = {**device, "attributes": {**device["attributes"], **lists}}
@@ -160,12 +164,23 @@ def _static_entries(inventory: Inventory, shared: Collection[str]) -> dict[str, 
     return entries
 
 
+#: ``--mig-layout`` values: how dynamic MIG is published.
+PLACEMENTS = "placements"  # every placement a device, with shared counters (partitions.py)
+CAPACITY = "capacity"  # one device per GPU, shared by MIG slices (mig_capacity.py)
+MIG_LAYOUTS = (PLACEMENTS, CAPACITY)
+
+
 def build_catalog(
-    inventory: Inventory, *, dynamic: bool = False, shared: Collection[str] = ()
+    inventory: Inventory,
+    *,
+    dynamic: bool = False,
+    shared: Collection[str] = (),
+    layout: str = PLACEMENTS,
 ) -> Catalog:
     """The catalogue of ``inventory``.
 
-    ``dynamic``: publish every MIG placement of MIG-capable GPUs, with counters (dynamic MIG);
+    ``dynamic``: MIG devices are made on demand (dynamic MIG), published as ``layout`` says:
+    every placement of MIG-capable GPUs, with counters, or each such GPU by its MIG slices;
     ``shared``: UUIDs of the GPUs published as shared GPUs (see
     :mod:`dra_driver.gpu.sharing.shared_gpus`).
     """
@@ -178,20 +193,40 @@ def build_catalog(
         if gpu.mig.capable:
             entries[gpu_device_name(gpu)] = Entry(gpu, None)
             entries.update((s.device_name, Entry(gpu, None, placement=s)) for s in placements(gpu))
-    layout = dynamic_layout(inventory, shared=shared)
+    if layout == CAPACITY:
+        return _capacity_catalog(inventory, entries, shared)
+    placed = dynamic_layout(inventory, shared=shared)
     plain: list[str] = []
-    for device in layout.devices:
+    for device in placed.devices:
         entry = entries[device["name"]]
         published, is_shared = _published(entry.gpu, device, shared)
         entries[device["name"]] = Entry(entry.gpu, published, shared=is_shared)
         plain.append(device["name"])
     groups: list[tuple[str, ...]] = []
-    for group in layout.groups:
+    for group in placed.groups:
         for device in group:
             entry = entries[device["name"]]
             entries[device["name"]] = Entry(entry.gpu, device, placement=entry.placement)
         groups.append(tuple(d["name"] for d in group))
-    return Catalog(entries, layout.counter_sets, tuple(groups), tuple(plain))
+    return Catalog(entries, placed.counter_sets, tuple(groups), tuple(plain))
+
+
+def _capacity_catalog(
+    inventory: Inventory, entries: dict[str, Entry], shared: Collection[str]
+) -> Catalog:
+    """Dynamic MIG by capacity: MIG-capable GPUs published as their MIG slices; placements
+    stay known (unpublished), so MIG devices made for claims are recognised at restart."""
+    plain: list[str] = []
+    for gpu in inventory.gpus:
+        name = gpu_device_name(gpu)
+        device = gpu_device(gpu, inventory)
+        if gpu.mig.capable and gpu.mig_profiles and gpu.uuid not in shared:
+            entries[name] = Entry(gpu, capacity_device(device, gpu), partitioned=True)
+        else:
+            published, is_shared = _published(gpu, device, shared)
+            entries[name] = Entry(gpu, published, shared=is_shared)
+        plain.append(name)
+    return Catalog(entries, plain=tuple(plain))
 
 
 def simulated_devices(profile: str, node_name: str) -> list[JSON]:

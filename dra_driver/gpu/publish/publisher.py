@@ -20,7 +20,7 @@ import structlog
 
 from dra_driver.gpu.inventory import Inventory, MigState
 from dra_driver.gpu.mig.backend import MigBackend, live_inventory
-from dra_driver.gpu.publish.catalog import build_catalog
+from dra_driver.gpu.publish.catalog import CAPACITY, PLACEMENTS, build_catalog
 from dra_driver.gpu.publish.overhead import overhead_fields
 from dra_driver.resourceslice.pool import DesiredPool
 
@@ -76,20 +76,25 @@ class NodePublishing:
         overhead: Mapping[str, str] | None = None,
         list_attributes: bool = False,
         legacy_nvidia: bool = False,
+        mig_layout: str = PLACEMENTS,
     ) -> None:
         """``shared``: UUIDs of the GPUs published as shared GPUs (sharing by memory);
         ``binding``: MIG placements carry binding conditions (dynamic MIG only);
         ``overhead``: node resource -> what each pod using a device costs the node;
         ``list_attributes``: whole GPUs carry list-type attributes (their MIG profiles);
-        ``legacy_nvidia``: devices carry older NVIDIA DRA driver attributes (compat mode)."""
+        ``legacy_nvidia``: devices carry older NVIDIA DRA driver attributes (compat mode);
+        ``mig_layout``: how dynamic MIG is published (placements or capacity)."""
         self.backend = backend
         self._binding = binding
         self._list_attributes = list_attributes
         self._legacy_nvidia = legacy_nvidia
         self._overhead = dict(overhead or {})
         self._inventory = inventory
+        self._layout = mig_layout
         self.shared = shared
-        self.catalog = build_catalog(inventory, dynamic=backend is not None, shared=shared)
+        self.catalog = build_catalog(
+            inventory, dynamic=backend is not None, shared=shared, layout=mig_layout
+        )
         self.fallback: Inventory | None = None  # set once dynamic MIG had to be given up
         self.given_up: set[str] = set()  # feature gates found off, each handled once
 
@@ -138,7 +143,9 @@ class NodePublishing:
         if not new:
             return {}
         self.given_up.update(new)
-        if PARTITIONABLE in new and self.backend is not None:
+        # The placements need counters, the capacity layout multiple allocations.
+        needs = CONSUMABLE if self._layout == CAPACITY else PARTITIONABLE
+        if needs in new and self.backend is not None:
             self.fallback = await asyncio.to_thread(
                 fallback_inventory, self._inventory, self.backend
             )
@@ -146,9 +153,14 @@ class NodePublishing:
             self.shared = frozenset()
         if PARTITIONABLE in new or CONSUMABLE in new:
             self.catalog = build_catalog(
-                self.fallback or self._inventory, dynamic=self.dynamic, shared=self.shared
+                self.fallback or self._inventory,
+                dynamic=self.dynamic,
+                shared=self.shared,
+                layout=self._layout,
             )
         out = {gate: WITHOUT.get(gate, OTHER_FIELDS) for gate in new}
+        if needs in out and self.backend is not None and needs == CONSUMABLE:
+            out[CONSUMABLE] = f"{WITHOUT[PARTITIONABLE]}; {WITHOUT[CONSUMABLE]}"
         for gate, consequence in out.items():
             log.warning(
                 f"the API server does not support {gate}; {consequence}",

@@ -35,7 +35,7 @@ from dra_driver.gpu.container.claim_spec import (
 )
 from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.mig.backend import MigBackend, MigError
-from dra_driver.gpu.publish.catalog import build_catalog
+from dra_driver.gpu.publish.catalog import PLACEMENTS, build_catalog
 from dra_driver.gpu.sharing.backend import SharingBackend, SharingError
 from dra_driver.gpu.sharing.manager import SharingManager
 from dra_driver.gpu.state import checkpoint, recovery
@@ -96,6 +96,7 @@ class DeviceState:
         shared_gpus: frozenset[str] = frozenset(),
         evidence: Evidence = NO_EVIDENCE,
         config_apis: ConfigKinds = OWN_API,
+        mig_layout: str = PLACEMENTS,
     ) -> None:
         """``mig`` turns on dynamic MIG: MIG devices are created when a claim for one of the
         published placements is prepared and destroyed when it is unprepared. ``sharing``
@@ -105,7 +106,8 @@ class DeviceState:
         ``evidence``: the claims the API server says hold devices of the node (its ``specs``
         are read from ``cdi_root`` here); without the API's word start-up destroys nothing
         that no checkpoint record names. ``config_apis``: the opaque config APIs accepted
-        (the NVIDIA driver's too in its compatibility mode)."""
+        (the NVIDIA driver's too in its compatibility mode). ``mig_layout``: how dynamic MIG
+        is published (:data:`~dra_driver.gpu.publish.catalog.MIG_LAYOUTS`)."""
         self.driver_name = driver_name
         self.node_name = node_name
         self.cdi_root = cdi_root
@@ -117,7 +119,9 @@ class DeviceState:
         self._lock = threading.Lock()
         self._inventory = inventory
         self._dynamic = mig is not None
-        self._catalog = build_catalog(inventory, dynamic=mig is not None, shared=shared_gpus)
+        self._catalog = build_catalog(
+            inventory, dynamic=mig is not None, shared=shared_gpus, layout=mig_layout
+        )
         self._sharing = SharingManager(sharing, state_dir / "mps")
         self._carver = Carver(mig, {g.uuid: g for g in inventory.gpus})
         self._file = checkpoint.CheckpointFile(state_dir / CHECKPOINT_FILE, boot_id)
@@ -264,7 +268,9 @@ class DeviceState:
                     out[uid] = prepared_devices(done)
                     continue
                 try:
-                    plan = plan_claim(claim, self._catalog, self.driver_name, self._config_apis)
+                    plan = plan_claim(
+                        claim, self._catalog, self.driver_name, self._config_apis, others
+                    )
                     record = ClaimRecord(
                         state=ClaimState.PREPARE_STARTED,
                         namespace=claim.ref.namespace,

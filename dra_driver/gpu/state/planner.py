@@ -22,7 +22,15 @@ from dra_driver.gpu.config import (
 from dra_driver.gpu.container.claim_spec import cdi_device_id
 from dra_driver.gpu.inventory import Placement
 from dra_driver.gpu.mig.backend import overlaps
-from dra_driver.gpu.publish.catalog import Catalog
+from dra_driver.gpu.publish.catalog import Catalog, Entry
+from dra_driver.gpu.publish.mig_capacity import (
+    NoPlacement,
+    SlicesError,
+    choose_placement,
+    is_whole,
+    profile_for,
+    slices_of,
+)
 from dra_driver.gpu.publish.partitions import PlacementSpec
 from dra_driver.gpu.sharing.shared_gpus import share_of
 from dra_driver.gpu.state.checkpoint import ClaimRecord, DeviceRecord, MigRecord
@@ -31,6 +39,14 @@ from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare, Prepar
 
 class ClaimError(PrepareError):
     """A claim cannot be prepared; the message tells the user what to fix."""
+
+
+class NoPlacementError(ClaimError):
+    """A share of a GPU's MIG slices fit by count, but no placement of its profile is free."""
+
+    def __init__(self, message: str, gpus: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.gpus = gpus  # UUIDs of the GPUs without a free placement
 
 
 class CarveError(ClaimError):
@@ -58,15 +74,28 @@ Footprint = tuple[str, Placement | None]
 
 
 def plan_claim(
-    claim: ClaimToPrepare, catalog: Catalog, driver_name: str, apis: ConfigKinds = OWN_API
+    claim: ClaimToPrepare,
+    catalog: Catalog,
+    driver_name: str,
+    apis: ConfigKinds = OWN_API,
+    taken: Sequence[tuple[str, DeviceRecord]] = (),
 ) -> Plan:
     """What preparing ``claim`` means: its devices looked up in the catalogue, with their
     configs (of the config ``apis`` accepted), shares and the MIG devices to create. Raises
-    :class:`ClaimError` and the config and share errors, all meant for the claim's user."""
+    :class:`ClaimError` and the config and share errors, all meant for the claim's user.
+
+    ``taken``: the other claims' device records (claim UID, record), where a share of a GPU's
+    MIG slices finds the placements already in use."""
     ref = claim.ref
     configs = parse_allocation_config(claim.config, driver=driver_name, claim=str(ref), apis=apis)
     devices: list[AllocatedDevice] = []
     carve: list[PlacementSpec | None] = []
+    # GPU UUID -> the parts of it in use (None: all of it), this claim's own choices included.
+    used: dict[str, list[Placement | None]] = {}
+    for uid, rec in taken:
+        part = footprint(rec, catalog) if uid != ref.uid and rec.sharing != "admin" else None
+        if part is not None and not memory_share(rec, catalog):
+            used.setdefault(part[0], []).append(part[1])
     for result in claim.results:
         name = str(result.get("device", ""))
         entry = catalog.get(name)
@@ -78,11 +107,22 @@ def plan_claim(
                 f"(devices: {known}); the allocation is stale, delete the pod so the "
                 "claim is allocated again"
             )
-        carve.append(entry.placement)
         request = str(result.get("request", ""))
-        config = resolve_config(configs, request, entry.kind, claim=str(ref))
+        spec, slices_share = entry.placement, None
+        if entry.partitioned and not result.get("adminAccess"):
+            spec = _share_placement(ref, entry, result, used)
+            slices_share = str(result["shareID"])
+            used.setdefault(entry.gpu.uuid, []).append(spec.placement if spec else None)
+        carve.append(spec)
+        kind = "mig" if spec is not None else entry.kind
+        config = resolve_config(configs, request, kind, claim=str(ref))
         device = AllocatedDevice(
-            requests=(request,), device_name=name, gpu=entry.gpu, mig=entry.mig, config=config
+            requests=(request,),
+            device_name=name,
+            gpu=entry.gpu,
+            mig=entry.mig,
+            config=config,
+            slices_share=slices_share,
         )
         if entry.shared and not result.get("adminAccess"):
             # A shared GPU: the scheduler counted this claim's share of it.
@@ -107,6 +147,31 @@ def plan_claim(
     )
 
 
+def _share_placement(
+    ref: ClaimRef,
+    entry: Entry,
+    result: Mapping[str, Any],
+    used: Mapping[str, Sequence[Placement | None]],
+) -> PlacementSpec | None:
+    """The MIG device a share of a GPU's MIG slices becomes (None: the whole GPU)."""
+    name = result.get("device")
+    if not result.get("shareID"):
+        raise ClaimError(
+            f"claim {ref}: device {name} is shared by MIG slices but its allocation has no "
+            "shareID; is the DRAConsumableCapacity feature on in the scheduler?"
+        )
+    try:
+        slices = slices_of(result.get("consumedCapacity"))
+        if is_whole(entry.gpu, slices):
+            return None
+        profile = profile_for(entry.gpu, slices)
+        return choose_placement(entry.gpu, profile, used.get(entry.gpu.uuid, ()))
+    except NoPlacement as exc:
+        raise NoPlacementError(f"claim {ref}: device {name}: {exc}", (entry.gpu.uuid,)) from None
+    except SlicesError as exc:
+        raise ClaimError(f"claim {ref}: device {name}: {exc}") from None
+
+
 def device_records(plan: Plan, node_name: str) -> list[DeviceRecord]:
     """The checkpoint records of a planned claim's devices (before any step is taken)."""
     records = []
@@ -120,17 +185,16 @@ def device_records(plan: Plan, node_name: str) -> list[DeviceRecord]:
                 request_names=list(device.requests),
                 pool_name=node_name,
                 device_name=device.device_name,
-                cdi_device_ids=[
-                    cdi_device_id(
-                        plan.ref.uid,
-                        device.device_name,
-                        device.share.share_id if device.share else None,
-                    )
-                ],
+                cdi_device_ids=[cdi_device_id(plan.ref.uid, device.device_name, device.share_id)],
                 share_id=result.get("shareID"),
                 uuid="" if spec else device.uuid,
                 sharing="admin" if admin else strategy,
                 mig=mig_record(spec) if spec else None,
+                consumed_capacity=(
+                    {str(k): str(v) for k, v in (result.get("consumedCapacity") or {}).items()}
+                    if device.slices_share
+                    else None
+                ),
             )
         )
     return records
@@ -168,9 +232,10 @@ def check_within(ref: ClaimRef, records: Sequence[DeviceRecord], catalog: Catalo
     overlapping MIG devices: the API server accepts such a status, the GPU cannot."""
     for i, rec in enumerate(records):
         for other in records[:i]:
-            if is_share(rec) and is_share(other) and rec.share_id != other.share_id:
+            two_shares = is_share(rec) and is_share(other) and rec.share_id != other.share_id
+            if two_shares and memory_share(rec, catalog) and memory_share(other, catalog):
                 continue  # two shares of one shared GPU: distinct CDI devices, by design
-            if rec.device_name == other.device_name:
+            if rec.device_name == other.device_name and not two_shares:
                 raise ClaimError(
                     f"claim {ref}: device {rec.device_name} is allocated to it twice; a device "
                     "can be prepared once per claim: delete the pod so the claim is allocated "
@@ -209,11 +274,11 @@ def check_gpu_free(
     taken = [
         (uid, r, footprint(r, catalog))
         for uid, r in others
-        if r.sharing != "admin" and not is_share(r)
+        if r.sharing != "admin" and not memory_share(r, catalog)
     ]
     for rec in records:
         mine = footprint(rec, catalog)
-        if mine is None or rec.sharing == "admin" or is_share(rec):
+        if mine is None or rec.sharing == "admin" or memory_share(rec, catalog):
             continue
         for uid, other, theirs in taken:
             if uid != ref.uid and _clash(mine, theirs):
@@ -253,8 +318,15 @@ def check_free(
 
 
 def is_share(rec: DeviceRecord) -> bool:
-    """Whether the record is a share of a shared GPU (it records what the share consumed)."""
+    """Whether the record is one of several allocations of one device (a share of a shared
+    GPU or of a GPU's MIG slices): it records what the share consumed."""
     return rec.consumed_capacity is not None
+
+
+def memory_share(rec: DeviceRecord, catalog: Catalog) -> bool:
+    """Whether the record is a share of a shared GPU (MPS limits, no part of the GPU its own)."""
+    entry = catalog.get(rec.device_name)
+    return is_share(rec) and entry is not None and entry.shared
 
 
 def mig_record(spec: PlacementSpec) -> MigRecord:

@@ -161,14 +161,14 @@ def test_status_sets_binding_conditions_or_failure_conditions() -> None:
 class _Reporter:
     def __init__(self) -> None:
         self.devices: dict[str, list[tuple[Any, ...]]] = {}
-        self.failed: dict[str, tuple[list[tuple[str, Sequence[str]]], str]] = {}
+        self.failed: dict[str, tuple[list[tuple[Any, ...]], str]] = {}
         self.events: list[str] = []
 
     def set_devices(self, ref: ClaimRef, devices: Sequence[tuple[Any, ...]]) -> None:
         self.devices[ref.uid] = list(devices)
 
     def binding_failed(
-        self, ref: ClaimRef, devices: Sequence[tuple[str, Sequence[str]]], message: str
+        self, ref: ClaimRef, devices: Sequence[tuple[Any, ...]], message: str
     ) -> None:
         self.failed[ref.uid] = (list(devices), message)
 
@@ -242,7 +242,7 @@ async def test_failed_creation_sets_failure_conditions_and_names_the_gpu(tmp_pat
     uuid = _fail_creation(tmp_path, "Insufficient Resources")
     await driver.prepare_before_binding(_to_prepare(MIG_1G))
     devices, message = reporter.failed[UID]
-    assert devices == [(MIG_1G, [MIG_FAILED])]
+    assert devices == [(MIG_1G, [MIG_FAILED], None)]  # no shareID: not a shared device
     assert "Insufficient Resources" in message and reporter.events == [message]
     assert told == [((uuid,), message)]
     assert UID not in state.prepared_claims() and _instances(tmp_path) == []
