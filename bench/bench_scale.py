@@ -1,18 +1,21 @@
 """Benchmark: what many nodes' slices cost the API server and the scheduler.
 
-One process hosts the slice publishers of N simulated nodes (``SliceController``, as each
-node agent runs it; no kubelet needed) against a local control plane, for four layouts of a
-dgx-h100 node: ``minimal`` (one device per GPU, no attributes, no counters), ``static`` (what
-the agent publishes by default), ``dynamic`` (``--dynamic-mig``: every MIG placement, with
-shared counters) and ``dynamic-1g`` (``--dynamic-mig --mig-profiles=1g.10gb``: the whole GPUs
-and their 1g.10gb placements only, which serve the same workloads). Per layout and node count
-it measures the time until every device is visible, the bytes a watcher of all slices
-receives meanwhile (what every scheduler and controller watching slices is sent), the API
-server's resident memory before and after, and then the scheduler (``scheduling.py``): pods
-with a 1-GPU claim until every GPU is taken, and on the dynamic layouts pods with a 1g.10gb
-MIG claim until every GPU is carved full (or a cap).
+Worker processes, one per core, host the slice publishers of N simulated nodes
+(``SliceController``, as each node agent runs it; no kubelet needed; ``publishers.py``)
+against a local control plane, for five layouts of a dgx-h100 node: ``minimal`` (one device
+per GPU, no attributes, no counters), ``static`` (what the agent publishes by default),
+``dynamic`` (``--dynamic-mig``: every MIG placement, with shared counters), ``dynamic-1g``
+(``--dynamic-mig --mig-profiles=1g.10gb``: the whole GPUs and their 1g.10gb placements only,
+which serve the same workloads) and ``dynamic-capacity`` (``--dynamic-mig
+--mig-layout=capacity``: each GPU one device, shared by MIG slices). Per layout and node
+count it measures the time until every device is visible, the publishers' CPU time, the
+bytes a watcher of all slices receives meanwhile (what every scheduler and controller
+watching slices is sent), the API server's resident memory before and after, and then the
+scheduler (``scheduling.py``): pods with a 1-GPU claim until every GPU is taken, and on the
+dynamic layouts pods with a 1g.10gb MIG claim until every GPU is carved full (or a cap).
 
-Run: ``.venv/bin/python bench/bench_scale.py [--nodes 10 100 500] [--json FILE]``.
+Run: ``.venv/bin/python bench/bench_scale.py [--nodes 10 100 500] [--layouts ...]
+[--json FILE]``; at the end it prints each layout's pods/s against ``static``'s.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -29,16 +33,26 @@ from typing import Any
 from devenv.localcluster import LocalCluster
 from dra_driver import logs
 from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
-from dra_driver.gpu.publish.catalog import build_catalog
+from dra_driver.gpu.publish.catalog import CAPACITY, PLACEMENTS, Catalog, build_catalog
 from dra_driver.gpu.publish.profiles import published_inventory
+from dra_driver.gpu.state.checkpoint import DeviceRecord
+from dra_driver.gpu.state.planner import (
+    ClaimError,
+    check_gpu_free,
+    check_within,
+    device_records,
+    plan_claim,
+)
 from dra_driver.kube import KubeClient
-from dra_driver.resourceslice.controller import SliceController
+from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare
 from dra_driver.resourceslice.pool import DesiredPool, SliceContent
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from publishers import Publishers
 from scheduling import Workload, clean_up, make_schedulable, run_workload
 
 PROFILE = "dgx-h100"
+JSON = dict[str, Any]
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
 
@@ -49,13 +63,22 @@ def minimal_pool(driver: str, node: str) -> DesiredPool:
     return DesiredPool(driver, node, node, (SliceContent(devices=devices),))
 
 
-def catalog_pool(dynamic: bool, mig_profiles: str = "") -> Callable[[str, str], DesiredPool]:
+def catalog_pool(
+    dynamic: bool, mig_profiles: str = "", layout: str = PLACEMENTS
+) -> Callable[[str, str], DesiredPool]:
     def pool(driver: str, node: str) -> DesiredPool:
-        inventory = SimulatedDiscovery(PROFILE, node).discover()
-        inventory = published_inventory(inventory, dynamic, mig_profiles)
-        return build_catalog(inventory, dynamic=dynamic).pool(node, driver)
+        return node_catalog(node, dynamic, mig_profiles, layout).pool(node, driver)
 
     return pool
+
+
+def node_catalog(
+    node: str, dynamic: bool, mig_profiles: str = "", layout: str = PLACEMENTS
+) -> Catalog:
+    """What the agent of a simulated node publishes and prepares from."""
+    inventory = SimulatedDiscovery(PROFILE, node).discover()
+    inventory = published_inventory(inventory, dynamic, mig_profiles)
+    return build_catalog(inventory, dynamic=dynamic, layout=layout)
 
 
 LAYOUTS: dict[str, Callable[[str, str], DesiredPool]] = {
@@ -64,6 +87,8 @@ LAYOUTS: dict[str, Callable[[str, str], DesiredPool]] = {
     "dynamic": catalog_pool(True),
     # --dynamic-mig --mig-profiles=1g.10gb: the same allocations for the workloads below.
     "dynamic-1g": catalog_pool(True, "1g.10gb"),
+    # --dynamic-mig --mig-layout=capacity: each GPU one device, shared by MIG slices.
+    "dynamic-capacity": catalog_pool(True, layout=CAPACITY),
 }
 
 
@@ -113,14 +138,58 @@ def workloads(layout: str, driver: str, nodes: int) -> list[Workload]:
     gpu = Workload("gpu", "gpu", "" if layout == "minimal" else f'{attrs}.type == "gpu"', 0)
     gpu.pods = GPUS_PER_NODE * nodes
     out = [gpu]
-    if layout.startswith("dynamic"):
+    pods = min(7 * GPUS_PER_NODE * nodes, MIG_CAP)
+    if layout in ("dynamic", "dynamic-1g"):
         mig = f'{attrs}.type == "mig" && {attrs}.profile == "1g.10gb"'
-        out.append(Workload("mig", "mig", mig, min(7 * GPUS_PER_NODE * nodes, MIG_CAP)))
+        out.append(Workload("mig", "mig", mig, pods))
+    elif layout == "dynamic-capacity":
+        # The same class as whole GPUs: a claim that asks for slices gets a MIG device.
+        small = {"computeSlices": "1", "memorySlices": "1"}
+        out.append(Workload("mig", "mig", gpu.selector, pods, small))
     return out
 
 
+def carvable(claims: Sequence[JSON], layout: str) -> str:
+    """Whether the node agents could honour every allocation: the MIG device of each claim
+    placed as the agent places it (:func:`plan_claim` over the claims in creation order).
+    Returns "N of M" allocations carved."""
+    catalogs: dict[str, Catalog] = {}
+    taken: dict[str, list[tuple[str, DeviceRecord]]] = {}
+    carved = total = 0
+    for claim in sorted(claims, key=lambda c: c["metadata"]["creationTimestamp"]):
+        allocation = (claim.get("status") or {}).get("allocation")
+        if not allocation:
+            continue
+        total += 1
+        results = tuple(allocation["devices"]["results"])
+        node = results[0]["pool"]
+        mig_layout = CAPACITY if layout == "dynamic-capacity" else PLACEMENTS
+        catalog = catalogs.get(node) or node_catalog(node, True, layout=mig_layout)
+        catalogs[node] = catalog
+        meta = claim["metadata"]
+        ref = ClaimRef(meta["namespace"], meta["name"], meta["uid"])
+        try:
+            plan = plan_claim(
+                ClaimToPrepare(ref, claim, results, ()),
+                catalog,
+                results[0]["driver"],
+                taken=taken.get(node, ()),
+            )
+        except ClaimError:
+            continue
+        records = device_records(plan, node)
+        try:
+            check_within(ref, records, catalog)
+            check_gpu_free(ref, records, taken.get(node, []), catalog, {})
+        except ClaimError:
+            continue
+        taken.setdefault(node, []).extend((ref.uid, r) for r in records)
+        carved += 1
+    return f"{carved} of {total}"
+
+
 async def measure(
-    clients: Sequence[KubeClient], apiserver: int, layout: str, nodes: int
+    clients: Sequence[KubeClient], apiserver: int, kubeconfig: str, layout: str, nodes: int
 ) -> dict[str, Any]:
     client = clients[0]
     driver = f"{layout}-{nodes}.scale.dev"
@@ -136,11 +205,12 @@ async def measure(
     watched = [0]
     watch = asyncio.create_task(count_watch_bytes(clients[-1], watched))
     await asyncio.sleep(0.5)
-    controllers = [SliceController(client, driver=driver, node_name=p.node_name) for p in pools]
+    names = [p.node_name for p in pools]
+    workers = await asyncio.to_thread(
+        Publishers, kubeconfig, driver, layout, names, os.cpu_count() or 1
+    )
     t0 = time.monotonic()
-    tasks = [asyncio.create_task(c.run()) for c in controllers]
-    for c, p in zip(controllers, pools, strict=True):
-        await c.set_pool(p)
+    workers.go()
     while (await published(client, driver))[1] < devices:
         if time.monotonic() - t0 > 1800:
             raise TimeoutError(f"{layout} x {nodes}: not all published")
@@ -148,6 +218,7 @@ async def measure(
         # API server that is being measured.
         await asyncio.sleep(0.2 if devices < 10_000 else 2.0)
     elapsed = time.monotonic() - t0
+    cpu = sum(workers.cpu_seconds()) - sum(workers.started)
     slices, _ = await published(client, driver)
     await asyncio.sleep(2)
     watch.cancel()
@@ -157,12 +228,17 @@ async def measure(
     for workload in workloads(layout, driver, nodes):
         outcome = await run_workload(clients, driver, namespace, workload, WORKLOAD_CAP_S)
         result = outcome.summary()
+        if layout in ("dynamic", "dynamic-capacity"):
+            claims = await client.request(
+                "GET",
+                f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims",
+                timeout=300,
+            )
+            result["carved"] = carvable(claims.json()["items"], layout)
         print({"layout": layout, "nodes": nodes, **result}, file=sys.stderr, flush=True)
         scheduled.append(result)
         await clean_up(client, namespace, workload)
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.to_thread(workers.stop)
     await client.request(
         "DELETE", SLICES, query={"fieldSelector": f"spec.driver={driver}"}, timeout=600
     )
@@ -174,6 +250,8 @@ async def measure(
         "devices": devices,
         "slices": slices,
         "publish_all_s": round(elapsed, 2),
+        "publisher_processes": len(workers.procs),
+        "publisher_cpu_s": round(cpu, 2),
         "watch_mib": round(watched[0] / 2**20, 2),
         "apiserver_rss_before_mib": round(rss_before / 1024, 1),
         "apiserver_rss_after_mib": round(rss_after / 1024, 1),
@@ -196,7 +274,7 @@ async def run_all(
     try:
         for nodes in counts:
             for layout in layouts:
-                result = await measure(clients, proc.pid, layout, nodes)
+                result = await measure(clients, proc.pid, str(cluster.kubeconfig), layout, nodes)
                 print(result, file=sys.stderr, flush=True)
                 out.append(result)
                 save()
@@ -204,6 +282,32 @@ async def run_all(
         for c in clients:
             await c.close()
     return out
+
+
+def ratios(results: Sequence[JSON]) -> list[str]:
+    """Each layout's pods/s and API server growth against ``static`` of the same node count
+    (whole-GPU pods of ``static`` are the yardstick for every workload)."""
+    lines = []
+    for nodes in sorted({r["nodes"] for r in results}):
+        rows = {r["layout"]: r for r in results if r["nodes"] == nodes}
+        static = rows.get("static")
+        if static is None or not static.get("scheduling"):
+            continue
+        base = static["scheduling"][0]["pods_per_s"] or 0
+        grown = static["apiserver_rss_after_mib"] - static["apiserver_rss_before_mib"]
+        for layout, row in rows.items():
+            if layout == "static":
+                continue
+            memory = row["apiserver_rss_after_mib"] - row["apiserver_rss_before_mib"]
+            for s in row.get("scheduling", []):
+                share = s["pods_per_s"] / base if base and s["pods_per_s"] else 0.0
+                lines.append(
+                    f"{nodes} nodes, {layout} {s['workload']}: {s['pods_per_s']} pods/s = "
+                    f"{share:.0%} of static's {base} (goal 50%); API server "
+                    f"{memory:+.0f} MiB vs static {grown:+.0f} MiB"
+                    + (f"; carved {s['carved']}" if "carved" in s else "")
+                )
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -229,6 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ) as cluster:
         asyncio.run(run_all(cluster, args.nodes, args.layouts, results, save))
     print(json.dumps(results, indent=2))
+    print("\n".join(ratios(results)), file=sys.stderr)
     return 0
 
 

@@ -394,33 +394,41 @@ and versions are cached (devices of one product share them); explanations reuse 
 sub-expressions and the list of device lookups per expression."""
 
 
-def render_scale(rows: list[dict[str, Any]]) -> str:
-    """The scale benchmark's tables (``bench/bench_scale.py``)."""
+def render_scale(rows: list[dict[str, Any]], allocator: list[dict[str, Any]] | None = None) -> str:
+    """The scale benchmark's tables (``bench/bench_scale.py``), the allocator's per node
+    (``bench/bench_allocator.py``) and what they show."""
     out = [
         "## The cluster at scale",
         "",
-        "`bench/bench_scale.py`: one process hosts the slice publishers of N simulated dgx-h100 "
-        "nodes (the agent's `SliceController`, no kubelet) against one local control plane; "
+        "`bench/bench_scale.py`: worker processes, one per core, host the slice publishers of "
+        "N simulated dgx-h100 nodes (the agent's `SliceController`, no kubelet) against one "
+        "local control plane; "
         "`minimal` is one bare device per GPU, `static` what the agent publishes by default, "
         "`dynamic` what it publishes with `--dynamic-mig` (every MIG placement, shared "
         "counters), `dynamic-1g` the same with `--mig-profiles=1g.10gb` (whole GPUs and their "
-        "1g.10gb placements only). Time from the publishers' start until every device is "
+        "1g.10gb placements only), `dynamic-capacity` what it publishes with `--dynamic-mig "
+        "--mig-layout=capacity` (each GPU one device shared by MIG slices). Time from the "
+        "publishers' start until every device is "
         "visible, the bytes "
         "a watch on all ResourceSlices receives meanwhile (what the scheduler and every other "
         "slice watcher is sent), and the API server's resident memory before and 2 s after (it "
         "also holds what earlier rows published and deleted, until its garbage collection "
-        "runs).",
+        "runs). Publisher CPU: what the worker processes used from the start of publishing "
+        "until everything was visible, and per node.",
         "",
-        "| nodes | layout | devices | slices | publish all | watch bytes | "
+        "| nodes | layout | devices | slices | publish all | publisher CPU | watch bytes | "
         "API server RSS before -> after |",
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r.get("publish_all_s") is None:  # a row whose run ended before these were saved
-            measured = "not recorded | - | - |"
+            measured = "not recorded | - | - | - |"
         else:
+            cpu = r.get("publisher_cpu_s")
+            per_node = f" ({1000 * cpu / r['nodes']:.0f} ms/node)" if cpu is not None else ""
             measured = (
-                f"{r['publish_all_s']} s | {r.get('watch_mib', '-')} MiB | "
+                f"{r['publish_all_s']} s | {'-' if cpu is None else f'{cpu} s'}{per_node} | "
+                f"{r.get('watch_mib', '-')} MiB | "
                 f"{r['apiserver_rss_before_mib']} -> {r['apiserver_rss_after_mib']} MiB |"
             )
         out.append(f"| {r['nodes']} | {r['layout']} | {r['devices']} | {r['slices']} | {measured}")
@@ -432,27 +440,71 @@ def render_scale(rows: list[dict[str, Any]]) -> str:
             "nodes are made schedulable through their status (no kubelet), claims are created "
             "first, then one pod per claim as fast as the client can (32 creates in flight), "
             "and the scheduler allocates and binds. `gpu`: 1-GPU claims until every GPU is "
-            "taken; `mig`: 1g.10gb MIG claims on the dynamic layouts until every GPU is carved "
+            "taken; `mig`: 1g.10gb MIG claims on the dynamic layouts (on `dynamic-capacity` a "
+            "claim for 1 compute and 1 memory slice) until every GPU is carved "
             "full (7 per GPU) or 4,000 pods or 150 s. The scheduler's client limits are lifted "
             "(`--kube-api-qps=5000 --kube-api-burst=5000`), and the controller manager's, "
             "which releases the claims between workloads. Pods/s is bound pods over the time "
             "from the first create to the last binding; steady is the rate between the 10th and "
             "90th percent of bindings; latency is a pod's create request to the watch event "
-            "that shows it bound.",
+            "that shows it bound. vs static: pods/s against whole-GPU pods on `static` in the "
+            "same run (the goal for dynamic MIG: at least 50%). Carved: the allocations the "
+            "node agents could honour, each claim's MIG device planned as the agent plans it "
+            "(`plan_claim`, claims in creation order).",
             "",
-            "| nodes | layout | claims | pods bound | pods/s | steady pods/s | creates/s | "
-            "latency p50 | latency p99 |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| nodes | layout | claims | pods bound | pods/s | vs static | steady pods/s | "
+            "creates/s | latency p50 | latency p99 | carved |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
+        static = {
+            r["nodes"]: r["scheduling"][0]["pods_per_s"]
+            for r in rows
+            if r["layout"] == "static" and r.get("scheduling")
+        }
         for r, s in scheduled:
             bound = f"{s['bound']} of {s['pods']}" + (" (cap reached)" if s["timed_out"] else "")
+            base = static.get(r["nodes"])
+            share = f"{s['pods_per_s'] / base:.0%}" if base and s["pods_per_s"] else "-"
             out.append(
                 f"| {r['nodes']} | {r['layout']} | {s['workload']} | {bound} | "
-                f"{s['pods_per_s']} | {s['steady_pods_per_s']} | {s['creates_per_s']} | "
-                f"{s['latency_p50_s']} s | {s['latency_p99_s']} s |"
+                f"{s['pods_per_s']} | {share} | {s['steady_pods_per_s']} | {s['creates_per_s']} | "
+                f"{s['latency_p50_s']} s | {s['latency_p99_s']} s | {s.get('carved', '-')} |"
             )
+    if allocator:
+        out += ["", render_allocator(allocator)]
     if SCALE_FINDINGS.exists():
         out += ["", SCALE_FINDINGS.read_text().strip(), ""]
+    return "\n".join(out)
+
+
+def render_allocator(rows: list[dict[str, Any]]) -> str:
+    """The allocator benchmark's table (``bench/bench_allocator.py``)."""
+    out = [
+        "### What one node costs the scheduler's allocator",
+        "",
+        "`bench/bench_allocator.py` runs the scheduler's own allocator package "
+        "(k8s.io/dynamic-resource-allocation/structured, through `testenv/cmd/allocbench`) "
+        "over one dgx-h100 node of each layout, as the DRA plugin calls it: a new allocator "
+        "per pod, one `Allocate` per candidate node. A pod's cost on an N-node cluster is "
+        "about N such calls. States: no device taken, half, all (whole GPUs for `gpu`, "
+        "1g.10gb devices for `mig`). `dynamic-lean` is the placement layout with placements "
+        "stripped to three attributes and their memory-slice counters: what per-device size "
+        "alone is worth.",
+        "",
+        "| layout | devices | slices | claim | empty | half | full |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    table: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in rows:
+        workload, state = r["case"].rsplit("-", 1)
+        entry = table.setdefault((r["layout"], workload), {"row": r})
+        entry[state] = f"{r['us_per_node']} us"
+    for (layout, workload), e in table.items():
+        r = e["row"]
+        out.append(
+            f"| {layout} | {r['devices']} | {r['slices']} | {workload} | "
+            f"{e.get('empty', '-')} | {e.get('half', '-')} | {e.get('full', '-')} |"
+        )
     return "\n".join(out)
 
 
@@ -461,16 +513,16 @@ SCALE_FINDINGS = Path(__file__).with_name("scale-findings.md")
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) not in (2, 3):
-        print("usage: report.py NODE_JSON CEL_TXT [SCALE_JSON]", file=sys.stderr)
+    if len(argv) not in (2, 3, 4):
+        print("usage: report.py NODE_JSON CEL_TXT [SCALE_JSON [ALLOCATOR_JSON]]", file=sys.stderr)
         return 2
     node = json.loads(Path(argv[0]).read_text())
     cel = Path(argv[1]).read_text()
     page = render(node, cel)
-    if len(argv) == 3:
-        page = page.replace(
-            CEL_INTRO, render_scale(json.loads(Path(argv[2]).read_text())) + "\n" + CEL_INTRO
-        )
+    if len(argv) >= 3:
+        allocator = json.loads(Path(argv[3]).read_text()) if len(argv) == 4 else None
+        scale = render_scale(json.loads(Path(argv[2]).read_text()), allocator)
+        page = page.replace(CEL_INTRO, scale + "\n" + CEL_INTRO)
     sys.stdout.write(page)
     return 0
 

@@ -39,6 +39,7 @@ class Workload:
     device_class: str
     selector: str  # CEL for the class, beside the driver check
     pods: int  # how many pods fill the cluster
+    capacity: dict[str, str] | None = None  # what each claim requests of its device
 
 
 @dataclass
@@ -126,6 +127,9 @@ async def run_workload(
         "device class",
     )
     claims = f"{RESOURCE}/namespaces/{namespace}/resourceclaims"
+    exactly: dict[str, Any] = {"deviceClassName": klass}
+    if workload.capacity:
+        exactly["capacity"] = {"requests": workload.capacity}
     await _gather_limited(
         [
             _post(
@@ -133,11 +137,7 @@ async def run_workload(
                 claims,
                 {
                     "metadata": {"name": f"{workload.name}-{i}"},
-                    "spec": {
-                        "devices": {
-                            "requests": [{"name": "dev", "exactly": {"deviceClassName": klass}}]
-                        }
-                    },
+                    "spec": {"devices": {"requests": [{"name": "dev", "exactly": exactly}]}},
                 },
             )
             for i in range(workload.pods)
