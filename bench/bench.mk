@@ -2,7 +2,8 @@
 # (about an hour: the node agent against the reference about 12 minutes, of which the
 # publisher's steady state is watched for 5; then the scheduler's allocator per node layout,
 # a minute; then the scale benchmark publishes and schedules on 10, 100 and 500 simulated
-# nodes, five layouts each). SCALE_NODES picks other counts.
+# nodes, five layouts each, and the agent's publisher is compared with the upstream Go
+# controller on the same pools). SCALE_NODES picks other counts.
 # `make bench BENCH_FLAGS=--quick` is a 2-minute run for iterating; its figures are not the
 # recorded ones.
 BENCH_FLAGS ?=
@@ -23,6 +24,9 @@ bench: install testenv
 		$(if $(REFERENCE_BIN),--reference-bin '$(REFERENCE_BIN)' --reference-version '$(REFERENCE_VERSION)')
 	$(BIN)/python bench/bench_allocator.py --json $(BENCH_OUT)/allocator.json
 	$(BIN)/python bench/bench_scale.py --nodes $(SCALE_NODES) --json $(BENCH_OUT)/scale.json
+	$(BIN)/python bench/bench_publish.py --nodes $(SCALE_NODES) \
+		--layouts static dynamic-capacity dynamic --json $(BENCH_OUT)/publish.json
 	$(BIN)/python bench/report.py $(BENCH_OUT)/node.json $(BENCH_OUT)/cel.txt \
-		$(BENCH_OUT)/scale.json $(BENCH_OUT)/allocator.json > docs/performance.md
+		$(BENCH_OUT)/scale.json $(BENCH_OUT)/allocator.json $(BENCH_OUT)/publish.json \
+		> docs/performance.md
 	@echo "wrote docs/performance.md"

@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -318,6 +319,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--append", action="store_true", help="add to the rows already in --json")
     args = parser.parse_args(argv)
     logs.configure("json", "warning")
+    # Stopped with SIGTERM, still take the control plane down (a left-over API server would
+    # load the machine the next run measures on).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     results: list[dict[str, Any]] = []
     if args.append and args.json and args.json.exists():
         results = json.loads(args.json.read_text())

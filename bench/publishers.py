@@ -12,12 +12,14 @@ Worker: ``python bench/publishers.py KUBECONFIG DRIVER LAYOUT NODE...``.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 #: Clock ticks per second, for the CPU times in /proc/<pid>/stat.
@@ -63,26 +65,45 @@ class Publishers:
             out.append((int(fields[11]) + int(fields[12])) / TICKS)
         return out
 
-    def stop(self) -> None:
-        """Terminate the workers and wait for them."""
+    def stop(self) -> dict[str, int]:
+        """Terminate the workers; the requests, writes and written bytes they sent."""
         for proc in self.procs:
             proc.send_signal(signal.SIGTERM)
+        totals: dict[str, int] = {}
         for proc in self.procs:
             try:
-                proc.wait(timeout=30)
+                out, _ = proc.communicate(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.wait()
+                out, _ = proc.communicate()
+            for line in out.splitlines():
+                if line.startswith("{"):
+                    for key, value in json.loads(line).items():
+                        totals[key] = totals.get(key, 0) + int(value)
+        return totals
 
 
 async def _serve(kubeconfig: str, driver: str, layout: str, nodes: Sequence[str]) -> None:
     from bench_scale import LAYOUTS
 
-    from dra_driver.kube import KubeClient
+    from dra_driver.kube import KubeClient, Response
     from dra_driver.resourceslice.controller import SliceController
 
+    sent = {"requests": 0, "writes": 0, "writeBytes": 0}
+
+    class Counting(KubeClient):
+        """Counts what the publishers send (the body as the client encodes it)."""
+
+        async def request(self, method: str, path: str, **kw: Any) -> Response:
+            sent["requests"] += 1
+            if method != "GET":
+                sent["writes"] += 1
+                body = kw.get("body")
+                sent["writeBytes"] += len(json.dumps(body, separators=(",", ":"))) if body else 0
+            return await super().request(method, path, **kw)
+
     pools = [LAYOUTS[layout](driver, node) for node in nodes]
-    client = await KubeClient.create(kubeconfig)
+    client = await Counting.create(kubeconfig)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -99,6 +120,7 @@ async def _serve(kubeconfig: str, driver: str, layout: str, nodes: Sequence[str]
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await client.close()
+        print(json.dumps(sent), flush=True)
 
 
 def main(argv: Sequence[str]) -> int:

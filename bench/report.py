@@ -394,7 +394,11 @@ and versions are cached (devices of one product share them); explanations reuse 
 sub-expressions and the list of device lookups per expression."""
 
 
-def render_scale(rows: list[dict[str, Any]], allocator: list[dict[str, Any]] | None = None) -> str:
+def render_scale(
+    rows: list[dict[str, Any]],
+    allocator: list[dict[str, Any]] | None = None,
+    publish: list[dict[str, Any]] | None = None,
+) -> str:
     """The scale benchmark's tables (``bench/bench_scale.py``), the allocator's per node
     (``bench/bench_allocator.py``) and what they show."""
     out = [
@@ -472,8 +476,33 @@ def render_scale(rows: list[dict[str, Any]], allocator: list[dict[str, Any]] | N
             )
     if allocator:
         out += ["", render_allocator(allocator)]
+    if publish:
+        out += ["", render_publish(publish)]
     if SCALE_FINDINGS.exists():
         out += ["", SCALE_FINDINGS.read_text().strip(), ""]
+    return "\n".join(out)
+
+
+def render_publish(rows: list[dict[str, Any]]) -> str:
+    """The publisher comparison (``bench/bench_publish.py``)."""
+    out = [
+        "### The agent's publisher against the upstream Go controller",
+        "",
+        "`bench/bench_publish.py` publishes the same pools twice against one control plane: "
+        "with the agent's `SliceController` in worker processes (one per core) and with the "
+        "upstream `resourceslice` controller Go kubelet plugins use (`testenv/cmd/slicepub`, "
+        "one controller per node, started side by side in one process, client limits "
+        "lifted). Each starts once its process is ready; time until every device is "
+        "visible, CPU the publishers used meanwhile, writes and bytes written.",
+        "",
+        "| nodes | layout | publisher | publish all | CPU | writes | written |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['nodes']} | {r['layout']} | {r['publisher']} | {r['publish_all_s']} s | "
+            f"{r['cpu_s']} s | {r['writes']} | {r['write_mib']} MiB |"
+        )
     return "\n".join(out)
 
 
@@ -513,15 +542,18 @@ SCALE_FINDINGS = Path(__file__).with_name("scale-findings.md")
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) not in (2, 3, 4):
-        print("usage: report.py NODE_JSON CEL_TXT [SCALE_JSON [ALLOCATOR_JSON]]", file=sys.stderr)
+    if not 2 <= len(argv) <= 5:
+        print(
+            "usage: report.py NODE_JSON CEL_TXT [SCALE_JSON [ALLOCATOR_JSON [PUBLISH_JSON]]]",
+            file=sys.stderr,
+        )
         return 2
     node = json.loads(Path(argv[0]).read_text())
     cel = Path(argv[1]).read_text()
     page = render(node, cel)
     if len(argv) >= 3:
-        allocator = json.loads(Path(argv[3]).read_text()) if len(argv) == 4 else None
-        scale = render_scale(json.loads(Path(argv[2]).read_text()), allocator)
+        extra = [json.loads(Path(a).read_text()) for a in argv[3:]]
+        scale = render_scale(json.loads(Path(argv[2]).read_text()), *extra)
         page = page.replace(CEL_INTRO, scale + "\n" + CEL_INTRO)
     sys.stdout.write(page)
     return 0

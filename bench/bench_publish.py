@@ -1,0 +1,191 @@
+"""Benchmark: the agent's slice publisher against the upstream Go one, on the same pools.
+
+For each node count and layout of ``bench_scale.py`` the same pools are published twice
+against one local control plane: by the agent's ``SliceController`` in worker processes (one
+per core, ``publishers.py``) and by the upstream ``resourceslice`` controller that Go kubelet
+plugins use (``testenv/cmd/slicepub``, one controller per node in one process). Each is
+started once its process is ready; measured are the time until every device is visible, the
+CPU time the publishers used, and the writes and written bytes they sent.
+
+Run: ``.venv/bin/python bench/bench_publish.py [--nodes 100 500] [--layouts ...] [--json F]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from devenv.localcluster import LocalCluster
+from dra_driver import logs
+from dra_driver.kube import KubeClient
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_scale import LAYOUTS, SLICES, published
+from publishers import TICKS, Publishers
+
+ROOT = Path(__file__).resolve().parents[1]
+BINARY = ROOT / ".cache" / "bench" / "slicepub"
+JSON = dict[str, Any]
+
+
+def build_binary() -> Path:
+    """Build the upstream controller's host against testenv's newest Kubernetes modules."""
+    BINARY.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        ["go", "build", "-o", str(BINARY), "./cmd/slicepub"], cwd=ROOT / "testenv", check=True
+    )
+    return BINARY
+
+
+class GoPublisher:
+    """``slicepub`` publishing the pools of ``nodes``."""
+
+    def __init__(self, kubeconfig: str, driver: str, layout: str, nodes: Sequence[str]) -> None:
+        pools = []
+        for node in nodes:
+            pool = LAYOUTS[layout](driver, node)
+            slices = [
+                {"devices": list(s.devices), "sharedCounters": list(s.shared_counters)}
+                for s in pool.slices
+            ]
+            pools.append({"node": node, "slices": slices})
+        self._file = tempfile.NamedTemporaryFile("w", suffix=".json")  # noqa: SIM115
+        json.dump(pools, self._file)
+        self._file.flush()
+        self.proc = subprocess.Popen(
+            [
+                str(BINARY),
+                f"-kubeconfig={kubeconfig}",
+                f"-driver={driver}",
+                f"-pools={self._file.name}",
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != "ready":
+            self.proc.kill()
+            raise RuntimeError("slicepub failed to start")
+        self.started = self.cpu_seconds()
+
+    def go(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICKS
+
+    def stop(self) -> dict[str, int]:
+        self.proc.send_signal(signal.SIGTERM)
+        out, _ = self.proc.communicate(timeout=60)
+        self._file.close()
+        line = next((x for x in out.splitlines() if x.startswith("{")), "{}")
+        return {k: int(v) for k, v in json.loads(line).items()}
+
+
+async def _gone(client: KubeClient, driver: str) -> None:
+    await client.request(
+        "DELETE", SLICES, query={"fieldSelector": f"spec.driver={driver}"}, timeout=600
+    )
+    while (await published(client, driver))[0]:  # noqa: ASYNC110 (polling the API server)
+        await asyncio.sleep(1)
+
+
+async def _publish_once(
+    client: KubeClient, kubeconfig: str, driver: str, layout: str, nodes: Sequence[str], go: bool
+) -> JSON:
+    devices = sum(len(s.devices) for n in nodes for s in LAYOUTS[layout](driver, n).slices)
+    if go:
+        gopub = await asyncio.to_thread(GoPublisher, kubeconfig, driver, layout, nodes)
+        start_cpu, start_go = gopub.started, gopub.go
+    else:
+        ours = await asyncio.to_thread(Publishers, kubeconfig, driver, layout, nodes, 2)
+        start_cpu, start_go = sum(ours.started), ours.go
+    t0 = time.monotonic()
+    start_go()
+    while (await published(client, driver))[1] < devices:
+        if time.monotonic() - t0 > 1800:
+            raise TimeoutError(f"{layout} x {len(nodes)}: not all published")
+        await asyncio.sleep(0.2 if devices < 10_000 else 2.0)
+    elapsed = time.monotonic() - t0
+    if go:
+        cpu = gopub.cpu_seconds() - start_cpu
+        # Settled: a resync would only read; what was written is what publishing took.
+        sent = await asyncio.to_thread(gopub.stop)
+    else:
+        cpu = sum(ours.cpu_seconds()) - start_cpu
+        sent = await asyncio.to_thread(ours.stop)
+    await _gone(client, driver)
+    return {
+        "publisher": "go" if go else "ours",
+        "publish_all_s": round(elapsed, 2),
+        "cpu_s": round(cpu, 2),
+        "writes": sent.get("writes"),
+        "write_mib": round(sent.get("writeBytes", 0) / 2**20, 2),
+    }
+
+
+async def measure(client: KubeClient, kubeconfig: str, layout: str, count: int) -> list[JSON]:
+    driver = f"pub-{layout}-{count}.scale.dev"
+    nodes = [f"pub-{layout}-{count}-{i}" for i in range(count)]
+    for node in nodes:  # publishers wait for their Node object; Go owners need its UID
+        await client.request("POST", "/api/v1/nodes", body={"metadata": {"name": node}})
+    rows = []
+    for go in (False, True):
+        row = await _publish_once(client, kubeconfig, driver, layout, nodes, go)
+        row.update(nodes=count, layout=layout)
+        print(row, file=sys.stderr, flush=True)
+        rows.append(row)
+    for node in nodes:
+        await client.request("DELETE", f"/api/v1/nodes/{node}")
+    return rows
+
+
+async def run_all(
+    cluster: LocalCluster, counts: Sequence[int], layouts: Sequence[str]
+) -> list[JSON]:
+    client = await KubeClient.create(str(cluster.kubeconfig))
+    try:
+        return [
+            row
+            for count in counts
+            for layout in layouts
+            for row in await measure(client, str(cluster.kubeconfig), layout, count)
+        ]
+    finally:
+        await client.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[100, 500])
+    parser.add_argument(
+        "--layouts", nargs="+", choices=list(LAYOUTS), default=["static", "dynamic-capacity"]
+    )
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    logs.configure("json", "warning")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    build_binary()
+    with LocalCluster(verbosity=1) as cluster:
+        rows = asyncio.run(run_all(cluster, args.nodes, args.layouts))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    print(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
