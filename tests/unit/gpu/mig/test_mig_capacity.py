@@ -13,8 +13,8 @@ from dra_driver.gpu.inventory import Gpu, Inventory, Placement
 from dra_driver.gpu.mig.simulated import SIMULATED_STATE_FILE, SimulatedMig
 from dra_driver.gpu.publish.catalog import CAPACITY, build_catalog
 from dra_driver.gpu.publish.mig_capacity import (
-    SlicesError,
     Slices,
+    SlicesError,
     choose_placement,
     offered,
     profile_for,
@@ -22,8 +22,8 @@ from dra_driver.gpu.publish.mig_capacity import (
 )
 from dra_driver.gpu.state.checkpoint import ClaimState
 from dra_driver.gpu.state.device_state import ClaimError, DeviceState
-from dra_driver.gpu.state.planner import NoPlacementError
 from dra_driver.gpu.state.evidence import Evidence
+from dra_driver.gpu.state.planner import NoPlacementError
 from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare
 
 NODE = "node-1"
