@@ -26,7 +26,7 @@ from dra_driver.gpu.health.broadcast import HealthBroadcaster
 from dra_driver.gpu.health.injected import INJECT_FILE, InjectedProber, watch_injected
 from dra_driver.gpu.health.nvml import NvmlEventWatcher, NvmlProber
 from dra_driver.gpu.health.recheck import Prober, recheck_forever
-from dra_driver.gpu.health.tracker import HealthEvent, HealthTracker, parse_xids
+from dra_driver.gpu.health.tracker import FRAGMENTED_HOLD, HealthEvent, HealthTracker, parse_xids
 from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.mig.backend import MigBackend
 from dra_driver.gpu.mig.factory import make_mig_backend
@@ -290,15 +290,23 @@ class NodeAgent:
 
     def on_no_placement(self, gpus: tuple[str, ...], message: str) -> None:
         """A share of MIG slices fit by count but not by position: keep new claims off the
-        GPU (a ``mig-fragmented`` taint) until the next re-check, so the scheduler, which
-        only counts, places the pod elsewhere instead of here again."""
+        GPU (a ``mig-fragmented`` taint) for :data:`FRAGMENTED_HOLD` seconds, so the
+        scheduler, which only counts, places the pod elsewhere instead of here again."""
         self._keep_off(
             gpus,
             HealthEvent("", "mig-fragmented", message=message),
             "MIGNoPlacement",
-            "the slices fit but no placement is free; no new claims there until the next "
-            "health re-check",
+            f"the slices fit but no placement is free; no new claims there for "
+            f"{FRAGMENTED_HOLD:g}s",
         )
+        for uuid in gpus:
+            self._spawn(self._unfragment_later(uuid))
+
+    async def _unfragment_later(self, uuid: str) -> None:
+        await asyncio.sleep(FRAGMENTED_HOLD)
+        if self.health.clear(uuid, "mig-fragmented"):
+            log.info("GPU schedulable again after no MIG placement was free", uuid=uuid)
+            self._health_changed()
 
     def _keep_off(self, gpus: tuple[str, ...], event: HealthEvent, reason: str, what: str) -> None:
         """Taint ``gpus`` with ``event``'s problem; one Node Event per newly tainted GPU."""

@@ -155,3 +155,5 @@ def test_a_share_that_fits_by_count_but_not_by_position_is_placed_on_another_gpu
     assert result["device"] == "gpu-1"
     # On the empty gpu-1 the 3g.40gb takes the high placement, as a 1g would.
     assert sorted((i["start"], i["size"]) for i in instances(node)) == [(2, 2), (4, 2), (4, 4)]
+    # The taint is short: gpu-0's free slices are offered again.
+    assert wait_until(lambda: not taints(), 90, "gpu-0 untainted")

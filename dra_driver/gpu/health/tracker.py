@@ -29,9 +29,12 @@ DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 #: ``mig-failed``: creating a MIG device on the GPU failed; not a health problem of the
 #: devices already in use, but no new claim should be placed there for a while.
 #: ``mig-fragmented``: a share of the GPU's MIG slices fit by count but no placement was
-#: free; the scheduler, which counts, would pick the GPU again, so it is kept off until the
-#: next re-check.
+#: free; the scheduler, which counts, would pick the GPU again, so it is kept off for a
+#: short while (:data:`FRAGMENTED_HOLD`).
 Problem = Literal["xid", "gpu-lost", "mig-failed", "mig-fragmented"]
+#: Seconds a ``mig-fragmented`` GPU stays tainted: long enough for the scheduler to place
+#: the pod it could not take elsewhere, short enough not to idle the GPU's free slices.
+FRAGMENTED_HOLD = 30.0
 #: Problems of MIG device creation, not of the devices in use.
 MIG_PROBLEMS = ("mig-failed", "mig-fragmented")
 
@@ -130,6 +133,16 @@ class HealthTracker:
         """
         cleared = {
             n: c for n, c in self._conditions.items() if c.source == source and c.at < before
+        }
+        for name in cleared:
+            del self._conditions[name]
+        return {name: self._reason(c) for name, c in cleared.items()}
+
+    def clear(self, source: str, problem: Problem) -> dict[str, str]:
+        """Clear ``problem`` where ``source`` caused it, leaving any other problem of the
+        devices; device -> former reason."""
+        cleared = {
+            n: c for n, c in self._conditions.items() if c.source == source and c.problem == problem
         }
         for name in cleared:
             del self._conditions[name]

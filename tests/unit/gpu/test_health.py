@@ -224,3 +224,20 @@ def test_failed_mig_creation_taints_for_its_hold_but_is_no_health_problem() -> N
     assert {d.status for d in tracker.device_health("n")} == {HealthStatus.HEALTHY}
     # The hold outlasts the re-check interval.
     assert tracker.due(60.0, 30) == [] and tracker.due(300.0, 30) == [uuids[0]]
+
+
+def test_no_free_mig_placement_taints_until_cleared_and_clearing_spares_other_problems() -> None:
+    tracker, uuids = _tracker("dgx-h100")
+    event = HealthEvent(uuids[0], "mig-fragmented", message="no placement of 3g.40gb is free")
+    assert tracker.apply(event, 0.0)
+    assert tracker.taints()["gpu-0"][0]["key"] == f"{DRIVER}/mig-fragmented"
+    assert tracker.unhealthy()["gpu-0"].startswith("no MIG placement free: no placement")
+    assert {d.status for d in tracker.device_health("n")} == {HealthStatus.HEALTHY}
+    assert tracker.clear(uuids[0], "mig-fragmented") == {
+        "gpu-0": "no MIG placement free: no placement of 3g.40gb is free"
+    }
+    assert tracker.taints() == {}
+    # An Xid that came since is a problem of its own: clearing fragmentation leaves it.
+    tracker.apply(HealthEvent(uuids[1], "xid", xid=79), 1.0)
+    assert tracker.clear(uuids[1], "mig-fragmented") == {}
+    assert tracker.taints()["gpu-1"][0]["key"] == f"{DRIVER}/xid"
