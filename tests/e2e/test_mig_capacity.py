@@ -55,6 +55,12 @@ def capacity_node(
     for gate in ("DRAConsumableCapacity", "DRADeviceBindingConditions"):
         if why := cluster.feature_off(gate):
             pytest.skip(f"no dynamic MIG by capacity: {why}")
+    if cluster.minor < 36:
+        # Seen on 1.34 (alpha): a claim without a capacity request did not allocate on such
+        # a device, so whole GPUs are not served; the layout needs the beta of 1.36.
+        pytest.skip(
+            f"the capacity layout needs DRAConsumableCapacity as of 1.36 ({cluster.version})"
+        )
     profile = tmp_path / "two-h100.yaml"
     profile.write_text(TWO_H100)
     node = gpu_node(str(profile), prefix="cap", extra=CAPACITY)
@@ -130,9 +136,7 @@ def test_a_share_that_fits_by_count_but_not_by_position_is_placed_on_another_gpu
     for pod in ("two-a", "two-b"):
         apply(kube_api, namespace, slices_pod(pod, node.name, 2, 2))
         prepared(node, namespace, pod)
-    assert {_status(kube_api, namespace, p)[0]["device"] for p in ("two-a", "two-b")} == {
-        "gpu-0"
-    }
+    assert {_status(kube_api, namespace, p)[0]["device"] for p in ("two-a", "two-b")} == {"gpu-0"}
     apply(kube_api, namespace, slices_pod("three", node.name, 3, 4))
     (event,) = wait_until(
         lambda: node_events(kube_api, node.name, "MIGNoPlacement"), 90, "MIGNoPlacement event"
