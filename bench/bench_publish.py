@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -29,8 +30,9 @@ from dra_driver import logs
 from dra_driver.kube import KubeClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_scale import LAYOUTS, SLICES, published
-from publishers import TICKS, Publishers
+from bench_scale import LAYOUTS, SLICES, all_published, published
+from contenders import cpu_seconds
+from publishers import Publishers
 
 ROOT = Path(__file__).resolve().parents[1]
 BINARY = ROOT / ".cache" / "bench" / "slicepub"
@@ -84,8 +86,7 @@ class GoPublisher:
         self.proc.stdin.flush()
 
     def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / TICKS
+        return cpu_seconds(self.proc.pid)
 
     def stop(self) -> dict[str, int]:
         self.proc.send_signal(signal.SIGTERM)
@@ -107,26 +108,19 @@ async def _publish_once(
     client: KubeClient, kubeconfig: str, driver: str, layout: str, nodes: Sequence[str], go: bool
 ) -> JSON:
     devices = sum(len(s.devices) for n in nodes for s in LAYOUTS[layout](driver, n).slices)
+    pub: GoPublisher | Publishers
     if go:
-        gopub = await asyncio.to_thread(GoPublisher, kubeconfig, driver, layout, nodes)
-        start_cpu, start_go = gopub.started, gopub.go
+        pub = await asyncio.to_thread(GoPublisher, kubeconfig, driver, layout, nodes)
     else:
-        ours = await asyncio.to_thread(Publishers, kubeconfig, driver, layout, nodes, 2)
-        start_cpu, start_go = sum(ours.started), ours.go
+        workers = os.cpu_count() or 1
+        pub = await asyncio.to_thread(Publishers, kubeconfig, driver, layout, nodes, workers)
     t0 = time.monotonic()
-    start_go()
-    while (await published(client, driver))[1] < devices:
-        if time.monotonic() - t0 > 1800:
-            raise TimeoutError(f"{layout} x {len(nodes)}: not all published")
-        await asyncio.sleep(0.2 if devices < 10_000 else 2.0)
+    pub.go()
+    await all_published(client, driver, devices, f"{layout} x {len(nodes)}")
     elapsed = time.monotonic() - t0
-    if go:
-        cpu = gopub.cpu_seconds() - start_cpu
-        # Settled: a resync would only read; what was written is what publishing took.
-        sent = await asyncio.to_thread(gopub.stop)
-    else:
-        cpu = sum(ours.cpu_seconds()) - start_cpu
-        sent = await asyncio.to_thread(ours.stop)
+    cpu = pub.cpu_seconds() - pub.started
+    # Settled: a resync would only read; what was written is what publishing took.
+    sent = await asyncio.to_thread(pub.stop)
     await _gone(client, driver)
     return {
         "publisher": "go" if go else "ours",

@@ -124,6 +124,17 @@ async def published(client: KubeClient, driver: str) -> tuple[int, int]:
     return len(items), sum(len(s["spec"].get("devices") or []) for s in items)
 
 
+async def all_published(client: KubeClient, driver: str, devices: int, what: str) -> None:
+    """Wait until ``devices`` devices of ``driver`` are in the API server (at most 30 min)."""
+    deadline = time.monotonic() + 1800
+    while (await published(client, driver))[1] < devices:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not all published")
+        # Each check lists every slice: poll big pools less often, so as not to load the
+        # API server that is being measured.
+        await asyncio.sleep(0.2 if devices < 10_000 else 2.0)
+
+
 async def count_watch_bytes(client: KubeClient, counter: list[int]) -> None:
     """Count the bytes of a watch on every ResourceSlice (as a scheduler holds one)."""
     listing = await client.request("GET", SLICES, query={"limit": "1"})
@@ -212,14 +223,9 @@ async def measure(
     )
     t0 = time.monotonic()
     workers.go()
-    while (await published(client, driver))[1] < devices:
-        if time.monotonic() - t0 > 1800:
-            raise TimeoutError(f"{layout} x {nodes}: not all published")
-        # Each check lists every slice: poll big pools less often, so as not to load the
-        # API server that is being measured.
-        await asyncio.sleep(0.2 if devices < 10_000 else 2.0)
+    await all_published(client, driver, devices, f"{layout} x {nodes}")
     elapsed = time.monotonic() - t0
-    cpu = sum(workers.cpu_seconds()) - sum(workers.started)
+    cpu = workers.cpu_seconds() - workers.started
     slices, _ = await published(client, driver)
     await asyncio.sleep(2)
     watch.cancel()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -22,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-#: Clock ticks per second, for the CPU times in /proc/<pid>/stat.
-TICKS = os.sysconf("SC_CLK_TCK")
+sys.path.insert(0, str(HERE))
+from contenders import cpu_seconds  # noqa: E402
 
 
 class Publishers:
@@ -57,13 +56,9 @@ class Publishers:
             proc.stdin.write("go\n")
             proc.stdin.flush()
 
-    def cpu_seconds(self) -> list[float]:
-        """CPU time (user + system) each worker used so far."""
-        out = []
-        for proc in self.procs:
-            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            out.append((int(fields[11]) + int(fields[12])) / TICKS)
-        return out
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the workers used so far."""
+        return sum(cpu_seconds(proc.pid) for proc in self.procs)
 
     def stop(self) -> dict[str, int]:
         """Terminate the workers; the requests, writes and written bytes they sent."""
@@ -126,7 +121,6 @@ async def _serve(kubeconfig: str, driver: str, layout: str, nodes: Sequence[str]
 def main(argv: Sequence[str]) -> int:
     from dra_driver import logs
 
-    sys.path.insert(0, str(HERE))
     logs.configure("json", "warning")
     kubeconfig, driver, layout, *nodes = argv
     asyncio.run(_serve(kubeconfig, driver, layout, nodes))

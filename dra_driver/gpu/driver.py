@@ -42,10 +42,9 @@ class ClaimStatus(Protocol):
         ...
 
 
-#: Told when creating MIG devices failed for a claim before binding: the GPUs' UUIDs, why.
-CarveFailed = Callable[[tuple[str, ...], str], None]
-#: Told when a share of MIG slices found no free placement before binding: the GPUs, why.
-NoPlacement = Callable[[tuple[str, ...], str], None]
+#: Told when a claim failed before binding because of its GPUs (creating MIG devices failed,
+#: or no MIG placement was free): the GPUs' UUIDs, why.
+GpuProblem = Callable[[tuple[str, ...], str], None]
 
 
 def _conditions(claim: ClaimToPrepare, key: str) -> dict[str, list[str]]:
@@ -65,8 +64,8 @@ class GpuDriver:
         self,
         state: DeviceState,
         reporter: ClaimStatus | None = None,
-        on_carve_failed: CarveFailed | None = None,
-        on_no_placement: NoPlacement | None = None,
+        on_carve_failed: GpuProblem | None = None,
+        on_no_placement: GpuProblem | None = None,
     ) -> None:
         self.state = state
         self.reporter = reporter

@@ -41,20 +41,20 @@ class ClaimError(PrepareError):
     """A claim cannot be prepared; the message tells the user what to fix."""
 
 
-class NoPlacementError(ClaimError):
+class GpuClaimError(ClaimError):
+    """A claim failed because of the state of GPUs, which the error names."""
+
+    def __init__(self, message: str, gpus: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.gpus = gpus  # UUIDs of the GPUs concerned
+
+
+class NoPlacementError(GpuClaimError):
     """A share of a GPU's MIG slices fit by count, but no placement of its profile is free."""
 
-    def __init__(self, message: str, gpus: tuple[str, ...]) -> None:
-        super().__init__(message)
-        self.gpus = gpus  # UUIDs of the GPUs without a free placement
 
-
-class CarveError(ClaimError):
+class CarveError(GpuClaimError):
     """Creating a claim's MIG device failed: the GPU, not the claim, is the problem."""
-
-    def __init__(self, message: str, gpus: tuple[str, ...]) -> None:
-        super().__init__(message)
-        self.gpus = gpus  # UUIDs of the GPUs the claim's MIG devices were to be made on
 
 
 @dataclass(frozen=True)
