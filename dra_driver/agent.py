@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import signal
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -35,20 +34,25 @@ from dra_driver.gpu.publish.overhead import parse_overhead
 from dra_driver.gpu.publish.profiles import published_inventory
 from dra_driver.gpu.publish.publisher import CONSUMABLE, NodePublishing
 from dra_driver.gpu.sharing.factory import make_sharing_backend
-from dra_driver.gpu.sharing.shared_gpus import parse_selection, shared_uuids
+from dra_driver.gpu.sharing.selection import parse_selection
+from dra_driver.gpu.sharing.shared_gpus import shared_uuids
 from dra_driver.gpu.state.checkpoint import read_boot_id
 from dra_driver.gpu.state.device_state import DeviceState
 from dra_driver.gpu.state.evidence import NO_EVIDENCE, Evidence, claims_in_use
 from dra_driver.kube import KubeClient
+from dra_driver.kubeconfig import Connection
 from dra_driver.kubeletplugin.binding import BindingWatcher
 from dra_driver.kubeletplugin.claims import KubeClaimFetcher
+from dra_driver.kubeletplugin.late import LateParts, Parts
 from dra_driver.kubeletplugin.liveness import serve_liveness
 from dra_driver.kubeletplugin.node_service import error_text
-from dra_driver.kubeletplugin.plugin import Plugin, PluginConfig
+from dra_driver.kubeletplugin.plugin import Plugin
+from dra_driver.plugin_setup import kubelet_plugin
+from dra_driver.reach import reach_api_server
 from dra_driver.resourceslice.controller import SliceController
 from dra_driver.resourceslice.publisher import Publisher, register_publisher
 from dra_driver.settings import Settings
-from dra_driver.startup import check_settings, reach_api_server, state_dir
+from dra_driver.startup import state_dir
 from dra_driver.supervise import Heartbeats, supervise
 
 log = structlog.get_logger(__name__)
@@ -156,7 +160,12 @@ class NodeAgent:
         client: Any,
         mig: MigBackend | None = None,
         publisher: Publisher | None = None,
+        plugin: Plugin | None = None,
+        parts: LateParts | None = None,
     ) -> None:
+        """``plugin`` is the kubelet plugin already bound with ``parts`` as its driver,
+        fetcher and health source (see :func:`dra_driver.launch.run_agent`); without them
+        the agent builds its own, which its caller starts."""
         self.settings = settings
         self.node = settings.node_name
         self.driver = settings.driver_name
@@ -194,18 +203,16 @@ class NodeAgent:
             on_carve_failed=self.on_carve_failed,
             on_no_placement=self.on_no_placement,
         )
-        self.plugin = Plugin(
-            PluginConfig(
-                driver_name=self.driver,
-                node_name=self.node,
-                registry_dir=settings.registry_dir,
-                plugins_dir=settings.plugins_dir,
-                pod_uid=settings.pod_uid or None,
-            ),
-            self.plugin_driver,
-            KubeClaimFetcher(client),
-            health=self.broadcaster,
-            on_registered=lambda: self._spawn(self.publish()),
+        # Calls the kubelet made since the plugin was bound are served from here on.
+        self.parts = parts or LateParts()
+        self.plugin = plugin or kubelet_plugin(settings, self.parts)
+        self.parts.attach(
+            Parts(
+                self.plugin_driver,
+                KubeClaimFetcher(client),
+                self.broadcaster,
+                on_registered=lambda: self._spawn(self.publish()),
+            )
         )
 
     def _spawn(self, coro: Any) -> None:
@@ -378,7 +385,8 @@ class NodeAgent:
         return loops
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Serve until ``stop`` is set; slices and prepared claims stay in place afterwards."""
+        """Serve until ``stop`` is set (the plugin is already serving); slices and prepared
+        claims stay in place afterwards."""
         if self.state.corrupt is not None:
             await self._node_event(
                 "CheckpointCorrupt", f"{self.state.corrupt}; rebuilt from the claims' CDI specs"
@@ -391,30 +399,29 @@ class NodeAgent:
             )
         await self.publish()
         liveness = None
-        async with self.plugin:
-            if self.settings.health_port:
-                liveness = await serve_liveness(
-                    self.plugin.paths, self.settings.health_port, check=self.heartbeats.problem
-                )
-            log.info(
-                "kubelet plugin serving",
-                driver=self.driver,
-                prepared_claims=self.state.prepared_count(),
-                gpus=len(self.inventory.gpus),
+        if self.settings.health_port:
+            liveness = await serve_liveness(
+                self.plugin.paths, self.settings.health_port, check=self.heartbeats.problem
             )
-            background: list[asyncio.Task[None]] = []
-            if await _await_registration(self.plugin, REGISTRATION_GRACE, stop):
-                background = [
-                    asyncio.create_task(supervise(name, loop, self.heartbeats), name=name)
-                    for name, loop in self.background_loops().items()
-                ]
-                await stop.wait()
-            log.info("stopping: slices stay published, prepared claims stay prepared")
-            for task in background + list(self._tasks):
-                task.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
-            if liveness is not None:
-                await liveness.stop(1.0)
+        log.info(
+            "kubelet plugin serving",
+            driver=self.driver,
+            prepared_claims=self.state.prepared_count(),
+            gpus=len(self.inventory.gpus),
+        )
+        background: list[asyncio.Task[None]] = []
+        if await _await_registration(self.plugin, REGISTRATION_GRACE, stop):
+            background = [
+                asyncio.create_task(supervise(name, loop, self.heartbeats), name=name)
+                for name, loop in self.background_loops().items()
+            ]
+            await stop.wait()
+        log.info("stopping: slices stay published, prepared claims stay prepared")
+        for task in background + list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        if liveness is not None:
+            await liveness.stop(1.0)
 
 
 async def _await_registration(plugin: Plugin, grace: float, stop: asyncio.Event) -> bool:
@@ -454,23 +461,23 @@ async def until_stopped(
     return False
 
 
-async def run_agent(settings: Settings) -> int:
-    """Check the settings and reach the API server, then discover, recover the node's state
-    and serve the kubelet and publish slices until SIGTERM/SIGINT.
+async def serve(
+    settings: Settings,
+    connection: Connection,
+    plugin: Plugin,
+    parts: LateParts,
+    stop: asyncio.Event,
+) -> None:
+    """With ``plugin`` bound: reach the API server, discover, recover the node's state, then
+    serve the kubelet's held and later calls and publish slices until ``stop`` is set.
 
-    Nothing on the node changes (no directory, no checkpoint, no MIG device) before the
-    settings are checked and the API server has answered.
+    Nothing on the node changes (no checkpoint, no MIG device) before the API server has
+    answered.
     """
-    check_settings(settings)
-    structlog.contextvars.bind_contextvars(node=settings.node_name)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    client = await KubeClient.create(settings.kubeconfig, observer=metrics.observe_api_request)
+    client = KubeClient(connection, observer=metrics.observe_api_request)
     try:
         if not await until_stopped(reach_api_server(client, settings.node_name), stop):
-            return 0
+            return
         discovery = make_discovery(
             settings.backend,
             node_name=settings.node_name,
@@ -488,7 +495,7 @@ async def run_agent(settings: Settings) -> int:
         )
         if settings.metrics_port:
             metrics.serve(settings.metrics_port, settings.driver_name)
-        await NodeAgent(settings, inventory, state, client, mig, publisher).run(stop)
+        agent = NodeAgent(settings, inventory, state, client, mig, publisher, plugin, parts)
+        await agent.run(stop)
     finally:
         await client.close()
-    return 0

@@ -13,20 +13,19 @@ from dra_driver import exitcodes, logs
 from dra_driver.cel_commands import EXPLAIN_CLAIM, MATCH
 from dra_driver.cliparser import Parser, apply_environment
 from dra_driver.command import Command
-from dra_driver.gpu.discovery.base import DiscoveryError
-from dra_driver.gpu.discovery.factory import make_discovery
-from dra_driver.gpu.publish.profiles import ProfileListError
-from dra_driver.gpu.sharing.shared_gpus import SelectionError
-from dra_driver.gpu.state.checkpoint import CheckpointTooNew
-from dra_driver.kubeconfig import KubeConfigError
+from dra_driver.errors import StartError
 from dra_driver.output import camel_keys, print_objects
 from dra_driver.settings import Settings, SettingsError, add_arguments, from_namespace
+
+# Each command imports what it needs when it runs: `run` binds the kubelet's sockets before it
+# loads the rest of the agent, so this module keeps its own imports small.
 
 _DISCOVERY = ("backend", "profile", "node_name")
 _LOGGING = ("log_format", "log_level")
 
 
 def _discover(settings: Settings, _: argparse.Namespace) -> int:
+    from dra_driver.gpu.discovery.factory import make_discovery
     from dra_driver.gpu.discovery.table import inventory_table
 
     inventory = make_discovery(
@@ -40,9 +39,11 @@ def _discover(settings: Settings, _: argparse.Namespace) -> int:
 
 
 def _slices(settings: Settings, _: argparse.Namespace) -> int:
+    from dra_driver.gpu.discovery.factory import make_discovery
     from dra_driver.gpu.publish.catalog import build_catalog
     from dra_driver.gpu.publish.profiles import published_inventory
-    from dra_driver.gpu.sharing.shared_gpus import parse_selection, shared_uuids
+    from dra_driver.gpu.sharing.selection import parse_selection
+    from dra_driver.gpu.sharing.shared_gpus import shared_uuids
     from dra_driver.resourceslice.pool import render_pool
 
     if not settings.node_name:
@@ -75,7 +76,7 @@ def _slices(settings: Settings, _: argparse.Namespace) -> int:
 
 
 def _run(settings: Settings, _: argparse.Namespace) -> int:
-    from dra_driver.agent import run_agent
+    from dra_driver.launch import run_agent
 
     return asyncio.run(run_agent(settings))
 
@@ -311,14 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = from_namespace(ns, command.fields)
         logs.configure(settings.log_format, settings.log_level)
         return command.run(settings, ns)
-    except (
-        SettingsError,
-        DiscoveryError,
-        SelectionError,
-        ProfileListError,
-        KubeConfigError,
-        CheckpointTooNew,
-    ) as exc:
+    except StartError as exc:
         print(f"dra-driver {ns.command}: error: {exc}", file=sys.stderr)
         return exitcodes.ERROR
     except BrokenPipeError:

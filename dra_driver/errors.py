@@ -13,5 +13,10 @@ class DriverError(Exception):
     """Base of every exception the project raises on purpose (as opposed to a bug)."""
 
 
+class StartError(DriverError):
+    """A command cannot start with what it was given (a flag, a file, the node): the command
+    line prints the message as one line and exits with status 1."""
+
+
 class PrepareError(DriverError):
     """A claim cannot be prepared; the message is shown to the user and says what to fix."""

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from dra_driver.errors import DriverError
+from dra_driver.errors import StartError
 from dra_driver.execcredential import ExecPluginError, ExecRunner, parse_exec_config
 
 #: Where a pod's service account credentials are mounted.
@@ -32,7 +32,7 @@ SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REFRESH_SECONDS = 60.0
 
 
-class KubeConfigError(DriverError):
+class KubeConfigError(StartError):
     """No way to reach the API server was found; the message says which were tried."""
 
 

@@ -15,14 +15,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from dra_driver.errors import DriverError
+from dra_driver.errors import StartError
 
 ENV_PREFIX = "DRA_"
 #: The NVIDIA DRA driver's name, which ``--compat nvidia`` publishes as.
 NVIDIA_DRIVER_NAME = "gpu.nvidia.com"
 
 
-class SettingsError(DriverError):
+class SettingsError(StartError):
     """A flag or environment variable has a bad value; the message names both."""
 
 

@@ -8,12 +8,15 @@ driver needs a few fields, not a fully converted client model.
 from __future__ import annotations
 
 import json
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from dra_driver import resourceapi
 from dra_driver.errors import PrepareError
-from dra_driver.kube import KubeClient
 from dra_driver.kubeletplugin.interfaces import JSON, ClaimRef, ClaimToPrepare
+
+if TYPE_CHECKING:
+    # Only a type here: the plugin binds its sockets before the agent loads the HTTP client.
+    from dra_driver.kube import KubeClient
 
 #: A claim read takes well under a second; the kubelet's own deadline (45 s) bounds the rest.
 DEFAULT_FETCH_TIMEOUT = 10.0

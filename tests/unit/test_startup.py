@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,7 +19,7 @@ from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
 from dra_driver.gpu.mig.factory import make_mig_backend
 from dra_driver.kube import KubeClient
 from dra_driver.kubeconfig import Connection
-from dra_driver.startup import ApiUnreachableError, reach_api_server
+from dra_driver.reach import ApiUnreachableError, reach_api_server
 from tests.unit.kubeserver import plain_client, serve
 
 DRIVER = "gpu.dra.dev"
@@ -56,7 +56,9 @@ def _one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
     return err
 
 
-def test_missing_kubeconfig_changes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_kubeconfig_changes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # A node with MIG devices no claim uses (dynamic MIG would destroy them) and a stale temp
     # file (the agent would sweep it): both must survive an agent that cannot start.
     inventory = SimulatedDiscovery("dgx-a100", "n").discover()
@@ -72,7 +74,9 @@ def test_missing_kubeconfig_changes_nothing(tmp_path: Path, capsys: pytest.Captu
     assert _snapshot(tmp_path) == before
 
 
-def test_missing_kubeconfig_creates_no_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_kubeconfig_creates_no_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(_args(tmp_path, "--kubeconfig=/nonexistent")) == 1
     _one_line_error(capsys)
     assert list(tmp_path.iterdir()) == []
@@ -136,15 +140,28 @@ async def test_sigterm_during_the_registration_wait_stops_at_once(tmp_path: Path
 
 
 async def test_sigterm_while_the_api_server_is_unreachable_stops_at_once(tmp_path: Path) -> None:
-    """An agent retrying an unreachable API server stops at once, having changed nothing."""
+    """An agent retrying an unreachable API server stops at once, having changed nothing but
+    the directories of the kubelet plugin's sockets (bound first, removed at the stop)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     kubeconfig = tmp_path / "kubeconfig"
     _write_kubeconfig(kubeconfig, f"http://127.0.0.1:{port}")
-    code, took = await _start_and_stop(tmp_path, kubeconfig, b"API server not reachable yet")
+    sockets: list[str] = []
+
+    def bound() -> None:
+        sockets.extend(p.name for p in tmp_path.rglob("*.sock"))
+
+    code, took = await _start_and_stop(tmp_path, kubeconfig, b"API server not reachable yet", bound)
     assert code == 0 and took < 2.0, (code, took)
-    assert sorted(os.listdir(tmp_path)) == ["kubeconfig"]
+    # Bound before the API server answered, so the kubelet registers the plugin at once.
+    assert sorted(sockets) == ["dra.sock", f"{DRIVER}-reg.sock"], sockets
+    assert _files(tmp_path) == {"kubeconfig"}
+
+
+def _files(base: Path) -> set[str]:
+    """Every file under ``base`` (directories left out)."""
+    return {str(p.relative_to(base)) for p in base.rglob("*") if not p.is_dir()}
 
 
 def _write_kubeconfig(path: Path, server: str) -> None:
@@ -156,8 +173,11 @@ def _write_kubeconfig(path: Path, server: str) -> None:
     )
 
 
-async def _start_and_stop(base: Path, kubeconfig: Path, until: bytes) -> tuple[int, float]:
-    """Start the agent, SIGTERM it once it logs ``until``; its exit code and how long it took."""
+async def _start_and_stop(
+    base: Path, kubeconfig: Path, until: bytes, then: Callable[[], None] = lambda: None
+) -> tuple[int, float]:
+    """Start the agent, once it logs ``until`` call ``then`` and SIGTERM it; its exit code and
+    how long it took to stop."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -169,6 +189,7 @@ async def _start_and_stop(base: Path, kubeconfig: Path, until: bytes) -> tuple[i
         assert proc.stderr is not None
         while until not in await asyncio.wait_for(proc.stderr.readline(), 30):
             pass
+        then()
         proc.send_signal(signal.SIGTERM)
         sent = time.monotonic()
         code = await asyncio.wait_for(proc.wait(), 15)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 from typing import Literal, Protocol
 
-from dra_driver.errors import DriverError
+from dra_driver.errors import StartError
 from dra_driver.gpu.inventory import Inventory
 
 Backend = Literal["nvml", "simulated"]
 
 
-class DiscoveryError(DriverError):
+class DiscoveryError(StartError):
     """Discovery cannot produce an inventory; the message is one line meant for a human."""
 
 

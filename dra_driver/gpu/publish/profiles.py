@@ -10,18 +10,22 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection
+from typing import TYPE_CHECKING
 
 import structlog
 
-from dra_driver.errors import DriverError
-from dra_driver.gpu.inventory import Inventory
+from dra_driver.errors import StartError
+
+if TYPE_CHECKING:
+    # Only a type here: start-up checks --mig-profiles before it loads the inventory's models.
+    from dra_driver.gpu.inventory import Inventory
 
 log = structlog.get_logger(__name__)
 
 _PROFILE = re.compile(r"^\d+g\.\d+gb(\+[a-z0-9]+)?$")
 
 
-class ProfileListError(DriverError, ValueError):
+class ProfileListError(StartError, ValueError):
     """The profile list is not a comma-separated list of MIG profile names."""
 
 

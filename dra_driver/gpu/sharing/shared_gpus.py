@@ -1,13 +1,8 @@
 """Shared GPUs (pure): which GPUs a node shares by memory, how they are published, and what
 each claim's share of one is.
 
-``--shared-gpus`` (``DRA_SHARED_GPUS``) picks them; empty (the default) shares none. The value
-is one or more terms separated by ``;``, and a GPU is shared if any term matches it:
-
-- ``all``: every GPU
-- ``index:0,1``: GPUs by NVML index
-- ``uuid:GPU-1234...,GPU-5678...``: GPUs by UUID
-- ``model:L4``: GPUs whose product name contains the text (case-insensitive), e.g. ``model:H100``
+``--shared-gpus`` (``DRA_SHARED_GPUS``, parsed by :mod:`selection`) picks them; empty (the
+default) shares none.
 
 A shared GPU is published with ``allowMultipleAllocations: true``: the scheduler hands it to
 several claims and counts what each consumes of its capacities (DRAConsumableCapacity):
@@ -34,16 +29,15 @@ allocation cannot promise more memory than the GPU has.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dra_driver.errors import DriverError, PrepareError
+from dra_driver.errors import PrepareError
 from dra_driver.gpu.allocation import AllocatedDevice, Share
-from dra_driver.gpu.inventory import Gpu, Inventory
+from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.sharing.mps import daemon_for, gpu_daemon_id, to_record
+from dra_driver.gpu.sharing.selection import Selection
 from dra_driver.gpu.sharing.strategy import Strategy, sharable
 from dra_driver.gpu.state.checkpoint import ClaimRecord
 from dra_driver.quantity import QuantityError, parse_quantity
@@ -55,66 +49,6 @@ GIB = 2**30
 MEMORY_STEP = GIB
 #: The ``compute`` capacity: a percentage of the GPU's SMs.
 COMPUTE_TOTAL = 100
-
-
-class SelectionError(DriverError, ValueError):
-    """A ``--shared-gpus`` value that does not parse; the message shows the syntax."""
-
-
-@dataclass(frozen=True)
-class Selection:
-    """A parsed ``--shared-gpus`` value."""
-
-    all: bool = False
-    indices: frozenset[int] = frozenset()
-    uuids: frozenset[str] = frozenset()
-    models: tuple[str, ...] = ()
-
-    def matches(self, gpu: Gpu) -> bool:
-        """Whether ``gpu`` is selected."""
-        name = gpu.product_name.lower()
-        return (
-            self.all
-            or gpu.index in self.indices
-            or gpu.uuid in self.uuids
-            or any(m in name for m in self.models)
-        )
-
-    @property
-    def empty(self) -> bool:
-        """Whether nothing is shared."""
-        return self == Selection()
-
-
-SYNTAX = "all | index:<i>[,<i>...] | uuid:<uuid>[,...] | model:<text>, terms separated by ';'"
-
-
-def parse_selection(text: str) -> Selection:
-    """Parse a ``--shared-gpus`` value (see the module docstring)."""
-    selection = Selection()
-    for term in filter(None, (t.strip() for t in text.split(";"))):
-        if term == "all":
-            selection = dataclasses.replace(selection, all=True)
-            continue
-        kind, sep, values = term.partition(":")
-        items = [v.strip() for v in values.split(",") if v.strip()] if sep else []
-        if not items:
-            raise SelectionError(f"shared GPUs: {term!r} is not a term of: {SYNTAX}")
-        if kind == "index":
-            if not all(i.isdigit() for i in items):
-                raise SelectionError(f"shared GPUs: {term!r}: indices are whole numbers")
-            selection = dataclasses.replace(
-                selection, indices=selection.indices | {int(i) for i in items}
-            )
-        elif kind == "uuid":
-            selection = dataclasses.replace(selection, uuids=selection.uuids | set(items))
-        elif kind == "model":
-            selection = dataclasses.replace(
-                selection, models=(*selection.models, values.strip().lower())
-            )
-        else:
-            raise SelectionError(f"shared GPUs: unknown term {kind!r}; use {SYNTAX}")
-    return selection
 
 
 def shared_uuids(inventory: Inventory, selection: Selection) -> frozenset[str]:

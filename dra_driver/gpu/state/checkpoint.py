@@ -38,7 +38,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dra_driver.cdi.writer import write_atomic
-from dra_driver.errors import DriverError
+from dra_driver.errors import DriverError, StartError
 from dra_driver.gpu.state import journal
 from dra_driver.gpu.state.journal import Change, Journal
 from dra_driver.kubeletplugin.uid import valid_uid
@@ -146,7 +146,7 @@ def _from_v1(data: dict[str, Any]) -> dict[str, Any]:
 MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _from_v1}
 
 
-class CheckpointTooNew(DriverError):
+class CheckpointTooNew(StartError):
     """The file was written by a newer agent; reading it could lose what that one recorded."""
 
     def __init__(self, path: Path, version: int) -> None:

@@ -38,7 +38,7 @@ from dra_driver.gpu.mig.backend import MigBackend, MigError
 from dra_driver.gpu.publish.catalog import PLACEMENTS, build_catalog
 from dra_driver.gpu.sharing.backend import SharingBackend, SharingError
 from dra_driver.gpu.sharing.manager import SharingManager
-from dra_driver.gpu.state import checkpoint, recovery
+from dra_driver.gpu.state import CHECKPOINT_FILE, checkpoint, recovery
 from dra_driver.gpu.state.carving import Carver
 from dra_driver.gpu.state.checkpoint import (
     ClaimRecord,
@@ -72,7 +72,6 @@ from dra_driver.kubeletplugin.uid import valid_uid
 
 log = structlog.get_logger(__name__)
 
-CHECKPOINT_FILE = "checkpoint.json"
 SPEC_PREFIX = spec_file_name(CDI_VENDOR, CDI_CLASS, "").removesuffix(".json")
 
 

@@ -11,14 +11,12 @@ import pytest
 from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
 from dra_driver.gpu.publish.catalog import build_catalog
 from dra_driver.gpu.publish.publisher import NodePublishing
+from dra_driver.gpu.sharing.selection import Selection, SelectionError, parse_selection
 from dra_driver.gpu.sharing.shared_gpus import (
-    Selection,
-    SelectionError,
     Share,
     ShareError,
     check_fits,
     consumed,
-    parse_selection,
     share_of,
     shared_uuids,
 )
@@ -238,10 +236,15 @@ async def test_without_consumable_capacity_shared_gpus_are_published_and_prepare
     assert _devices(render_pool(publishing.pool(NODE, DRIVER)))["gpu-0"]["allowMultipleAllocations"]
 
     given_up = await publishing.on_dropped(frozenset({"DRAConsumableCapacity"}))
-    assert list(given_up) == ["DRAConsumableCapacity"] and "whole GPUs" in given_up["DRAConsumableCapacity"]
+    assert (
+        list(given_up) == ["DRAConsumableCapacity"]
+        and "whole GPUs" in given_up["DRAConsumableCapacity"]
+    )
     devices = _devices(render_pool(publishing.pool(NODE, DRIVER)))
     assert not any(d.get("allowMultipleAllocations") for d in devices.values())
-    assert not any("requestPolicy" in c for d in devices.values() for c in d.get("capacity", {}).values())
+    assert not any(
+        "requestPolicy" in c for d in devices.values() for c in d.get("capacity", {}).values()
+    )
     assert await publishing.on_dropped(frozenset({"DRAConsumableCapacity"})) == {}  # once
 
     # The scheduler now allocates the GPU whole, without a share: prepare takes it as such.

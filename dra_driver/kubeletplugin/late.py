@@ -1,0 +1,94 @@
+"""The parts that serve the kubelet's calls, attached after the sockets are bound.
+
+A driver binds its sockets first, so the kubelet registers it at once, and loads its state
+after: discovery, the checkpoint and the API server's answers take longer than the kubelet
+should wait. Until the parts are attached, prepares, unprepares, claim reads and health
+streams wait here; none of them is answered from a state that is not loaded yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from dra_driver.kubeletplugin.claims import ClaimFetcher
+from dra_driver.kubeletplugin.interfaces import (
+    JSON,
+    ClaimRef,
+    ClaimToPrepare,
+    DeviceHealth,
+    Driver,
+    HealthSource,
+    PrepareResult,
+    UnprepareResult,
+)
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What serves the kubelet: the driver, its claim reader, its health source (if any),
+    and what to do after each registration."""
+
+    driver: Driver
+    fetcher: ClaimFetcher
+    health: HealthSource | None = None
+    on_registered: Callable[[], None] | None = None
+
+
+class LateParts:
+    """A ``Driver``, ``ClaimFetcher`` and ``HealthSource`` whose calls wait for :meth:`attach`.
+
+    Pass it to ``Plugin`` in all three roles and as ``on_registered=parts.registered``.
+    """
+
+    def __init__(self) -> None:
+        self._parts: Parts | None = None
+        self._attached = asyncio.Event()
+
+    def attach(self, parts: Parts) -> None:
+        """Serve the held and all later calls with ``parts`` (once)."""
+        if self._parts is not None:
+            raise RuntimeError("parts already attached")
+        self._parts = parts
+        self._attached.set()
+
+    @property
+    def attached(self) -> bool:
+        """Whether calls are being served (no longer held)."""
+        return self._parts is not None
+
+    async def _ready(self) -> Parts:
+        await self._attached.wait()
+        assert self._parts is not None
+        return self._parts
+
+    def registered(self) -> None:
+        """Forward a registration to the attached parts. One that comes before them needs
+        nothing more: whoever attaches the parts starts from the registration state."""
+        if self._parts is not None and self._parts.on_registered is not None:
+            self._parts.on_registered()
+
+    async def prepare(self, claims: Sequence[ClaimToPrepare]) -> Mapping[str, PrepareResult]:
+        """``Driver.prepare`` of the attached driver."""
+        return await (await self._ready()).driver.prepare(claims)
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, UnprepareResult]:
+        """``Driver.unprepare`` of the attached driver."""
+        return await (await self._ready()).driver.unprepare(claims)
+
+    async def get_claim(self, namespace: str, name: str) -> JSON | None:
+        """``ClaimFetcher.get_claim`` of the attached fetcher."""
+        return await (await self._ready()).fetcher.get_claim(namespace, name)
+
+    async def watch(self) -> AsyncIterator[Sequence[DeviceHealth]]:
+        """The attached health source's stream (nothing, if it has none)."""
+        health = (await self._ready()).health
+        if health is None:
+            return
+        stream = health.watch()
+        # Closed with this generator, so a kubelet that hangs up releases the source's stream.
+        async with contextlib.aclosing(stream):  # type: ignore[type-var]
+            async for devices in stream:
+                yield devices
