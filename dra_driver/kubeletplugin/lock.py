@@ -58,16 +58,18 @@ class NodeLock:
                 fd = open_lock_file(self._path)
                 # A fresh descriptor per acquisition: flock conflicts between open file
                 # descriptions, so even a stray thread of this process cannot share it.
-                waiter = asyncio.get_running_loop().run_in_executor(
-                    None, fcntl.flock, fd, fcntl.LOCK_EX
-                )
-                try:
-                    await asyncio.shield(waiter)
-                except asyncio.CancelledError:
-                    if not waiter.done():
-                        self._release_later(waiter, fd)
-                        fd, owns_mutex = None, False
-                    raise
+                if not _try_flock(fd):
+                    # Another agent of the node holds it: wait in a thread, not on the loop.
+                    waiter = asyncio.get_running_loop().run_in_executor(
+                        None, fcntl.flock, fd, fcntl.LOCK_EX
+                    )
+                    try:
+                        await asyncio.shield(waiter)
+                    except asyncio.CancelledError:
+                        if not waiter.done():
+                            self._release_later(waiter, fd)
+                            fd, owns_mutex = None, False
+                        raise
             yield
         finally:
             if fd is not None:
@@ -86,3 +88,12 @@ class NodeLock:
             log.debug("lock released after cancelled acquisition", lock=str(self._path))
 
         waiter.add_done_callback(release)
+
+
+def _try_flock(fd: int) -> bool:
+    """Take the file lock if it is free, without waiting (the usual case: one agent)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
