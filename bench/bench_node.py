@@ -2,9 +2,10 @@
 
 Runs a local control plane (``devenv.localcluster``: kube-apiserver, scheduler, controller
 manager and a ``kubelet-dra`` node) and the real agent process (``dra-driver run --backend
-simulated``) and, given ``--reference-bin``, the Go reference kubelet plugin on the same node
-(see ``bench/contenders.py``). Both serve 72 GPUs. Every figure is taken in interleaved rounds
-(ours, reference, ours, reference) so both see the same load:
+simulated``), given ``--reference-bin`` the Go reference kubelet plugin, and the Python floor
+(``bench/floor_plugin.py``: the same claim read and syncs, nothing else) on the same node (see
+``bench/contenders.py``). Each serves 72 GPUs. Every figure is taken in interleaved rounds
+(ours, reference, floor, ours, ...) so all see the same load:
 
 * NodePrepareResources / NodeUnprepareResources latency (p50, p99) and throughput for 1-GPU
   claims at concurrency 1, 16 and 64, over the DRA socket with a client built from the protos;
@@ -16,6 +17,7 @@ simulated``) and, given ``--reference-bin``, the Go reference kubelet plugin on 
   descriptors, API-server connections idle and after a burst; CPU per claim; fsyncs per
   prepare+unprepare (strace);
 * the reference once more at its shipped client defaults (5 QPS, burst 10);
+* where our CPU goes: a py-spy profile of the agent preparing one claim at a time;
 * publisher (ours alone): API writes in a steady state (5 minutes; ``--quick`` makes it 30 s),
   time to repair a deleted slice, and time to publish a node with 210 MIG devices.
 
@@ -48,10 +50,12 @@ from contenders import (
     SyscallCounter,
     api_connections,
     cpu_seconds,
+    floor,
     ours,
     reference,
     usage,
 )
+from cpu_profile import Sampler
 
 from devenv.localcluster import LocalCluster, NodeHandle, pick_free_ports
 from dra_driver._proto.dra.v1 import api_pb2 as pb2
@@ -374,6 +378,17 @@ def measure_costs(
     return out
 
 
+def measure_profile(
+    mine: Contender, claims: list[tuple[str, str]], cycles: int, work: Path
+) -> dict[str, Any]:
+    """Ours under py-spy while it prepares and unprepares one claim at a time."""
+    sampler = Sampler(mine.pid, work / "profile-ours.txt")
+    asyncio.run(prepare_cycles(mine.dra_socket, claims, 1, cycles))
+    out = {"cycles": cycles, **sampler.stop()}
+    log(f"profile: {out['areas']}")
+    return out
+
+
 def probe(c: Contender, port: int) -> dict[str, int]:
     """Memory, descriptors and API-server connections of a contender now."""
     return {**usage(c.pid), "api_connections": api_connections(c.pid, port)}
@@ -497,10 +512,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         log(f"control plane up; Kubernetes {cluster.version}")
         mine = ours(cluster, node, str(profile), metrics_port)
         contenders = [mine]
+        ref = None
         if args.reference_bin:
-            contenders.append(
-                reference(cluster, node, args.reference_bin, GPUS, args.reference_version)
-            )
+            ref = reference(cluster, node, args.reference_bin, GPUS, args.reference_version)
+            contenders.append(ref)
+        if not args.no_floor:
+            contenders.append(floor(cluster, node, GPUS))
         results["kubernetes"] = cluster.version
         results["contenders"] = {
             c.label: {"driver": c.driver, "version": c.version, "argv": c.argv} for c in contenders
@@ -521,9 +538,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             contenders, claims, done, 2000 if args.quick else 10_000, port
         )
         results["costs"] = measure_costs(contenders, claims, 100 if args.quick else 300, work)
-        if args.reference_bin:
+        results["profile"] = measure_profile(
+            mine, claims["ours"], 200 if args.quick else 1000, work
+        )
+        if ref is not None:
             results["reference_defaults"] = measure_reference_defaults(
-                cluster, api, contenders[1], claims["reference"], args.quick
+                cluster, api, ref, claims["reference"], args.quick
             )
             log(f"reference at shipped defaults: {results['reference_defaults']}")
         results["publisher"] = measure_publisher(cluster, api, mine, metrics_port, migs, args.quick)
@@ -546,6 +566,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--reference-version", default="unknown", help="what the reference was built from"
+    )
+    parser.add_argument(
+        "--no-floor",
+        action="store_true",
+        help="leave out the Python floor (bench/floor_plugin.py: the same claim read and "
+        "syncs as the agent, nothing else)",
     )
     args = parser.parse_args(argv)
     if args.reference_bin is None:

@@ -1,9 +1,10 @@
 """The drivers the node benchmark compares, and what it reads about their processes.
 
-A contender is one kubelet plugin on the benchmark's node: this driver's agent, or the Go
+A contender is one kubelet plugin on the benchmark's node: this driver's agent, the Go
 reference driver (kubernetes-sigs/dra-example-driver's ``dra-example-kubeletplugin``, built
-outside this repository and passed by path). Both serve 72 GPUs named ``gpu-0`` ... on the same
-``kubelet-dra`` node, each under its own driver name, so one control plane serves both.
+outside this repository and passed by path), or the Python floor (``floor_plugin.py``: the
+same claim read and syncs as the agent, nothing else). Each serves 72 GPUs named ``gpu-0`` ...
+on the same ``kubelet-dra`` node under its own driver name, so one control plane serves all.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,6 +23,7 @@ from devenv.simnode import driver_argv
 
 OURS_DRIVER = "gpu.dra.dev"
 REFERENCE_DRIVER = "gpu.example.com"
+FLOOR_DRIVER = "floor.example.com"
 # The reference's shipped client defaults are 5 QPS / burst 10: its rate limiter, not its
 # code, would then be measured. The recorded rounds lift them; one round keeps the defaults.
 REFERENCE_CLIENT_FLAGS = ("--kube-api-qps=1000", "--kube-api-burst=2000")
@@ -99,6 +102,22 @@ def reference(
         *client_flags,
     ]
     return Contender("reference", REFERENCE_DRIVER, node, argv, version=version)
+
+
+def floor(cluster: LocalCluster, node: NodeHandle, devices: int) -> Contender:
+    """The Python floor (``bench/floor_plugin.py``) with ``devices`` GPUs."""
+    argv = [
+        sys.executable,
+        str(Path(__file__).with_name("floor_plugin.py")),
+        f"--driver-name={FLOOR_DRIVER}",
+        f"--node-name={node.name}",
+        f"--kubeconfig={cluster.kubeconfig}",
+        f"--registry-dir={node.registry_dir}",
+        f"--plugins-dir={node.plugins_dir}",
+        f"--cdi-root={node.cdi_dir}",
+        f"--num-devices={devices}",
+    ]
+    return Contender("floor", FLOOR_DRIVER, node, argv, version="bench/floor_plugin.py")
 
 
 def _our_version() -> str:

@@ -74,6 +74,8 @@ def render(node: dict[str, Any], cel: str) -> str:
     _startup(page)
     _memory(page)
     _costs(page)
+    _floor(page)
+    _profile(page)
     body = page.lines
     page.lines = []
     _goals(page)
@@ -330,6 +332,97 @@ def _costs(page: Page) -> None:
         "-",
         None,
     )
+
+
+def _floor(page: Page) -> None:
+    """Ours beside the Python floor: what the agent's work costs over Python's own price."""
+    node = page.node
+    if "floor" not in node["latency"]:
+        return
+    rows: list[tuple[str, Any, Any, Any, str]] = []
+    refs = page.ref("latency") or [None] * len(node["latency"]["ours"])
+    for o, f, r in zip(node["latency"]["ours"], node["latency"]["floor"], refs, strict=True):
+        c = o["concurrency"]
+        for key in (*RATIO_GOALS, "claims_per_s"):
+            unit = "" if key == "claims_per_s" else " ms"
+            name = key.replace("_ms", "").replace("_", " ")
+            rows.append((f"{name} at {c}", o[key], f[key], r[key] if r else None, unit))
+    if "costs" in node:
+        ref_costs = page.ref("costs")
+        rows.append(
+            (
+                "driver CPU per claim, concurrency 1",
+                node["costs"]["ours"]["cpu_ms_per_claim"],
+                node["costs"]["floor"]["cpu_ms_per_claim"],
+                ref_costs["cpu_ms_per_claim"] if ref_costs else None,
+                " ms",
+            )
+        )
+    idle, ref_idle = node["memory_idle"], page.ref("memory_idle")
+    rows.append(
+        (
+            "idle PSS",
+            round(idle["ours"]["pss_kib"] / 1024, 1),
+            round(idle["floor"]["pss_kib"] / 1024, 1),
+            round(ref_idle["pss_kib"] / 1024, 1) if ref_idle else None,
+            " MiB",
+        )
+    )
+    start, ref_start = node["startup"], page.ref("startup")
+    rows.append(
+        (
+            "registration socket",
+            start["ours"]["registered_median_s"],
+            start["floor"]["registered_median_s"],
+            ref_start["registered_median_s"] if ref_start else None,
+            " s",
+        )
+    )
+    page.add("### Ours beside the Python floor")
+    page.add()
+    page.add(
+        "`bench/floor_plugin.py` does for the same claims what a Python kubelet plugin cannot "
+        "skip: the same protos, the same claim read (one GET), the same fdatasyncs, an atomic "
+        "spec write, and nothing else (no checks, config, logs, metrics, status or health). "
+        "It ran in the same interleaved rounds. Where ours is behind the reference, the floor "
+        "is the measured bound for Python here; ours / floor is the price of the agent's work."
+    )
+    page.add()
+    page.add("| figure | ours | floor | reference | ours / floor | floor / reference |")
+    page.add("|---|---|---|---|---|---|")
+    for name, o, f, r, unit in rows:
+        page.add(
+            f"| {name} | {o}{unit} | {f}{unit} | {'-' if r is None else f'{r}{unit}'} | "
+            f"{_ratio(o, f)} | {_ratio(f, r)} |"
+        )
+    page.add()
+
+
+def _profile(page: Page) -> None:
+    prof = page.node.get("profile")
+    if not prof or not prof.get("samples"):
+        return
+    page.add("## Where the agent's CPU goes")
+    page.add()
+    page.add(
+        "py-spy sampled the agent (the thread holding the GIL, 250 Hz) over "
+        f"{prof['cycles']} prepare+unprepare cycles of one claim at a time: "
+        f"{prof['samples']} samples. A sample counts for an area "
+        "when any frame of its stack is there, so the shares overlap."
+    )
+    page.add()
+    page.add("| area | share of samples |")
+    page.add("|---|---|")
+    for area, share in prof["areas"].items():
+        page.add(f"| {area} | {share}% |")
+    page.add()
+    page.add("Functions most often on top of the stack (own time):")
+    page.add()
+    page.add("| function | share |")
+    page.add("|---|---|")
+    for frame, share in prof["top"]:
+        page.add(f"| `{frame}` | {share}% |")
+    page.add()
 
 
 def _publisher(page: Page) -> None:
