@@ -105,7 +105,22 @@ def one_request(device_class: str, selector: str = "") -> str:
     return f"{{requests: [{{name: dev, exactly: {{deviceClassName: {device_class}{selectors}}}}}]}}"
 
 
-def gpu_pod(name: str, node: str, claim_template: str, selector: str = "") -> str:
+#: A claim's config that makes its prepare more than a CDI spec (a time-slice on the GPU).
+TIME_SLICED = f"""
+      config:
+      - opaque:
+          driver: {DRIVER}
+          parameters:
+            apiVersion: {DRIVER}/v1alpha1
+            kind: GpuConfig
+            sharing: {{strategy: TimeSlicing, timeSlicingConfig: {{interval: Long}}}}"""
+
+
+def gpu_pod(
+    name: str, node: str, claim_template: str, selector: str = "", config: str = ""
+) -> str:
+    """A pod on ``node`` with one GPU claim from a template; ``config`` is YAML appended to
+    the claim's ``devices`` (see :data:`TIME_SLICED`)."""
     sel = (
         f"\n          selectors:\n          - cel:\n              expression: '{selector}'"
         if selector
@@ -121,7 +136,7 @@ spec:
       requests:
       - name: gpu
         exactly:
-          deviceClassName: {DRIVER}{sel}
+          deviceClassName: {DRIVER}{sel}{config}
 ---
 apiVersion: v1
 kind: Pod

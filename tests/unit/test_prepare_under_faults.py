@@ -36,15 +36,15 @@ from tests.unit.kubeletplugin.helpers import (
 
 INVENTORY = SimulatedDiscovery("mixed", NODE).discover()
 DEVICES = ["gpu-2", "gpu-3"]
-# Two claims make these calls (each claim: one CDI spec written through a temp file and a
-# rename without fsync, two journal batches of one write and one fdatasync each); a fault
+# Two plain claims make these calls (each claim: one CDI spec written through a temp file and
+# a rename without fsync, then one journal batch of one write and one fdatasync); a fault
 # lands in each of them.
 POINTS = [
     pytest.param(op, kind, nth)
     for op, kinds, last in [
         ("create", ("ENOSPC", "EIO"), 2),
-        ("write", ("ENOSPC", "EIO", "short"), 6),
-        ("fsync", ("ENOSPC", "EIO"), 4),
+        ("write", ("ENOSPC", "EIO", "short"), 4),
+        ("fsync", ("ENOSPC", "EIO"), 2),
         ("rename", ("EIO",), 2),
     ]
     for kind in kinds

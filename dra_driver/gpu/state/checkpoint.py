@@ -2,14 +2,16 @@
 
 One JSON file in the plugin directory, written atomically, carrying a schema version, the
 node's boot id and a checksum of its content: a snapshot, followed by a journal of the claims'
-records that changed since (:mod:`.journal`, :class:`CheckpointFile`). A claim is recorded as
-``PrepareStarted`` before anything is written for it and ``PrepareCompleted`` once its CDI spec
-exists, so a restart can finish or undo whatever a crash interrupted.
+records that changed since (:mod:`.journal`, :class:`CheckpointFile`). A claim whose prepare
+makes more than its CDI spec is recorded as ``PrepareStarted`` before anything is made for it
+and ``PrepareCompleted`` once its CDI spec exists, so a restart can finish or undo whatever a
+crash interrupted; a plain claim only as ``PrepareCompleted`` (all a crash can leave of it is a
+spec no record names, see ``device_state.only_a_spec``).
 
 The records are made durable (fsync); the CDI specs are not. A crashed agent finds its specs
 in the page cache; only a crash of the machine loses them, and that is a reboot, after which
 every record is dropped (a new boot id) and the kubelet prepares its pods' claims again. So a
-plain claim's prepare and unprepare cost three journal batches, one ``fdatasync`` each.
+plain claim's prepare and unprepare cost two journal batches, one ``fdatasync`` each.
 
 The file is ``{"checksum": ..., "data": {"version": N, ...}}``. The checksum is the SHA-256 of
 ``data`` as stored (serialised with sorted keys and no whitespace), never of the model it is

@@ -237,7 +237,8 @@ class DeviceState:
 
         The checkpoint is written twice per batch, not per claim: once with every new claim
         marked PrepareStarted, once after their CDI specs exist. A claim is answered
-        prepared only once the second write succeeded. ``before_binding``: the agent
+        prepared only once the second write succeeded. A batch whose claims make nothing but
+        their CDI specs (:func:`only_a_spec`) skips the first write. ``before_binding``: the agent
         prepares them for binding conditions, before any pod of theirs is bound; the records
         say so (see :meth:`prepared_before_binding`).
         """
@@ -318,8 +319,13 @@ class DeviceState:
                 plans.append(plan)
                 planned.add(uid)
             batch = {plan.ref.uid: str(plan.ref) for plan in plans}
-            if plans and self._record(batch, out, "that its prepare started"):
-                faults.point("prepare.started-recorded")
+            # A batch that makes nothing but CDI specs is recorded once, when complete: a
+            # crash before that leaves specs no record names, which the kubelet's retry
+            # writes again and start-up removes once the API server proves their claims gone.
+            only_specs = all(only_a_spec(p, self._data.claims[p.ref.uid]) for p in plans)
+            if plans and (only_specs or self._record(batch, out, "that its prepare started")):
+                if not only_specs:
+                    faults.point("prepare.started-recorded")
                 out.update({plan.ref.uid: self._finish(plan) for plan in plans})
                 ready = {uid: name for uid, name in batch.items() if isinstance(out[uid], list)}
                 if self._record(ready, out, "that it is prepared"):
@@ -476,3 +482,19 @@ class DeviceState:
         if self._data.claims.pop(ref.uid, None) is not None:
             changed[ref.uid] = str(ref)
         out[ref.uid] = None
+
+
+def only_a_spec(plan: Plan, record: ClaimRecord) -> bool:
+    """Whether preparing the claim makes nothing but its CDI spec: no MIG device to create, no
+    sharing step (time-slice, MPS daemon) to undo, and not prepared before binding (which the
+    agent, not the kubelet, would have to retry). Such a claim needs no PrepareStarted record:
+    all a crash can leave of it is a spec no record names."""
+    return (
+        all(carve is None for carve in plan.carve)
+        and record.mps is None
+        and not record.before_binding
+        and all(
+            d.sharing in (None, "admin") and d.mps is None and d.timeslice is None
+            for d in record.devices
+        )
+    )

@@ -58,7 +58,10 @@ def start(
     """Load or rebuild the checkpoint, finish what a crash interrupted, and take apart only
     what is proven unused. The caller holds the node lock."""
     data, corrupt = load(file, node_name, evidence)
-    if data is None:
+    if data is not None:
+        # Specs no record names: a plain claim's prepare crashed before its only record.
+        evidence = drop_gone(evidence, remove_artifacts, recorded=data.claims)
+    else:
         evidence = drop_gone(evidence, remove_artifacts)
         data = rebuild(
             evidence, catalog=catalog, carver=carver, node_name=node_name, boot_id=file.boot_id
@@ -108,9 +111,15 @@ def load(
         return None, exc
 
 
-def drop_gone(evidence: Evidence, remove_artifacts: Callable[[str], None]) -> Evidence:
-    """Remove the CDI specs of claims the API server proves gone; the evidence without them."""
-    gone = [uid for uid in evidence.specs if evidence.claim_gone(uid)]
+def drop_gone(
+    evidence: Evidence,
+    remove_artifacts: Callable[[str], None],
+    recorded: Collection[str] = (),
+) -> Evidence:
+    """Remove the CDI specs of claims the API server proves gone, except the ``recorded``
+    claims' (whose unprepare the kubelet still owes); the evidence without them. A spec whose
+    claim may still exist stays: the kubelet prepares or unprepares that claim again."""
+    gone = [uid for uid in evidence.specs if uid not in recorded and evidence.claim_gone(uid)]
     for uid in gone:
         log.info("removing CDI spec of a claim that no longer exists", claim_uid=uid)
         with contextlib.suppress(OSError):

@@ -35,7 +35,7 @@ def _state(tmp_path: Path, evidence: Evidence = NOTHING_IN_USE) -> DeviceState:
     return _dynamic_state(tmp_path, evidence=evidence)
 
 
-def _static(tmp_path: Path) -> DeviceState:
+def _static(tmp_path: Path, evidence: Evidence = API_DOWN) -> DeviceState:
     """A node without dynamic MIG (the mixed profile: GPUs and MIG devices)."""
     return DeviceState(
         inventory=_inventory("mixed"),
@@ -44,6 +44,7 @@ def _static(tmp_path: Path) -> DeviceState:
         cdi_root=tmp_path / "cdi",
         state_dir=tmp_path / "plugin",
         boot_id="boot-1",
+        evidence=evidence,
     )
 
 
@@ -258,6 +259,38 @@ def test_interrupted_prepare_of_a_live_claim_keeps_its_device_and_retry_uses_it(
     assert isinstance(restarted.prepare([_claim("a", MIG_3G)])["a"], list)
     record = restarted.record("a")
     assert record is not None and record.devices[0].uuid == made["uuid"]
+
+
+@pytest.mark.parametrize(("api", "kept"), [("gone", False), ("allocated", True), ("down", True)])
+def test_a_plain_claims_spec_written_before_its_record_is_kept_or_removed_by_proof(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, api: str, kept: bool
+) -> None:
+    """A plain claim is recorded once, after its spec: a crash between the two leaves a spec
+    no record names. Start-up removes it once the API server proves the claim gone and keeps
+    it otherwise; the kubelet's retry then prepares the claim and its unprepare removes it."""
+
+    class Crash(BaseException):
+        pass
+
+    def crash(name: str) -> None:
+        if name == "prepare.cdi-written":
+            raise Crash
+
+    state = _static(tmp_path)
+    monkeypatch.setattr(faults, "point", crash)
+    with pytest.raises(Crash):
+        state.prepare([_claim("a", "gpu-2")])
+    monkeypatch.undo()
+    spec = state.spec_path("a")
+    assert spec.exists()
+    evidence = {"gone": NOTHING_IN_USE, "allocated": _in_use(("a", "gpu-2")), "down": API_DOWN}
+    restarted = _static(tmp_path, evidence[api])
+    assert restarted.record("a") is None
+    assert spec.exists() is kept
+    assert isinstance(restarted.prepare([_claim("a", "gpu-2")])["a"], list)
+    assert spec.exists()
+    assert restarted.unprepare([_ref("a")]) == {"a": None}
+    assert not spec.exists()
 
 
 # -- claims the API server accepts but the GPU cannot serve --------------------------------

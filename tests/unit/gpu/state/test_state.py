@@ -18,6 +18,7 @@ from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare, Prepar
 from dra_driver.kubeletplugin.lock import hold_file_lock
 from dra_driver.kubeletplugin.sockets import LOCK_FILE_NAME
 from tests.unit.cdi_schema import schema_errors
+from tests.unit.gpu.state.claim_model import CONFIGS
 
 NODE = "node-1"
 DRIVER = "gpu.dra.dev"
@@ -212,11 +213,13 @@ def test_every_published_device_can_be_prepared(tmp_path: Path, profile: str) ->
         assert schema_errors(_spec(state, f"c{i}")) == []
 
 
-def test_a_plain_claim_costs_three_syncs_and_survives_a_restart(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(("config", "syncs"), [("none", 2), ("timeslice", 3)])
+def test_syncs_per_claim_and_what_a_restart_finds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: str, syncs: int
 ) -> None:
-    """Prepare and unprepare of a plain claim: three journal batches, one fdatasync each, no
-    fsync; what each answered is what a restart finds."""
+    """Prepare and unprepare: one journal batch each, one fdatasync each, no fsync, and one
+    more before a claim whose prepare makes more than its CDI spec (here a time-slice); what
+    each answered is what a restart finds."""
     import os
 
     state = _state(tmp_path)
@@ -224,10 +227,11 @@ def test_a_plain_claim_costs_three_syncs_and_survives_a_restart(
     for name in ("fsync", "fdatasync"):
         real = getattr(os, name)
         monkeypatch.setattr(os, name, lambda fd, n=name, r=real: (calls.append(n), r(fd))[1])
-    assert isinstance(state.prepare([_claim("a", "gpu-2")])["a"], list)
+    claim = _claim("a", "gpu-2", config=list(CONFIGS[config]))
+    assert isinstance(state.prepare([claim])["a"], list)
     assert _state(tmp_path).prepared_claims()["a"].state is ClaimState.PREPARE_COMPLETED
     assert state.unprepare([ClaimRef("ns", "claim-a", "a")]) == {"a": None}
-    assert calls == ["fdatasync"] * 3
+    assert calls == ["fdatasync"] * syncs
     monkeypatch.undo()
     assert _state(tmp_path).prepared_claims() == {}
 
