@@ -56,7 +56,13 @@ def configure(
     else:
         renderer = structlog.dev.ConsoleRenderer(colors=False)
     structlog.configure(
-        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        # The level filter first: a debug event below the level costs a check, not a
+        # timestamp and a trip through the logging module (a tenth of a millisecond each).
+        processors=[
+            structlog.stdlib.filter_by_level,
+            *shared,
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+        ],
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=True,

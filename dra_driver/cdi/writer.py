@@ -71,7 +71,9 @@ def write_atomic(
     whole for every reader, but only until the machine goes down (for files that are written
     again after a crash that loses the page cache).
     """
-    payload = json.dumps(data, indent=2, sort_keys=False).encode()
+    # One line: with an indent, json takes its pure-Python encoder, which made the spec's
+    # encoding a tenth of a prepare's CPU; readers (containerd, jq) do not care.
+    payload = json.dumps(data).encode()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         _replace(path, payload, fault, sync)
