@@ -2,20 +2,21 @@
 never sees a half-written file, and a write that fails leaves the previous file as it was. And
 the node's file lock, which serialises the processes that share such files.
 
-The temp file is made by :func:`tempfile.mkstemp` in the target's directory (O_CREAT|O_EXCL
-with a random name), so nothing placed at a guessable path beforehand, a symlink least of all,
-is ever opened for writing. Its name starts with a dot and ends in ``.tmp``, which container
-runtimes do not load and :func:`sweep_temp_files` removes at start-up. A lock file is opened
-with O_NOFOLLOW for the same reason.
+The temp file is created in the target's directory with O_CREAT|O_EXCL, so nothing placed at
+its path beforehand, a symlink least of all, is ever opened for writing: a name that is taken
+is skipped. Its name is the target's, the process id and a counter, between a leading dot and
+a ``.tmp`` suffix, which container runtimes do not load and :func:`sweep_temp_files` removes
+at start-up. A lock file is opened with O_NOFOLLOW for the same reason.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
+import itertools
 import json
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,9 @@ from dra_driver.errors import DriverError
 log = structlog.get_logger(__name__)
 
 TEMP_SUFFIX = ".tmp"
+#: Names tried before a write gives up when every one is taken (by files nobody removed).
+TEMP_ATTEMPTS = 100
+_temp_names = itertools.count()
 
 
 class DurableWriteError(DriverError, OSError):
@@ -84,9 +88,7 @@ def write_atomic(
 
 
 def _replace(path: Path, payload: bytes, fault: str | None, sync: bool) -> None:
-    # mkstemp opens with O_CREAT|O_EXCL and mode 0600; specs and the checkpoint are 0644.
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
-    tmp = Path(name)
+    fd, tmp = _create_temp(path)
     try:
         try:
             os.fchmod(fd, 0o644)
@@ -105,6 +107,21 @@ def _replace(path: Path, payload: bytes, fault: str | None, sync: bool) -> None:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+
+
+def _create_temp(path: Path) -> tuple[int, Path]:
+    """A new, empty temp file beside ``path``, open for writing. Not a random name (what
+    tempfile does costs more than the rest of a spec's write): O_EXCL already refuses any
+    name that exists, and the next one is tried."""
+    for _ in range(TEMP_ATTEMPTS):
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{next(_temp_names)}{TEMP_SUFFIX}")
+        try:
+            # Mode 0600 until written; specs and the checkpoint are 0644 (set in _replace).
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+            return os.open(tmp, flags, 0o600), tmp
+        except FileExistsError:
+            continue
+    raise OSError(errno.EEXIST, f"no free temp file name beside {path.name}")
 
 
 def _reason(exc: OSError) -> str:

@@ -1,7 +1,7 @@
 """A filesystem fault layer for unit tests of the durable writer and what is built on it.
 
-:class:`FaultFS` stands in for the ``os`` and ``tempfile`` modules as
-``dra_driver.cdi.writer`` sees them (and only there: pytest and the rest of the process keep
+:class:`FaultFS` stands in for the ``os`` module as ``dra_driver.cdi.writer`` and the journal
+see it (and only there: pytest and the rest of the process keep
 the real ones). It counts calls per operation and, at the Nth call of one operation, injects
 one fault:
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import errno
 import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -100,25 +99,30 @@ class FaultFS:
             self._raise(fault.kind)
         os.replace(src, dst)
 
-    def mkstemp(self, *args: Any, **kwargs: Any) -> tuple[int, str]:
-        fault = self._due("create")
-        if fault is not None and fault.kind != "short":
-            self._raise(fault.kind)
-        return tempfile.mkstemp(*args, **kwargs)
+    def open(self, path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        # Only an exclusive create is a "create": a temp file (lock files and directories are
+        # opened, not created fresh).
+        if flags & os.O_EXCL:
+            fault = self._due("create")
+            if fault is not None and fault.kind != "short":
+                self._raise(fault.kind)
+        return os.open(path, flags, *args, **kwargs)
 
     def os_module(self) -> Any:
-        """An ``os`` whose write/fsync/replace are these; everything else is the real one."""
+        """An ``os`` whose open/write/fsync/replace are these; everything else is the real one."""
 
         class _Os(SimpleNamespace):
             def __getattr__(inner, name: str) -> Any:
                 return getattr(os, name)
 
         # fdatasync (the checkpoint's journal) is one more kind of fsync.
-        return _Os(write=self.write, fsync=self.fsync, fdatasync=self.fsync, replace=self.replace)
-
-    def tempfile_module(self) -> Any:
-        """A ``tempfile`` whose mkstemp is :meth:`mkstemp`."""
-        return SimpleNamespace(mkstemp=self.mkstemp)
+        return _Os(
+            write=self.write,
+            fsync=self.fsync,
+            fdatasync=self.fsync,
+            replace=self.replace,
+            open=self.open,
+        )
 
 
 @pytest.fixture
@@ -128,5 +132,4 @@ def faultfs(monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultFS]:
     fs = FaultFS()
     monkeypatch.setattr(writer, "os", fs.os_module())
     monkeypatch.setattr(journal, "os", fs.os_module())
-    monkeypatch.setattr(writer, "tempfile", fs.tempfile_module())
     yield fs

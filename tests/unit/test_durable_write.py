@@ -69,7 +69,7 @@ def _leftovers(directory: Path) -> list[str]:
 
 def test_one_clean_write_stays_within_the_injection_range(tmp_path: Path, faultfs: FaultFS) -> None:
     write_atomic(tmp_path / "f.json", _spec(1))
-    # mkstemp once, one or more writes, fsync of file and directory, one rename.
+    # One exclusive create, one or more writes, fsync of file and directory, one rename.
     assert faultfs.calls["create"] == 1 and faultfs.calls["rename"] == 1
     assert faultfs.calls["fsync"] == 2
     assert 1 <= faultfs.calls["write"] <= MAX_NTH

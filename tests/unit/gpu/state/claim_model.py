@@ -229,7 +229,6 @@ class NodeModel(RuleBasedStateMachine):
 
         put(writer, "os", self.fs.os_module())
         put(journal, "os", self.fs.os_module())
-        put(writer, "tempfile", self.fs.tempfile_module())
         put(faults, "point", self._point)
         put(sim_mig, "write_atomic", _hardware_write)
         put(sim_sharing, "write_atomic", _hardware_write)
