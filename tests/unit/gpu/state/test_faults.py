@@ -85,6 +85,20 @@ def _in_use(*claims: tuple[str, str]) -> Evidence:
     )
 
 
+class Crash(BaseException):
+    """The agent dying at a fault point (nothing in the driver catches it)."""
+
+
+def _crash_at(monkeypatch: pytest.MonkeyPatch, point: str) -> None:
+    """Make every pass through the fault point ``point`` raise :class:`Crash`."""
+
+    def crash(name: str) -> None:
+        if name == point:
+            raise Crash
+
+    monkeypatch.setattr(faults, "point", crash)
+
+
 def _checkpoint(tmp_path: Path) -> Path:
     return tmp_path / "plugin" / "checkpoint.json"
 
@@ -241,15 +255,8 @@ def test_unproven_orphan_is_kept_and_reported(tmp_path: Path) -> None:
 def test_interrupted_prepare_of_a_live_claim_keeps_its_device_and_retry_uses_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    class Crash(BaseException):
-        pass
-
-    def crash(name: str) -> None:
-        if name == "prepare.mig-created":
-            raise Crash
-
     state = _state(tmp_path)
-    monkeypatch.setattr(faults, "point", crash)
+    _crash_at(monkeypatch, "prepare.mig-created")
     with pytest.raises(Crash):
         state.prepare([_claim("a", MIG_3G)])
     monkeypatch.undo()
@@ -269,15 +276,8 @@ def test_a_plain_claims_spec_written_before_its_record_is_kept_or_removed_by_pro
     no record names. Start-up removes it once the API server proves the claim gone and keeps
     it otherwise; the kubelet's retry then prepares the claim and its unprepare removes it."""
 
-    class Crash(BaseException):
-        pass
-
-    def crash(name: str) -> None:
-        if name == "prepare.cdi-written":
-            raise Crash
-
     state = _static(tmp_path)
-    monkeypatch.setattr(faults, "point", crash)
+    _crash_at(monkeypatch, "prepare.cdi-written")
     with pytest.raises(Crash):
         state.prepare([_claim("a", "gpu-2")])
     monkeypatch.undo()
@@ -336,16 +336,9 @@ def test_per_device_limit_naming_no_device_is_refused(tmp_path: Path) -> None:
 def test_interrupted_unprepare_is_finished_while_the_api_still_lists_the_claim(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    class Crash(BaseException):
-        pass
-
-    def crash(name: str) -> None:
-        if name == "unprepare.started-recorded":
-            raise Crash
-
     state = _state(tmp_path)
     state.prepare([_claim("a", MIG_3G)])
-    monkeypatch.setattr(faults, "point", crash)
+    _crash_at(monkeypatch, "unprepare.started-recorded")
     with pytest.raises(Crash):
         state.unprepare([_ref("a")])
     monkeypatch.undo()
