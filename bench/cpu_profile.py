@@ -28,7 +28,6 @@ AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("CDI spec write", ("/cdi/",)),
     ("checkpoint and journal", ("checkpoint.py", "journal.py")),
     ("claim status report", ("claimreport.py",)),
-    ("gRPC library", ("(grpc/",)),
     ("file system calls (pathlib, os)", ("(pathlib.py", "(os.py", "(shutil.py")),
     ("structured logs", ("(structlog/", "logs.py")),
     ("metrics", ("(prometheus_client/", "metrics.py")),

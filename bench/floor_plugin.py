@@ -1,8 +1,8 @@
 """The Python floor: the least a Python kubelet plugin does for the node benchmark's claims.
 
 Same protos and the same claim read as the agent (``dra_driver.kube.KubeClient``, one GET per
-claim), the same syncs (the journal fdatasync'd when a prepare starts, when it completes and
-when an unprepare completes; the CDI spec written without fsync, atomically), and nothing
+claim), the same syncs as for a plain claim (the journal fdatasync'd when a prepare completes
+and when an unprepare completes; the CDI spec written without fsync, atomically), and nothing
 else: no validation beyond the claim's UID, no config, no sharing, no MIG, no health, no
 status report, no logs, no metrics, one ResourceSlice published once. What the agent spends
 beyond this is the price of what it does; what this spends is the price of Python here.
@@ -65,7 +65,6 @@ class Floor:
                 for r in body["status"]["allocation"]["devices"]["results"]
                 if r["driver"] == self.driver
             ]
-            self._log({"uid": claim.uid, "state": "started"})
             spec = {
                 "cdiVersion": "0.6.0",
                 "kind": "k8s.floor.example.com/claim",

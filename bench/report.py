@@ -107,9 +107,9 @@ def _header(node: dict[str, Any]) -> list[str]:
         f"Machine: {m['cpus']} CPUs, `{m['cpu']}` (a shared virtual machine), Python "
         f"{m['python']}, Linux {m['kernel']}, Kubernetes {node.get('kubernetes', '?')}. Load "
         f"average (1/5/15 min) before the node benchmark: {m['load_before']}; after: "
-        f"{m.get('load_after', '?')}. The machine was shared with other work while it ran, so "
-        "absolute figures vary by tens of percent between runs; the ratios come from "
-        "interleaved rounds (ours, reference, ours, reference) that saw the same load.",
+        f"{m.get('load_after', '?')}. A virtual machine's absolute figures vary by tens of "
+        "percent between runs; the ratios come from interleaved rounds (ours, reference, "
+        "floor, ours, ...) that saw the same load.",
         "",
     ]
     if node.get("quick"):
