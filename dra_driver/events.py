@@ -24,8 +24,10 @@ async def post_event(
     uid: str = "",
     event_type: str = "Warning",
     component: str = "dra-driver",
+    api_version: str = "",
 ) -> bool:
-    """Create a core/v1 Event about an object; failures are logged, never raised."""
+    """Create a core/v1 Event about an object (of ``api_version``; by default a Node's or
+    the resource API's); failures are logged, never raised."""
     now = resourceapi.api_time()
     event_ns = namespace or "default"  # events about cluster-scoped objects live in default
     body = {
@@ -33,7 +35,7 @@ async def post_event(
         "kind": "Event",
         "metadata": {"name": f"{name}.{uuid.uuid4().hex[:12]}", "namespace": event_ns},
         "involvedObject": {
-            "apiVersion": "v1" if kind == "Node" else resourceapi.API_VERSION,
+            "apiVersion": api_version or ("v1" if kind == "Node" else resourceapi.API_VERSION),
             "kind": kind,
             "name": name,
             **({"namespace": namespace} if namespace else {}),

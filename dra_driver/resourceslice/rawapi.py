@@ -96,6 +96,11 @@ def _api_error(
     )
 
 
+def _selectors(field_selector: str, label_selector: str) -> list[tuple[str, str]]:
+    query = [("fieldSelector", field_selector)] if field_selector else []
+    return query + ([("labelSelector", label_selector)] if label_selector else [])
+
+
 class RawApi:
     """Minimal JSON client: one method per request this package makes, errors as ApiError."""
 
@@ -152,13 +157,15 @@ class RawApi:
         """LIST ResourceSlices matching a field selector (the whole list, paging followed)."""
         return await self.list_objects(SLICES_PATH, "resourceslices", field_selector)
 
-    async def list_objects(self, path: str, resource: str, field_selector: str = "") -> JSON:
+    async def list_objects(
+        self, path: str, resource: str, field_selector: str = "", *, label_selector: str = ""
+    ) -> JSON:
         """LIST the objects at ``path`` (the whole list, paging followed): ``items`` and the
         list's ``metadata`` (its resourceVersion is where a watch starts)."""
         items: list[JSON] = []
         cont = ""
         while True:
-            query = [("fieldSelector", field_selector)] if field_selector else []
+            query = _selectors(field_selector, label_selector)
             query.append(("limit", "500"))
             if cont:
                 query.append(("continue", cont))
@@ -233,11 +240,11 @@ class RawApi:
         field_selector: str,
         resource_version: str,
         timeout_seconds: int,
+        *,
+        label_selector: str = "",
     ) -> AsyncIterator[JSON]:
         """Stream watch events of the objects at ``path`` from ``resource_version``."""
-        query = [("watch", "true")]
-        if field_selector:
-            query.append(("fieldSelector", field_selector))
+        query = [("watch", "true"), *_selectors(field_selector, label_selector)]
         query += [
             ("resourceVersion", resource_version),
             ("allowWatchBookmarks", "true"),

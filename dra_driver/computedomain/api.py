@@ -1,0 +1,171 @@
+"""The ComputeDomain API: where its objects live, what the driver names after them, and the
+spec read from a user's object.
+
+Two API groups serve the same shape: the driver's own (``gpu.dra.dev/v1alpha1``) and, in
+compatibility mode, the NVIDIA driver's (``resource.nvidia.com/v1beta1``), so that its users'
+ComputeDomains apply unchanged. Everything that differs between the two is one
+:class:`ApiNames` value; nothing else branches on the mode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import quote
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+JSON = dict[str, Any]
+
+KIND = "ComputeDomain"
+PLURAL = "computedomains"
+#: The opaque config kinds the controller writes into the claim templates it makes. Always
+#: in the driver's own config API, which the agent accepts in both modes.
+CONFIG_API_VERSION = "gpu.dra.dev/v1alpha1"
+CHANNEL_CONFIG_KIND = "ComputeDomainChannelConfig"
+DAEMON_CONFIG_KIND = "ComputeDomainDaemonConfig"
+#: The kernel's limit of IMEX channels on a node (``nvidia-caps-imex-channels`` minors).
+MAX_CHANNELS = 2048
+
+
+@dataclass(frozen=True)
+class ApiNames:
+    """The names of one mode: the domain's API group and version, the agent's driver name
+    and the DeviceClasses of the two device kinds."""
+
+    group: str
+    version: str
+    driver: str
+    channel_class: str
+    daemon_class: str
+
+    @property
+    def api_version(self) -> str:
+        """The ``apiVersion`` of a ComputeDomain."""
+        return f"{self.group}/{self.version}"
+
+    @property
+    def domain_label(self) -> str:
+        """The label naming a domain's UID: on its nodes, templates, daemons and their pods."""
+        return f"{self.group}/computeDomain"
+
+    @property
+    def finalizer(self) -> str:
+        """Held on a domain until everything made for it is gone."""
+        return f"{self.group}/computeDomain"
+
+    @property
+    def channel_annotation(self) -> str:
+        """The IMEX channel the controller gave a domain (on the domain)."""
+        return f"{self.group}/imexChannel"
+
+    def path(self, namespace: str = "", name: str = "", subresource: str = "") -> str:
+        """The REST path of the domains (of a namespace, or all), or of one domain."""
+        parts = ["/apis", self.group, self.version]
+        if namespace:
+            parts += ["namespaces", quote(namespace, safe="")]
+        parts.append(PLURAL)
+        if name:
+            parts.append(quote(name, safe=""))
+            if subresource:
+                parts.append(subresource)
+        return "/".join(parts)
+
+
+OWN = ApiNames(
+    group="gpu.dra.dev",
+    version="v1alpha1",
+    driver="gpu.dra.dev",
+    channel_class="imex-channel.gpu.dra.dev",
+    daemon_class="imex-daemon.gpu.dra.dev",
+)
+NVIDIA = ApiNames(
+    group="resource.nvidia.com",
+    version="v1beta1",
+    driver="gpu.nvidia.com",
+    channel_class="compute-domain-default-channel.nvidia.com",
+    daemon_class="compute-domain-daemon.nvidia.com",
+)
+
+
+def names_for(compat: str) -> ApiNames:
+    """The names of a ``--compat`` mode (``""`` or ``"nvidia"``)."""
+    return NVIDIA if compat == "nvidia" else OWN
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class TemplateRef(_Spec):
+    name: str = Field(min_length=1, max_length=253)
+
+
+class ChannelSpec(_Spec):
+    resource_claim_template: TemplateRef = Field(alias="resourceClaimTemplate")
+    allocation_mode: Literal["Single", "All"] = Field(default="Single", alias="allocationMode")
+
+
+class DomainSpec(_Spec):
+    """``spec`` of a ComputeDomain (the same in both API groups)."""
+
+    num_nodes: int = Field(default=0, ge=0, alias="numNodes")
+    channel: ChannelSpec
+
+
+class SpecError(ValueError):
+    """A domain whose spec cannot be used; the message says what to fix."""
+
+
+def parse_spec(spec: Any) -> DomainSpec:
+    """Read a domain's ``spec``; :class:`SpecError` names the first field that is wrong."""
+    try:
+        return DomainSpec.model_validate(spec if isinstance(spec, dict) else {})
+    except ValidationError as exc:
+        err = exc.errors(include_input=False, include_url=False)[0]
+        field = ".".join(str(p) for p in err["loc"]) or "spec"
+        detail = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
+        raise SpecError(f"spec.{field}: {detail}") from None
+
+
+@dataclass(frozen=True)
+class Domain:
+    """One ComputeDomain as the controller reads it."""
+
+    namespace: str
+    name: str
+    uid: str
+    spec: DomainSpec | None  # None: the spec is invalid (``spec_error`` says why)
+    spec_error: str
+    deleting: bool
+    finalizers: tuple[str, ...]
+    channel: int | None  # the IMEX channel given to it, from its annotation
+    status: JSON
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def read_domain(obj: JSON, names: ApiNames) -> Domain:
+    """A domain object from the API as a :class:`Domain`."""
+    meta = obj.get("metadata") or {}
+    try:
+        spec: DomainSpec | None = parse_spec(obj.get("spec"))
+        error = ""
+    except SpecError as exc:
+        spec, error = None, str(exc)
+    raw_channel = (meta.get("annotations") or {}).get(names.channel_annotation)
+    channel = int(raw_channel) if isinstance(raw_channel, str) and raw_channel.isdigit() else None
+    status = obj.get("status")
+    return Domain(
+        namespace=str(meta.get("namespace") or ""),
+        name=str(meta.get("name") or ""),
+        uid=str(meta.get("uid") or ""),
+        spec=spec,
+        spec_error=error,
+        deleting=bool(meta.get("deletionTimestamp")),
+        finalizers=tuple(str(f) for f in meta.get("finalizers") or ()),
+        channel=channel if channel is not None and channel < MAX_CHANNELS else None,
+        status=status if isinstance(status, dict) else {},
+    )

@@ -1,0 +1,459 @@
+"""The ComputeDomain controller: follows the domains and everything made for them, plans each
+domain with :func:`~dra_driver.computedomain.planner.plan` and carries the plan out.
+
+Five views are kept by list-and-watch (never polled): the domains, the ResourceClaimTemplates
+(all of them: a template the user made under the name a domain asks for must be seen, so it
+is never overwritten), and the driver namespace's daemon DaemonSets and pods, and the nodes
+labelled into a domain. Any change to one of them queues its domain; every domain is also
+planned again each ``resync`` seconds. One worker plans and writes, one domain at a time, so
+two new domains never get the same channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+from urllib.parse import quote
+
+import structlog
+
+from dra_driver import resourceapi
+from dra_driver.computedomain.api import KIND, ApiNames, Domain, read_domain
+from dra_driver.computedomain.objects import DaemonSettings, daemon_name
+from dra_driver.computedomain.planner import (
+    DAEMON_SETS,
+    Action,
+    AddFinalizer,
+    Apply,
+    DaemonPod,
+    Delete,
+    Emit,
+    Made,
+    Observed,
+    RemoveFinalizer,
+    SetChannel,
+    SetStatus,
+    Unlabel,
+    plan,
+)
+from dra_driver.events import post_event
+from dra_driver.kube import KubeClient, server_side_apply
+from dra_driver.resourceslice.rawapi import CONNECTION_ERRORS, ApiError, RawApi
+from dra_driver.resourceslice.reflector import Reflector
+from dra_driver.resourceslice.reporting import ApiErrorReporter
+
+JSON = dict[str, Any]
+FIELD_MANAGER = "dra-driver-compute-domain"
+#: The node label of a node's NVLink clique (set by the node agent).
+CLIQUE_LABEL = "nvidia.com/gpu.clique"
+#: Waiting reasons of a container that will not start without someone acting.
+STUCK = frozenset(
+    {
+        "CrashLoopBackOff",
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "ErrImageNeverPull",
+        "CreateContainerError",
+        "CreateContainerConfigError",
+        "RunContainerError",
+    }
+)
+#: An identical Event is posted again only after this many seconds.
+EVENT_REPEAT = 600.0
+RETRY_DELAY = 2.0
+#: Failures that leave a domain to the next round: the API server refused or was away.
+RETRIED: tuple[type[BaseException], ...] = (ApiError, *CONNECTION_ERRORS)
+
+log = structlog.get_logger(__name__)
+
+
+def _key(obj: JSON) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+@dataclass
+class View:
+    """The objects of one kind, by namespace/name."""
+
+    objects: dict[str, JSON] = field(default_factory=dict)
+    synced: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def listed(self, items: list[JSON]) -> None:
+        self.objects = {_key(o): o for o in items}
+        self.synced.set()
+
+    def event(self, kind: str, obj: JSON) -> None:
+        if kind == "DELETED":
+            self.objects.pop(_key(obj), None)
+        else:
+            self.objects[_key(obj)] = obj
+
+
+def _affinity_node(spec: JSON) -> str:
+    """The node a DaemonSet pod not yet scheduled is meant for (its node affinity)."""
+    affinity = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    for term in affinity.get("nodeSelectorTerms") or []:
+        for field_term in term.get("matchFields") or []:
+            values = field_term.get("values") or []
+            if field_term.get("key") == "metadata.name" and len(values) == 1:
+                return str(values[0])
+    return ""
+
+
+def daemon_pod(pod: JSON) -> DaemonPod:
+    """One daemon pod as the planner sees it: where, its IP, ready or not, and why not."""
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    ready = (conditions.get("Ready") or {}).get("status") == "True"
+    problem = ""
+    for container in status.get("containerStatuses") or []:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in STUCK:
+            problem = f"{waiting['reason']}: {waiting.get('message', '')}".rstrip(": ")
+    scheduled = conditions.get("PodScheduled") or {}
+    if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
+        problem = f"not scheduled: {scheduled.get('message', '')}"
+    if status.get("phase") == "Failed":
+        problem = f"failed: {status.get('message') or status.get('reason') or 'pod failed'}"
+    return DaemonPod(
+        node=str(spec.get("nodeName") or _affinity_node(spec)),
+        ip=str(status.get("podIP") or ""),
+        ready=ready,
+        problem=problem,
+    )
+
+
+def observe(
+    domain: Domain,
+    *,
+    templates: dict[str, JSON],
+    daemon_sets: dict[str, JSON],
+    pods: Iterable[JSON],
+    nodes: Iterable[JSON],
+    taken: frozenset[int],
+    names: ApiNames,
+    settings: DaemonSettings,
+) -> Observed:
+    """What the views hold for ``domain``: the planner's input."""
+    label = names.domain_label
+
+    def made(view: dict[str, JSON], key: str) -> Made | None:
+        obj = view.get(key)
+        return Made.of(obj, names) if obj is not None else None
+
+    workload = None
+    if domain.spec is not None:
+        name = domain.spec.channel.resource_claim_template.name
+        workload = made(templates, f"{domain.namespace}/{name}")
+    daemons = tuple(
+        daemon_pod(p)
+        for p in pods
+        if ((p.get("metadata") or {}).get("labels") or {}).get(label) == domain.uid
+        and not (p.get("metadata") or {}).get("deletionTimestamp")
+    )
+    members = {
+        str(n["metadata"]["name"]): str(n["metadata"].get("labels", {}).get(CLIQUE_LABEL, ""))
+        for n in nodes
+        if (n.get("metadata") or {}).get("labels", {}).get(label) == domain.uid
+    }
+    own = f"{settings.namespace}/{daemon_name(domain)}"
+    return Observed(
+        domain=domain,
+        workload_template=workload,
+        daemon_template=made(templates, own),
+        daemon_set=made(daemon_sets, own),
+        daemons=tuple(d for d in daemons if d.node),
+        nodes=members,
+        taken_channels=taken,
+    )
+
+
+class DomainController:
+    """Reconciles every ComputeDomain of the cluster (run it under leader election)."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        names: ApiNames,
+        settings: DaemonSettings,
+        *,
+        resync: float = 30.0,
+    ) -> None:
+        self._client = client
+        self._api = RawApi(client)
+        self._names = names
+        self._settings = settings
+        self._resync = resync
+        self.domains = View()
+        self.templates = View()
+        self.daemon_sets = View()
+        self.pods = View()
+        self.nodes = View()
+        self._pending: set[str] = set()
+        self._wake = asyncio.Event()
+        #: Channels given out by this process, before the watch shows them (uid -> channel).
+        self._assigned: dict[str, int] = {}
+        self._posted: dict[tuple[str, str, str], float] = {}
+
+    # -- following the cluster -------------------------------------------------------
+
+    def _reflector(
+        self, view: View, path: str, resource: str, label_selector: str = ""
+    ) -> Reflector:
+        def listed(items: list[JSON]) -> None:
+            view.listed(items)
+            self._queue_all()
+
+        def event(kind: str, obj: JSON) -> None:
+            view.event(kind, obj)
+            self._queue_for(obj)
+
+        return Reflector(
+            lambda: self._api.list_objects(path, resource, label_selector=label_selector),
+            lambda version, timeout: self._api.watch_objects(
+                path, resource, "", version, timeout, label_selector=label_selector
+            ),
+            resource=resource,
+            on_listed=listed,
+            on_event=event,
+            log=log,
+            reporter=ApiErrorReporter(log),
+        )
+
+    def _queue_all(self) -> None:
+        for obj in self.domains.objects.values():
+            self._queue(str(obj["metadata"].get("uid", "")))
+
+    def _queue_for(self, obj: JSON) -> None:
+        meta = obj.get("metadata") or {}
+        if obj.get("kind") == KIND or meta.get("uid") in self._uids():
+            self._queue(str(meta.get("uid", "")))
+        elif uid := (meta.get("labels") or {}).get(self._names.domain_label):
+            self._queue(str(uid))
+        elif obj.get("kind") == "ResourceClaimTemplate":
+            # A template a domain names by its name (the user's own, in the way).
+            for domain in self._by_uid().values():
+                if domain.spec and _key(obj) == (
+                    f"{domain.namespace}/{domain.spec.channel.resource_claim_template.name}"
+                ):
+                    self._queue(domain.uid)
+        else:
+            # A node whose domain label went away: every domain might have lost it.
+            self._queue_all()
+
+    def _queue(self, uid: str) -> None:
+        if uid:
+            self._pending.add(uid)
+            self._wake.set()
+
+    def _uids(self) -> set[str]:
+        return {str(o["metadata"].get("uid")) for o in self.domains.objects.values()}
+
+    def _by_uid(self) -> dict[str, Domain]:
+        domains = (read_domain(o, self._names) for o in self.domains.objects.values())
+        return {d.uid: d for d in domains}
+
+    # -- the loop --------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Follow the cluster and reconcile until cancelled."""
+        ns = quote(self._settings.namespace, safe="")
+        label = self._names.domain_label
+        reflectors = [
+            self._reflector(self.domains, self._names.path(), "computedomains"),
+            self._reflector(
+                self.templates,
+                resourceapi.path(resourceapi.RESOURCE_CLAIM_TEMPLATES),
+                "resourceclaimtemplates",
+            ),
+            self._reflector(
+                self.daemon_sets, f"/apis/apps/v1/namespaces/{ns}/daemonsets", "daemonsets", label
+            ),
+            self._reflector(self.pods, f"/api/v1/namespaces/{ns}/pods", "pods", label),
+            self._reflector(self.nodes, "/api/v1/nodes", "nodes", label),
+        ]
+        views = (self.domains, self.templates, self.daemon_sets, self.pods, self.nodes)
+        async with asyncio.TaskGroup() as group:
+            for reflector in reflectors:
+                group.create_task(reflector.run())
+            # Planning on a partial view could delete what a view not yet listed would show.
+            await asyncio.gather(*(v.synced.wait() for v in views))
+            log.info("compute domain controller synced", domains=len(self.domains.objects))
+            group.create_task(self._resync_loop())
+            await self._work()
+
+    async def _resync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._resync)
+            self._queue_all()
+
+    async def _work(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            batch, self._pending = self._pending, set()
+            domains = self._by_uid()
+            for uid in sorted(batch):
+                domain = domains.get(uid)
+                if domain is None:
+                    self._assigned.pop(uid, None)
+                    continue
+                try:
+                    await self.reconcile(domain)
+                except RETRIED as exc:
+                    log.warning("reconcile failed, will retry", domain=domain.key, error=str(exc))
+                    asyncio.get_running_loop().call_later(RETRY_DELAY, self._queue, uid)
+
+    def taken_channels(self, domain: Domain) -> frozenset[int]:
+        """The channels every other domain holds (written, or given out by this process)."""
+        held = {uid: d.channel for uid, d in self._by_uid().items() if d.channel is not None}
+        held.update(self._assigned)
+        return frozenset(c for uid, c in held.items() if uid != domain.uid)
+
+    async def reconcile(self, domain: Domain) -> list[Action]:
+        """Plan one domain and carry the plan out; returns the actions taken."""
+        if domain.uid in self._assigned and domain.channel is None:
+            domain = replace(domain, channel=self._assigned[domain.uid])
+        observed = observe(
+            domain,
+            templates=self.templates.objects,
+            daemon_sets=self.daemon_sets.objects,
+            pods=self.pods.objects.values(),
+            nodes=self.nodes.objects.values(),
+            taken=self.taken_channels(domain),
+            names=self._names,
+            settings=self._settings,
+        )
+        actions = plan(observed, self._names, self._settings)
+        for action in actions:
+            await self._carry_out(domain, action)
+        return actions
+
+    # -- writing ---------------------------------------------------------------------
+
+    async def _patch_domain(self, domain: Domain, patch: JSON, subresource: str = "") -> None:
+        path = self._names.path(domain.namespace, domain.name, subresource)
+        response = await self._client.request(
+            "PATCH", path, body=patch, content_type="application/merge-patch+json"
+        )
+        _check(response, "patch", "computedomains", domain.key)
+
+    async def _carry_out(self, domain: Domain, action: Action) -> None:
+        names = self._names
+        finalizers = list(domain.finalizers)
+        match action:
+            case AddFinalizer():
+                await self._patch_domain(
+                    domain, {"metadata": {"finalizers": [*finalizers, names.finalizer]}}
+                )
+            case RemoveFinalizer():
+                rest = [f for f in finalizers if f != names.finalizer]
+                await self._patch_domain(domain, {"metadata": {"finalizers": rest}})
+                log.info("compute domain released", domain=domain.key)
+            case SetChannel(channel=channel):
+                annotations = {names.channel_annotation: str(channel)}
+                await self._patch_domain(domain, {"metadata": {"annotations": annotations}})
+                self._assigned[domain.uid] = channel
+                log.info("imex channel given", domain=domain.key, channel=channel)
+            case SetStatus(status=status):
+                await self._patch_domain(domain, {"status": status}, "status")
+                log.info("compute domain status", domain=domain.key, status=status["status"])
+            case Apply(resource=resource, namespace=ns, name=name, body=body):
+                response = await server_side_apply(
+                    self._client, _path(resource, ns, name), body, field_manager=FIELD_MANAGER
+                )
+                _check(response, "apply", resource, f"{ns}/{name}")
+                log.info("applied", domain=domain.key, resource=resource, name=f"{ns}/{name}")
+            case Delete(resource=resource, namespace=ns, name=name):
+                response = await self._client.request("DELETE", _path(resource, ns, name))
+                if response.status != 404:
+                    _check(response, "delete", resource, f"{ns}/{name}")
+                log.info("deleted", domain=domain.key, resource=resource, name=f"{ns}/{name}")
+            case Unlabel(node=node):
+                await self._unlabel(domain, node)
+            case Emit(reason=reason, message=message, warning=warning):
+                await self._emit(domain, reason, message, warning)
+
+    async def _unlabel(self, domain: Domain, node: str) -> None:
+        """Remove the node's domain label if it still names this domain (a JSON patch test:
+        the agent may have given the node to another domain meanwhile)."""
+        pointer = "/metadata/labels/" + self._names.domain_label.replace("~", "~0").replace(
+            "/", "~1"
+        )
+        patch = [
+            {"op": "test", "path": pointer, "value": domain.uid},
+            {"op": "remove", "path": pointer},
+        ]
+        response = await self._client.request(
+            "PATCH",
+            f"/api/v1/nodes/{quote(node, safe='')}",
+            body=patch,
+            content_type="application/json-patch+json",
+        )
+        if response.status not in (404, 422):  # gone, or the test failed: not ours any more
+            _check(response, "patch", "nodes", node)
+        log.info("node left compute domain", domain=domain.key, node=node)
+
+    async def _emit(self, domain: Domain, reason: str, message: str, warning: bool) -> None:
+        key = (domain.uid, reason, message)
+        now = time.monotonic()
+        if now - self._posted.get(key, -EVENT_REPEAT) < EVENT_REPEAT:
+            return
+        self._posted[key] = now
+        (log.warning if warning else log.info)(message, domain=domain.key, reason=reason)
+        await post_event(
+            self._client,
+            kind=KIND,
+            api_version=self._names.api_version,
+            name=domain.name,
+            namespace=domain.namespace,
+            uid=domain.uid,
+            reason=reason,
+            message=message,
+            event_type="Warning" if warning else "Normal",
+            component="dra-driver-compute-domain",
+        )
+
+
+def _path(resource: str, namespace: str, name: str) -> str:
+    if resource == DAEMON_SETS:
+        ns, obj = quote(namespace, safe=""), quote(name, safe="")
+        return f"/apis/apps/v1/namespaces/{ns}/daemonsets/{obj}"
+    return resourceapi.path(resource, name, namespace=namespace)
+
+
+def _check(response: Any, verb: str, resource: str, name: str) -> None:
+    if not response.ok:
+        text = response.body.decode(errors="replace")[:300]
+        raise ApiError(
+            response.status, response.reason, text, verb=verb, resource=resource, name=name
+        )
+
+
+async def run_controller(
+    client: KubeClient,
+    names: ApiNames,
+    settings: DaemonSettings,
+    *,
+    identity: str,
+    on_started: Callable[[], None] | None = None,
+) -> None:
+    """Run the controller under leader election until cancelled or the lease is lost."""
+    from dra_driver.leaderelection import LeaderElector
+
+    elector = LeaderElector(
+        client, namespace=settings.namespace, name="dra-driver-compute-domain", identity=identity
+    )
+
+    async def work() -> None:
+        if on_started is not None:
+            on_started()
+        await DomainController(client, names, settings).run()
+
+    await elector.run(work)

@@ -1,0 +1,167 @@
+"""Leader election on a coordination.k8s.io Lease: one replica of a controller acts at a time.
+
+A candidate takes the Lease when it is free, expired or already its own, and renews it
+while it works. A leader that cannot renew within the lease's duration stops acting (its
+work is cancelled): another replica may hold the lease by then, and two controllers
+writing the same objects is what the lease exists to prevent. The choice of who may take
+the lease (:func:`may_take`) is a pure function of the lease and the clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+import structlog
+
+from dra_driver.kube import KubeClient
+
+JSON = dict[str, Any]
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+
+log = structlog.get_logger(__name__)
+
+
+class LostLease(Exception):
+    """The leader could not renew its lease in time."""
+
+
+def _micro_time(when: datetime.datetime) -> str:
+    return when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse_time(text: Any) -> datetime.datetime | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def may_take(lease: JSON | None, identity: str, now: datetime.datetime) -> bool:
+    """Whether ``identity`` may hold the lease now: it is missing, unheld, its own, or its
+    holder has not renewed it within its duration."""
+    if lease is None:
+        return True
+    spec = lease.get("spec") or {}
+    holder = spec.get("holderIdentity") or ""
+    if not holder or holder == identity:
+        return True
+    renewed = _parse_time(spec.get("renewTime")) or _parse_time(spec.get("acquireTime"))
+    duration = spec.get("leaseDurationSeconds")
+    if renewed is None or not isinstance(duration, int):
+        return True
+    return now > renewed + datetime.timedelta(seconds=duration)
+
+
+def lease_spec(lease: JSON | None, identity: str, duration: int, now: datetime.datetime) -> JSON:
+    """The spec ``identity`` writes to take or renew the lease."""
+    spec = dict((lease or {}).get("spec") or {})
+    taking = spec.get("holderIdentity") != identity
+    spec.update(
+        holderIdentity=identity,
+        leaseDurationSeconds=duration,
+        renewTime=_micro_time(now),
+    )
+    if taking:
+        spec["acquireTime"] = _micro_time(now)
+        spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (1 if lease else 0)
+    return spec
+
+
+class LeaderElector:
+    """Take a Lease, then run work while renewing it."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        namespace: str,
+        name: str,
+        identity: str,
+        duration: int = 15,
+        renew_deadline: float = 10.0,
+        renew_every: float = 2.0,
+        retry_every: float = 2.0,
+    ) -> None:
+        self._client = client
+        self._collection = LEASES.format(namespace=quote(namespace, safe=""))
+        self._name = name
+        self._identity = identity
+        self._duration = duration
+        self._renew_deadline = min(renew_deadline, duration)
+        self._renew_every = renew_every
+        self._retry_every = retry_every
+
+    async def _try(self) -> bool:
+        """One attempt to take or renew the lease; True when it is ours."""
+        path = f"{self._collection}/{quote(self._name, safe='')}"
+        now = datetime.datetime.now(datetime.UTC)
+        response = await self._client.request("GET", path, timeout=10)
+        lease: JSON | None = None
+        if response.ok:
+            lease = response.json()
+        elif response.status != 404:
+            return False
+        if not may_take(lease, self._identity, now):
+            return False
+        spec = lease_spec(lease, self._identity, self._duration, now)
+        if lease is None:
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": self._name},
+                "spec": spec,
+            }
+            written = await self._client.request("POST", self._collection, body=body, timeout=10)
+        else:
+            body = {**lease, "spec": spec}
+            written = await self._client.request("PUT", path, body=body, timeout=10)
+        return written.ok  # 409: someone else wrote it first
+
+    async def run(self, work: Callable[[], Awaitable[None]]) -> None:
+        """Wait for the lease, then run ``work`` until it returns or the lease is lost
+        (:class:`LostLease`)."""
+        await self._acquire()
+        log.info("leader", lease=self._name, identity=self._identity)
+        task = asyncio.ensure_future(work())
+        try:
+            await self._renew_until(task)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+
+    async def _acquire(self) -> None:
+        # Polling is the protocol: a lease has no watchable "free" event of its own.
+        while True:
+            if await self._attempt():
+                return
+            await asyncio.sleep(self._retry_every)
+
+    async def _attempt(self) -> bool:
+        try:
+            return await self._try()
+        except (OSError, TimeoutError, aiohttp.ClientError, ValueError) as exc:
+            log.warning("lease request failed", lease=self._name, error=str(exc))
+            return False
+
+    async def _renew_until(self, task: asyncio.Future[None]) -> None:
+        loop = asyncio.get_running_loop()
+        renewed = loop.time()
+        while not task.done():
+            await asyncio.wait({task}, timeout=self._renew_every)
+            if task.done():
+                return
+            if await self._attempt():
+                renewed = loop.time()
+            elif loop.time() - renewed > self._renew_deadline:
+                # Stop before the lease runs out, so no other replica acts while this one does.
+                log.error("lost the lease, stopping", lease=self._name, identity=self._identity)
+                raise LostLease(f"lease {self._name} not renewed for {self._renew_deadline} s")

@@ -1,0 +1,316 @@
+"""The ComputeDomain controller against the real control plane.
+
+The CRD is installed as the chart installs it; the controller runs in the test's process.
+Its daemons are real DaemonSet pods: the scheduler allocates each one the node's IMEX daemon
+device (published here by the test DRA plugin, under a driver name of the test's own) and
+the node's kubelet prepares it and runs the pod, so a domain's readiness follows what the
+kubelet reports, as on a real node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from dra_driver.computedomain.api import OWN, ApiNames, read_domain
+from dra_driver.computedomain.controller import DomainController
+from dra_driver.computedomain.crd import crd
+from dra_driver.computedomain.objects import DaemonSettings, daemon_name
+from dra_driver.kube import KubeClient, server_side_apply
+from dra_driver.resourceapi import RESOURCE_CLAIM_TEMPLATES
+from dra_driver.resourceapi import path as rpath
+
+pytestmark = pytest.mark.e2e
+
+JSON = dict[str, Any]
+DRIVER = "imex.e2e.dev"
+NAMES = ApiNames(
+    group=OWN.group,
+    version=OWN.version,
+    driver=DRIVER,
+    channel_class="imex-channel.e2e.dev",
+    daemon_class="imex-daemon.e2e.dev",
+)
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+
+
+async def _get(client: KubeClient, path: str) -> JSON | None:
+    response = await client.request("GET", path)
+    if response.status == 404:
+        return None
+    assert response.ok, f"GET {path}: {response.status} {response.body[:200]!r}"
+    data: JSON = response.json()
+    return data
+
+
+async def _until(what: str, check: Callable[[], Awaitable[Any]], timeout: float = 60) -> Any:  # noqa: ASYNC109
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        value = await check()
+        if value:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.3)
+
+
+async def _ok(response: Any) -> None:
+    assert response.ok, f"{response.status} {response.body[:300]!r}"
+
+
+@pytest.fixture
+async def installed(kube_client: KubeClient) -> None:
+    """The CRD and the test's device classes, as the chart installs them."""
+    body = crd(NAMES)
+    await _ok(
+        await server_side_apply(
+            kube_client, f"{CRDS}/{body['metadata']['name']}", body, field_manager="e2e"
+        )
+    )
+
+    async def established() -> bool:
+        got = await _get(kube_client, f"{CRDS}/{body['metadata']['name']}")
+        conditions = ((got or {}).get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+    await _until("the CRD established", established)
+    for name in (NAMES.channel_class, NAMES.daemon_class):
+        device_class = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]},
+        }
+        await _ok(
+            await server_side_apply(
+                kube_client, rpath("deviceclasses", name), device_class, field_manager="e2e"
+            )
+        )
+
+
+@pytest.fixture
+async def controller(
+    kube_client: KubeClient, installed: None, namespace: str
+) -> AsyncIterator[DomainController]:
+    settings = DaemonSettings(namespace=namespace, image="localhost/dra-driver:e2e")
+    # The chart makes the daemons' service account in the driver's namespace.
+    account = {"metadata": {"name": settings.service_account}}
+    await _ok(
+        await kube_client.request(
+            "POST", f"/api/v1/namespaces/{namespace}/serviceaccounts", body=account
+        )
+    )
+    running = DomainController(kube_client, NAMES, settings, resync=5.0)
+    task = asyncio.create_task(running.run())
+    try:
+        yield running
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def _domain(name: str, template: str, num_nodes: int = 1) -> JSON:
+    return {
+        "apiVersion": NAMES.api_version,
+        "kind": "ComputeDomain",
+        "metadata": {"name": name},
+        "spec": {"numNodes": num_nodes, "channel": {"resourceClaimTemplate": {"name": template}}},
+    }
+
+
+async def _create_domain(client: KubeClient, namespace: str, body: JSON) -> JSON:
+    response = await client.request("POST", NAMES.path(namespace), body=body)
+    await _ok(response)
+    created: JSON = response.json()
+    return created
+
+
+async def _events(client: KubeClient, namespace: str, name: str) -> list[str]:
+    listing = await _get(client, f"/api/v1/namespaces/{namespace}/events")
+    return [
+        f"{e['reason']}: {e['message']}"
+        for e in (listing or {}).get("items", [])
+        if e["involvedObject"].get("name") == name
+        and e["involvedObject"].get("kind") == "ComputeDomain"
+    ]
+
+
+async def _label(client: KubeClient, node: str, value: str | None) -> None:
+    patch = {"metadata": {"labels": {NAMES.domain_label: value}}}
+    response = await client.request(
+        "PATCH", f"/api/v1/nodes/{node}", body=patch, content_type="application/merge-patch+json"
+    )
+    await _ok(response)
+
+
+async def test_a_domain_gets_its_template_daemons_and_status_and_is_cleaned_up(
+    kube_client: KubeClient,
+    controller: DomainController,
+    namespace: str,
+    make_node: Callable[..., Any],
+    start_testplugin: Callable[..., Any],
+) -> None:
+    client = kube_client
+    node = make_node()
+    start_testplugin(node, DRIVER, 1)
+    domain = await _create_domain(client, namespace, _domain("job", "job-channel"))
+    uid = domain["metadata"]["uid"]
+    path = NAMES.path(namespace, "job")
+
+    async def made() -> JSON | None:
+        got = await _get(client, path)
+        meta = (got or {}).get("metadata") or {}
+        if NAMES.finalizer in (meta.get("finalizers") or []) and (got or {}).get("status"):
+            return got
+        return None
+
+    got = await _until("the finalizer and a status", made)
+    assert got["status"] == {"status": "NotReady", "nodes": []}
+    channel = int(got["metadata"]["annotations"][NAMES.channel_annotation])
+    template = await _until(
+        "the channel template",
+        lambda: _get(client, rpath(RESOURCE_CLAIM_TEMPLATES, "job-channel", namespace=namespace)),
+    )
+    devices = template["spec"]["spec"]["devices"]
+    assert devices["requests"] == [
+        {
+            "name": "channel",
+            "exactly": {
+                "deviceClassName": NAMES.channel_class,
+                "allocationMode": "ExactCount",
+                "count": 1,
+            },
+        }
+    ]
+    assert devices["config"][0]["opaque"]["parameters"] == {
+        "apiVersion": "gpu.dra.dev/v1alpha1",
+        "kind": "ComputeDomainChannelConfig",
+        "domainID": uid,
+        "allocationMode": "Single",
+        "channel": channel,
+    }
+    ds_path = f"/apis/apps/v1/namespaces/{namespace}/daemonsets/imex-{uid}"
+    assert await _until("the daemon set", lambda: _get(client, ds_path))
+
+    # The node joins the domain: its daemon pod is allocated the node's daemon device, the
+    # kubelet prepares it and starts the pod, and the domain is Ready.
+    await _label(client, node.name, uid)
+
+    async def ready() -> JSON | None:
+        got = await _get(client, path)
+        status = (got or {}).get("status") or {}
+        return status if status.get("status") == "Ready" else None
+
+    status = await _until("the domain Ready", ready, timeout=90)
+    [entry] = status["nodes"]
+    assert entry["name"] == node.name and entry["status"] == "Ready" and entry["ipAddress"]
+    assert any(e.startswith("DomainReady") for e in await _events(client, namespace, "job"))
+
+    # Its daemon goes away: NotReady with an Event, then Ready again with the new pod.
+    pods = await _get(
+        client,
+        f"/api/v1/namespaces/{namespace}/pods?labelSelector={NAMES.domain_label}%3D{uid}",
+    )
+    [pod] = (pods or {}).get("items", [])
+    response = await client.request(
+        "DELETE",
+        f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}",
+        query=[("gracePeriodSeconds", "0")],
+    )
+    await _ok(response)
+
+    async def noticed() -> list[str]:
+        events = await _events(client, namespace, "job")
+        return [e for e in events if e.startswith("DomainNotReady")]
+
+    await _until("the DomainNotReady event", noticed, timeout=60)
+    await _until("the domain Ready again", ready, timeout=90)
+
+    # Deleted: its templates and daemons go, the node leaves it, then the domain is gone.
+    await _ok(await client.request("DELETE", path))
+    assert await _until("the domain gone", lambda: _gone(client, path), timeout=90)
+    assert await _get(client, ds_path) is None
+    for name in ("job-channel", daemon_name(read_domain(domain, NAMES))):
+        assert (
+            await _get(client, rpath(RESOURCE_CLAIM_TEMPLATES, name, namespace=namespace)) is None
+        )
+    labels = ((await _get(client, f"/api/v1/nodes/{node.name}")) or {})["metadata"]["labels"]
+    assert NAMES.domain_label not in labels
+
+
+async def _gone(client: KubeClient, path: str) -> bool:
+    return await _get(client, path) is None
+
+
+async def test_domains_get_distinct_channels_and_never_take_a_users_template(
+    kube_client: KubeClient, controller: DomainController, namespace: str
+) -> None:
+    client = kube_client
+    user_template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "mine", "labels": {"owner": "me"}},
+        "spec": {"spec": {"devices": {"requests": []}}},
+    }
+    response = await client.request(
+        "POST", rpath(RESOURCE_CLAIM_TEMPLATES, namespace=namespace), body=user_template
+    )
+    await _ok(response)
+    first = await _create_domain(client, namespace, _domain("a", "a-channel"))
+    second = await _create_domain(client, namespace, _domain("b", "mine"))
+
+    async def channels() -> list[int] | None:
+        found = []
+        for name in ("a", "b"):
+            got = await _get(client, NAMES.path(namespace, name))
+            value = (
+                ((got or {}).get("metadata") or {})
+                .get("annotations", {})
+                .get(NAMES.channel_annotation)
+            )
+            if value is None:
+                return None
+            found.append(int(value))
+        return found
+
+    a, b = await _until("both channels", channels)
+    assert a != b
+
+    async def conflict() -> list[str]:
+        return [
+            e for e in await _events(client, namespace, "b") if e.startswith("TemplateConflict")
+        ]
+
+    [event] = await _until("the conflict event", conflict)
+    assert f"{namespace}/mine" in event
+    kept = await _get(client, rpath(RESOURCE_CLAIM_TEMPLATES, "mine", namespace=namespace))
+    assert kept is not None and kept["metadata"]["labels"] == {"owner": "me"}
+    assert not kept["spec"]["spec"]["devices"].get("config")
+    assert daemon_name(read_domain(first, NAMES)) != daemon_name(read_domain(second, NAMES))
+    # Deleting the domain that never got its template leaves the user's template alone.
+    await _ok(await client.request("DELETE", NAMES.path(namespace, "b")))
+    await _until("domain b gone", lambda: _gone(client, NAMES.path(namespace, "b")), timeout=60)
+    assert await _get(client, rpath(RESOURCE_CLAIM_TEMPLATES, "mine", namespace=namespace))
+
+
+async def test_the_api_server_refuses_an_invalid_or_changed_spec(
+    kube_client: KubeClient, installed: None, namespace: str
+) -> None:
+    client = kube_client
+    bad = _domain("bad", "t")
+    bad["spec"]["channel"]["allocationMode"] = "Some"
+    response = await client.request("POST", NAMES.path(namespace), body=bad)
+    assert response.status == 422 and b"allocationMode" in response.body
+    await _create_domain(client, namespace, _domain("fixed", "t"))
+    patch = {"spec": {"numNodes": 3}}
+    response = await client.request(
+        "PATCH",
+        NAMES.path(namespace, "fixed"),
+        body=json.dumps(patch),
+        content_type="application/merge-patch+json",
+    )
+    assert response.status == 422 and b"immutable" in response.body

@@ -1,0 +1,334 @@
+"""The ComputeDomain controller's planner, by tables: what it writes for what it saw."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from dra_driver.computedomain.api import NVIDIA, OWN, ApiNames, Domain, read_domain
+from dra_driver.computedomain.objects import DaemonSettings, digest_of
+from dra_driver.computedomain.planner import (
+    DAEMON_SETS,
+    TEMPLATES,
+    Action,
+    AddFinalizer,
+    Apply,
+    DaemonPod,
+    Delete,
+    Emit,
+    Made,
+    Observed,
+    RemoveFinalizer,
+    SetChannel,
+    SetStatus,
+    Unlabel,
+    free_channel,
+    node_indexes,
+    plan,
+)
+
+SETTINGS = DaemonSettings(namespace="dra-driver", image="localhost/dra-driver:dev")
+UID = "6d1c7e3a-0000-4000-8000-000000000001"
+
+
+def domain(
+    names: ApiNames = OWN,
+    *,
+    spec: Any = None,
+    finalizers: tuple[str, ...] | None = None,
+    channel: int | None = 0,
+    status: dict[str, Any] | None = None,
+    deleting: bool = False,
+) -> Domain:
+    meta: dict[str, Any] = {
+        "name": "job",
+        "namespace": "team",
+        "uid": UID,
+        "finalizers": list(finalizers if finalizers is not None else (names.finalizer,)),
+    }
+    if channel is not None:
+        meta["annotations"] = {names.channel_annotation: str(channel)}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-11-27T00:00:00Z"
+    obj = {
+        "metadata": meta,
+        "spec": spec
+        if spec is not None
+        else {"numNodes": 2, "channel": {"resourceClaimTemplate": {"name": "job-channel"}}},
+        "status": status or {},
+    }
+    return read_domain(obj, names)
+
+
+def settled(d: Domain, names: ApiNames = OWN) -> Observed:
+    """What the controller sees once everything for ``d`` was made."""
+    from dra_driver.computedomain.objects import daemon_set, daemon_template, workload_template
+
+    assert d.channel is not None
+    return Observed(
+        domain=d,
+        workload_template=Made(d.uid, digest_of(workload_template(d, d.channel, names))),
+        daemon_template=Made(d.uid, digest_of(daemon_template(d, names, SETTINGS))),
+        daemon_set=Made(d.uid, digest_of(daemon_set(d, names, SETTINGS))),
+    )
+
+
+def kinds(actions: list[Action]) -> list[str]:
+    out = []
+    for a in actions:
+        if isinstance(a, Apply | Delete):
+            out.append(f"{type(a).__name__}:{a.resource}:{a.name}")
+        elif isinstance(a, Emit):
+            out.append(f"Emit:{a.reason}")
+        else:
+            out.append(type(a).__name__)
+    return out
+
+
+def test_a_new_domain_gets_a_finalizer_a_channel_its_templates_and_daemons() -> None:
+    d = domain(finalizers=(), channel=None)
+    actions = plan(Observed(domain=d, taken_channels=frozenset({0, 1, 3})), OWN, SETTINGS)
+    assert kinds(actions) == [
+        "AddFinalizer",
+        "SetChannel",
+        f"Apply:{TEMPLATES}:job-channel",
+        f"Apply:{TEMPLATES}:imex-{UID}",
+        f"Apply:{DAEMON_SETS}:imex-{UID}",
+        "SetStatus",
+    ]
+    assert actions[1] == SetChannel(2)
+    template = actions[2]
+    assert isinstance(template, Apply) and template.namespace == "team"
+    request = template.body["spec"]["spec"]["devices"]
+    assert request["requests"][0]["exactly"]["deviceClassName"] == "imex-channel.gpu.dra.dev"
+    params = request["config"][0]["opaque"]["parameters"]
+    assert params == {
+        "apiVersion": "gpu.dra.dev/v1alpha1",
+        "kind": "ComputeDomainChannelConfig",
+        "domainID": UID,
+        "allocationMode": "Single",
+        "channel": 2,
+    }
+    status = actions[-1]
+    assert status == SetStatus({"status": "NotReady", "nodes": []})
+
+
+def test_a_settled_domain_plans_nothing() -> None:
+    d = domain(status={"status": "NotReady", "nodes": []})
+    assert plan(settled(d), OWN, SETTINGS) == []
+
+
+@pytest.mark.parametrize(
+    ("change", "rewritten"),
+    [
+        ({"channel": {"resourceClaimTemplate": {"name": "job-channel"}, "allocationMode": "All"}},
+         ["job-channel"]),
+    ],
+)
+def test_a_changed_spec_rewrites_the_workload_template(
+    change: dict[str, Any], rewritten: list[str]
+) -> None:
+    before = domain(status={"status": "NotReady", "nodes": []})
+    after = domain(spec={"numNodes": 2, **change}, status={"status": "NotReady", "nodes": []})
+    obs = replace(settled(before), domain=after)
+    applied = [a.name for a in plan(obs, OWN, SETTINGS) if isinstance(a, Apply)]
+    assert applied == rewritten
+
+
+def test_another_image_rolls_the_daemons() -> None:
+    d = domain(status={"status": "NotReady", "nodes": []})
+    newer = replace(SETTINGS, image="localhost/dra-driver:next")
+    # The daemon claim template does not name the image: only the DaemonSet is rewritten.
+    assert kinds(plan(settled(d), OWN, newer)) == [f"Apply:{DAEMON_SETS}:imex-{UID}"]
+
+
+def test_a_template_of_someone_else_is_never_overwritten() -> None:
+    d = domain(status={"status": "NotReady", "nodes": []})
+    obs = replace(settled(d), workload_template=Made(domain_uid=""))
+    actions = plan(obs, OWN, SETTINGS)
+    assert kinds(actions) == ["Emit:TemplateConflict"]
+    assert "team/job-channel" in actions[0].message  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"numNodes": -1, "channel": {"resourceClaimTemplate": {"name": "t"}}}, "spec.numNodes"),
+        ({"numNodes": 1}, "spec.channel: Field required"),
+        ({"channel": {"resourceClaimTemplate": {"name": "t"}, "allocationMode": "Some"}},
+         "spec.channel.allocationMode"),
+        ({"channel": {"resourceClaimTemplate": {"name": "t"}}, "numNode": 2},
+         "spec.numNode: unknown field"),
+    ],
+)
+def test_an_invalid_spec_is_reported_and_makes_nothing(spec: dict[str, Any], message: str) -> None:
+    d = domain(spec=spec, channel=None)
+    actions = plan(Observed(domain=d), OWN, SETTINGS)
+    assert kinds(actions) == ["SetStatus", "Emit:InvalidSpec"]
+    assert message in actions[-1].message  # type: ignore[union-attr]
+
+
+def test_no_free_channel_is_reported() -> None:
+    d = domain(channel=None)
+    actions = plan(Observed(domain=d, taken_channels=frozenset(range(2048))), OWN, SETTINGS)
+    assert kinds(actions) == ["Emit:NoChannel"]
+    assert free_channel(frozenset(range(2047))) == 2047
+
+
+STATUS_CASES = [
+    # (numNodes, daemons, labelled nodes, expected status, expected node statuses)
+    (2, [], {}, "NotReady", {}),
+    (2, [("n0", True)], {"n0": "c.1"}, "NotReady", {"n0": "Ready"}),
+    (2, [("n0", True), ("n1", False)], {"n0": "c.1", "n1": "c.1"}, "NotReady",
+     {"n0": "Ready", "n1": "NotReady"}),
+    (2, [("n0", True), ("n1", True)], {"n0": "c.1", "n1": "c.1"}, "Ready",
+     {"n0": "Ready", "n1": "Ready"}),
+    # numNodes 0: ready when every daemon there is is ready
+    (0, [("n0", True)], {"n0": "c.1"}, "Ready", {"n0": "Ready"}),
+    # a labelled node whose daemon pod is not there yet
+    (1, [("n0", True)], {"n0": "c.1", "n1": "c.1"}, "NotReady",
+     {"n0": "Ready", "n1": "NotReady"}),
+]
+
+
+@pytest.mark.parametrize(("num", "daemons", "nodes", "overall", "per_node"), STATUS_CASES)
+def test_status(
+    num: int,
+    daemons: list[tuple[str, bool]],
+    nodes: dict[str, str],
+    overall: str,
+    per_node: dict[str, str],
+) -> None:
+    d = domain(
+        spec={"numNodes": num, "channel": {"resourceClaimTemplate": {"name": "job-channel"}}}
+    )
+    pods = tuple(DaemonPod(n, f"10.0.0.{i}", r) for i, (n, r) in enumerate(daemons))
+    obs = replace(settled(d), daemons=pods, nodes=nodes)
+    [status] = [a for a in plan(obs, OWN, SETTINGS) if isinstance(a, SetStatus)]
+    assert status.status["status"] == overall
+    assert {e["name"]: e["status"] for e in status.status["nodes"]} == per_node
+    for entry in status.status["nodes"]:
+        assert entry["cliqueID"] == nodes.get(entry["name"], "")
+
+
+def test_events_on_each_change_of_readiness() -> None:
+    ready = {
+        "status": "Ready",
+        "nodes": [
+            {"name": "n0", "ipAddress": "10.0.0.1", "cliqueID": "c.1", "index": 0,
+             "status": "Ready"},
+            {"name": "n1", "ipAddress": "10.0.0.2", "cliqueID": "c.1", "index": 1,
+             "status": "Ready"},
+        ],
+    }
+    d = domain(status=ready)
+    nodes = {"n0": "c.1", "n1": "c.1"}
+    both = (DaemonPod("n0", "10.0.0.1", True), DaemonPod("n1", "10.0.0.2", True))
+    assert plan(replace(settled(d), daemons=both, nodes=nodes), OWN, SETTINGS) == []
+    one_down = (both[0], DaemonPod("n1", "10.0.0.2", False, problem="CrashLoopBackOff: exit 1"))
+    actions = plan(replace(settled(d), daemons=one_down, nodes=nodes), OWN, SETTINGS)
+    assert kinds(actions) == [
+        "SetStatus", "Emit:DaemonNotReady", "Emit:DomainNotReady", "Emit:DaemonFailed"
+    ]
+    assert "n1" in actions[1].message and "CrashLoopBackOff" in actions[3].message  # type: ignore[union-attr]
+    not_ready = domain(status=actions[0].status)  # type: ignore[union-attr]
+    back = plan(replace(settled(not_ready), daemons=both, nodes=nodes), OWN, SETTINGS)
+    assert kinds(back) == ["SetStatus", "Emit:DomainReady"]
+    assert back[1].warning is False  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("nodes", "previous", "expected"),
+    [
+        ([("a", "c1"), ("b", "c1")], [], {"a": 0, "b": 1}),
+        # a node keeps its index; a new one takes the lowest free
+        ([("a", "c1"), ("b", "c1")], [{"name": "b", "cliqueID": "c1", "index": 0}],
+         {"a": 1, "b": 0}),
+        # indexes count per clique
+        ([("a", "c1"), ("b", "c2")], [], {"a": 0, "b": 0}),
+        # a node that moved clique gets a new index there
+        ([("a", "c2"), ("b", "c2")], [{"name": "a", "cliqueID": "c1", "index": 5},
+                                      {"name": "b", "cliqueID": "c2", "index": 0}],
+         {"a": 1, "b": 0}),
+        # two nodes claiming one index (a hand edit): the first keeps it
+        ([("a", "c1"), ("b", "c1")], [{"name": "a", "cliqueID": "c1", "index": 0},
+                                      {"name": "b", "cliqueID": "c1", "index": 0}],
+         {"a": 0, "b": 1}),
+    ],
+)
+def test_node_indexes(
+    nodes: list[tuple[str, str]], previous: list[dict[str, Any]], expected: dict[str, int]
+) -> None:
+    assert node_indexes(nodes, previous) == expected
+
+
+TEAR_DOWN = [
+    # (what is left, expected actions)
+    ({"workload": True, "daemonset": True, "daemon_template": True, "nodes": ["n1", "n0"]},
+     [f"Delete:{TEMPLATES}:job-channel", f"Delete:{DAEMON_SETS}:imex-{UID}",
+      f"Delete:{TEMPLATES}:imex-{UID}", "Unlabel", "Unlabel"]),
+    ({"daemons": True}, []),  # pods still stopping: wait
+    ({"foreign_template": True}, ["RemoveFinalizer"]),  # not ours: left alone
+    ({}, ["RemoveFinalizer"]),
+]
+
+
+@pytest.mark.parametrize(("left", "expected"), TEAR_DOWN)
+def test_a_deleted_domain_is_cleaned_up_then_released(
+    left: dict[str, Any], expected: list[str]
+) -> None:
+    d = domain(deleting=True)
+    workload = None
+    if left.get("workload"):
+        workload = Made(UID)
+    elif left.get("foreign_template"):
+        workload = Made("someone-else")
+    obs = Observed(
+        domain=d,
+        workload_template=workload,
+        daemon_set=Made(UID) if left.get("daemonset") else None,
+        daemon_template=Made(UID) if left.get("daemon_template") else None,
+        daemons=(DaemonPod("n0", "", False),) if left.get("daemons") else (),
+        nodes={n: "" for n in left.get("nodes", [])},
+    )
+    actions = plan(obs, OWN, SETTINGS)
+    assert kinds(actions) == expected
+    assert [a.node for a in actions if isinstance(a, Unlabel)] == sorted(left.get("nodes", []))
+
+
+def test_deletions_in_flight_are_not_repeated() -> None:
+    d = domain(deleting=True)
+    obs = Observed(domain=d, daemon_set=Made(UID, deleting=True))
+    assert plan(obs, OWN, SETTINGS) == []
+
+
+def test_compat_mode_names_the_nvidia_group_and_classes() -> None:
+    d = domain(NVIDIA, finalizers=(), channel=None)
+    actions = plan(Observed(domain=d), NVIDIA, SETTINGS)
+    assert actions[0] == AddFinalizer()
+    template = next(a for a in actions if isinstance(a, Apply) and a.name == "job-channel")
+    devices = template.body["spec"]["spec"]["devices"]
+    assert devices["requests"][0]["exactly"]["deviceClassName"] == (
+        "compute-domain-default-channel.nvidia.com"
+    )
+    assert devices["config"][0]["opaque"]["driver"] == "gpu.nvidia.com"
+    assert template.body["metadata"]["labels"] == {"resource.nvidia.com/computeDomain": UID}
+    assert NVIDIA.path("team", "job", "status") == (
+        "/apis/resource.nvidia.com/v1beta1/namespaces/team/computedomains/job/status"
+    )
+
+
+def test_the_daemon_set_runs_on_the_domains_nodes_only() -> None:
+    d = domain(channel=None)
+    applied = {
+        a.resource: a.body for a in plan(Observed(domain=d), OWN, SETTINGS) if isinstance(a, Apply)
+        and a.namespace == "dra-driver"
+    }
+    ds = applied[DAEMON_SETS]["spec"]["template"]["spec"]
+    assert ds["nodeSelector"] == {"gpu.dra.dev/computeDomain": UID}
+    assert ds["resourceClaims"] == [
+        {"name": "imex-daemon", "resourceClaimTemplateName": f"imex-{UID}"}
+    ]
+    assert RemoveFinalizer() not in plan(Observed(domain=d), OWN, SETTINGS)
