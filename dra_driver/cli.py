@@ -102,6 +102,12 @@ def _cleanup(settings: Settings, _: argparse.Namespace) -> int:
     return 0
 
 
+def _compute_domain_controller(settings: Settings, _: argparse.Namespace) -> int:
+    from dra_driver.computedomain.launch import run_controller_process
+
+    return asyncio.run(run_controller_process(settings))
+
+
 _AGENT = (
     *_DISCOVERY,
     "compat",
@@ -241,6 +247,19 @@ COMMANDS: dict[str, Command] = {
         "delete one node's ResourceSlices of this driver (after an uninstall)",
         ("node_name", "compat", "driver_name", "kubeconfig", "context", *_LOGGING),
         _cleanup,
+    ),
+    "compute-domain-controller": Command(
+        "run the ComputeDomain controller: IMEX daemons, channel templates, domain status",
+        (
+            "compat",
+            "kubeconfig",
+            "context",
+            "namespace",
+            "imex_image",
+            "host_driver_root",
+            *_LOGGING,
+        ),
+        _compute_domain_controller,
     ),
     "match": MATCH,
     "explain-claim": EXPLAIN_CLAIM,

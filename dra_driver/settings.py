@@ -62,7 +62,14 @@ class Settings(BaseModel):
         "",
         max_length=63,
         description="namespace of a claim given by name alone (default: the kubeconfig "
-        "context's, else default)",
+        "context's, else default); the compute domain controller's own namespace, where it "
+        "runs the IMEX daemons",
+    )
+    imex_image: str = Field(
+        "",
+        max_length=512,
+        description="image of the IMEX daemon pods the compute domain controller starts "
+        "(the driver's own image)",
     )
     log_format: Literal["json", "console"] = Field(
         "console", description="log format: json (one event per line) or console"

@@ -30,8 +30,9 @@ MAX_CHANNELS = 2048
 
 @dataclass(frozen=True)
 class ApiNames:
-    """The names of one mode: the domain's API group and version, the agent's driver name
-    and the DeviceClasses of the two device kinds."""
+    """The names of one mode: the domain's API group and version, the DRA driver name of
+    the node's IMEX devices (the agent's second driver, beside the GPUs') and the
+    DeviceClasses of its two device kinds."""
 
     group: str
     version: str
@@ -75,14 +76,14 @@ class ApiNames:
 OWN = ApiNames(
     group="gpu.dra.dev",
     version="v1alpha1",
-    driver="gpu.dra.dev",
+    driver="compute-domain.gpu.dra.dev",
     channel_class="imex-channel.gpu.dra.dev",
     daemon_class="imex-daemon.gpu.dra.dev",
 )
 NVIDIA = ApiNames(
     group="resource.nvidia.com",
     version="v1beta1",
-    driver="gpu.nvidia.com",
+    driver="compute-domain.nvidia.com",
     channel_class="compute-domain-default-channel.nvidia.com",
     daemon_class="compute-domain-daemon.nvidia.com",
 )

@@ -313,7 +313,7 @@ def test_compat_mode_names_the_nvidia_group_and_classes() -> None:
     assert devices["requests"][0]["exactly"]["deviceClassName"] == (
         "compute-domain-default-channel.nvidia.com"
     )
-    assert devices["config"][0]["opaque"]["driver"] == "gpu.nvidia.com"
+    assert devices["config"][0]["opaque"]["driver"] == "compute-domain.nvidia.com"
     assert template.body["metadata"]["labels"] == {"resource.nvidia.com/computeDomain": UID}
     assert NVIDIA.path("team", "job", "status") == (
         "/apis/resource.nvidia.com/v1beta1/namespaces/team/computedomains/job/status"
