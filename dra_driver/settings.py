@@ -65,6 +65,13 @@ class Settings(BaseModel):
         "context's, else default); the compute domain controller's own namespace, where it "
         "runs the IMEX daemons",
     )
+    imex_binding_conditions: bool = Field(
+        False,
+        description="publish IMEX channels with binding conditions: a pod whose channel is "
+        "allocated is bound only once its compute domain's IMEX daemon on the node is ready, "
+        "and sent elsewhere when it cannot become ready (needs DRADeviceBindingConditions); "
+        "off: prepare waits for the daemon, bounded, and fails with a message",
+    )
     imex_image: str = Field(
         "",
         max_length=512,

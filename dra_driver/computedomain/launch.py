@@ -41,6 +41,7 @@ def daemon_settings(settings: Settings) -> DaemonSettings:
         image=settings.imex_image,
         driver_root=str(settings.host_driver_root),
         log_format=settings.log_format,
+        compat=settings.compat,
     )
 
 

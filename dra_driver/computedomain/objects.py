@@ -44,6 +44,7 @@ class DaemonSettings:
     driver_root: str = "/"
     pull_policy: str = "IfNotPresent"
     log_format: str = "json"
+    compat: str = ""
 
 
 def daemon_name(domain: Domain) -> str:
@@ -131,6 +132,7 @@ def daemon_set(domain: Domain, names: ApiNames, settings: DaemonSettings) -> JSO
         {"name": "DRA_DOMAIN_UID", "value": domain.uid},
         {"name": "DRA_DOMAIN", "value": domain.key},
         {"name": "DRA_LOG_FORMAT", "value": settings.log_format},
+        {"name": "DRA_COMPAT", "value": settings.compat},
         {"name": "DRA_DRIVER_ROOT", "value": "/driver-root"},
         {"name": "DRA_IMEX_PORT", "value": str(IMEX_PORT)},
         {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
