@@ -58,6 +58,10 @@ LIBRARIES = (
     ("libnvidia-encode", "libnvidia-encode.so.1", "NvEncodeAPICreateInstance"),
 )
 BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
+#: The IMEX daemon and its control tool (the nvidia-imex package puts them in /usr/bin next to
+#: the driver's tools): only in the stand-in driver root, and not among the tools a claim's
+#: container gets.
+IMEX_BINARIES = ("nvidia-imex", "nvidia-imex-ctl")
 FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
 SOCKETS = ("run/nvidia-persistenced/socket", "run/nvidia-fabricmanager/socket")
 #: The stand-in's defaults: the real-node tier's profile and node (testenv/node/nodeconfig.py);
@@ -237,6 +241,9 @@ def make_driver_root(
             continue
         tool.write_text(f"#!/bin/sh\necho {binary} {version}\n")
         tool.chmod(0o755)
+    if standin is not None:
+        for binary in IMEX_BINARIES:
+            _install(standin.tools[binary], bin_dir / binary)
 
     firmware = root / "lib/firmware/nvidia" / version
     firmware.mkdir(parents=True, exist_ok=True)

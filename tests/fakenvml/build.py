@@ -22,6 +22,8 @@ TOOLS = {
     "nvidia-cuda-mps-control": "mps-control.c",
     "nvidia-cuda-mps-server": "mps-server.c",
     "nvidia-debugdump": "debugdump.c",
+    "nvidia-imex": "imex.c",
+    "nvidia-imex-ctl": "imex-ctl.c",
 }
 
 
