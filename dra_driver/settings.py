@@ -51,7 +51,8 @@ class Settings(BaseModel):
         "nvml", description="GPU discovery: nvml (real GPUs) or simulated (a node profile)"
     )
     profile: str = Field(
-        "", description="simulated node profile: dgx-a100, dgx-h100, l4x4, mixed or a YAML file"
+        "",
+        description="simulated node profile: dgx-a100, dgx-h100, gb200, l4x4, mixed or a YAML file",
     )
     output: Literal["table", "json", "yaml"] = Field("table", description="output format")
     kubeconfig: str = Field(

@@ -6,9 +6,24 @@ downstream (devices, slices, prepare) reads only this model.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+import uuid as uuidlib
+from collections import Counter
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MIB = 1024 * 1024
+
+#: nvmlGpuFabricState_t, by name, in NVML's numbering (index = NVML value).
+FabricState = Literal["not-supported", "not-started", "in-progress", "completed"]
+FABRIC_STATES: tuple[FabricState, ...] = (
+    "not-supported",
+    "not-started",
+    "in-progress",
+    "completed",
+)
+_NO_CLUSTER = str(uuidlib.UUID(int=0))
+_MAX_CLIQUE_ID = 2**32 - 1  # NVML's cliqueId is a uint32
 
 
 class _Model(BaseModel):
@@ -84,6 +99,58 @@ class MigState(_Model):
     pending_enabled: bool = False
 
 
+def format_clique(cluster_uuid: str, clique_id: int) -> str | None:
+    """The clique ``<clusterUUID>.<cliqueId>`` as GPU feature discovery labels it
+    (``nvidia.com/gpu.clique``): canonical lower-case UUID, decimal clique ID.
+
+    None for the all-zero cluster UUID: NVML reports it for GPUs that have NVLink but are not
+    part of a multi-node fabric. Raises ValueError for a malformed UUID or clique ID.
+    """
+    if not 0 <= clique_id <= _MAX_CLIQUE_ID:
+        raise ValueError(f"clique ID {clique_id} is not a 32-bit unsigned number")
+    canonical = str(uuidlib.UUID(cluster_uuid))
+    if canonical == _NO_CLUSTER:
+        return None
+    return f"{canonical}.{clique_id}"
+
+
+def parse_clique(text: str) -> tuple[str, int]:
+    """``<clusterUUID>.<cliqueId>`` -> (canonical cluster UUID, clique ID); the inverse of
+    :func:`format_clique`. Raises ValueError for anything else."""
+    cluster, sep, clique = text.strip().rpartition(".")
+    if not sep or not clique.isdigit():
+        raise ValueError(f"clique {text!r}: expected <clusterUUID>.<cliqueId>")
+    formatted = format_clique(cluster, int(clique))
+    if formatted is None:
+        raise ValueError(f"clique {text!r}: the all-zero cluster UUID names no fabric")
+    return str(uuidlib.UUID(cluster)), int(clique)
+
+
+class Fabric(_Model):
+    """A GPU's multi-node NVLink fabric membership (GB200/GB300 NVL racks).
+
+    ``clique`` (``<clusterUUID>.<cliqueId>``) is set only when the GPU is attached: NVML's
+    cluster UUID and clique ID mean something only once fabric registration completed.
+    """
+
+    state: FabricState = "not-supported"
+    clique: str | None = None
+
+    @field_validator("clique")
+    @classmethod
+    def _canonical_clique(cls, value: str | None) -> str | None:
+        # One spelling per clique, so cliques compare (and label nodes) by plain equality.
+        if value is None:
+            return None
+        return format_clique(*parse_clique(value))
+
+    @model_validator(mode="after")
+    def _clique_needs_completed_registration(self) -> Fabric:
+        if self.clique is not None and self.state != "completed":
+            raise ValueError(f"a GPU in fabric state {self.state} has no clique yet")
+        return self
+
+
 class Gpu(_Model):
     """One physical GPU."""
 
@@ -102,6 +169,7 @@ class Gpu(_Model):
     mig: MigState = MigState()
     mig_profiles: tuple[MigProfile, ...] = ()
     mig_devices: tuple[MigDevice, ...] = ()
+    fabric: Fabric = Fabric()
 
     @property
     def mig_enabled(self) -> bool:
@@ -115,3 +183,17 @@ class Inventory(_Model):
     driver_version: str  # "560.35.03"
     cuda_driver_version: str  # "12.6"
     gpus: tuple[Gpu, ...] = ()
+
+
+def node_clique(inventory: Inventory) -> str | None:
+    """The NVLink clique the node belongs to (the ``nvidia.com/gpu.clique`` label value): the
+    clique of its fabric-attached GPUs, None when no GPU is attached.
+
+    On a healthy node all attached GPUs share one clique. Should they disagree (a GPU whose
+    registration went wrong), the clique most GPUs report wins, ties going to the smallest
+    clique string, so every run on the same inventory labels the node the same way.
+    """
+    counts = Counter(g.fabric.clique for g in inventory.gpus if g.fabric.clique is not None)
+    if not counts:
+        return None
+    return min(counts, key=lambda clique: (-counts[clique], clique))

@@ -47,6 +47,13 @@
  *   pci <busId as NVML prints it, "00000000:07:00.0">
  *   memory <total bytes>
  *   cores <CUDA cores>
+ *   fabric <state> [<clusterUuid> <cliqueId>]
+ *                                       nvmlDeviceGetGpuFabricInfo(V): state is
+ *                                       nvmlGpuFabricState_t (0 NOT_SUPPORTED, 1 NOT_STARTED,
+ *                                       2 IN_PROGRESS, 3 COMPLETED), the cluster UUID is
+ *                                       written 8-4-4-4-12 (absent: all zero), the clique ID
+ *                                       decimal; status is always NVML_SUCCESS. Absent: the
+ *                                       GPU has no fabric (both calls NVML_ERROR_NOT_SUPPORTED)
  *   mig <current> <pending>             absent: MIG not supported (NVML_ERROR_NOT_SUPPORTED)
  *   maxmig <n>                          nvmlDeviceGetMaxMigDeviceCount
  *   profile <nvmlIndex> <id> <slices> <instances> <sm> <ce> <dec> <enc> <jpeg> <ofa>
@@ -120,6 +127,10 @@ enum {
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
     NVML_ERROR_UNKNOWN = 999,
 };
+
+/* nvmlGpuFabricState_t (nvml.h). */
+#define NVML_GPU_FABRIC_STATE_COMPLETED 3U
+#define NVML_GPU_FABRIC_UUID_LEN 16
 
 /* nvmlComputeMode_t (nvml.h). */
 enum {
@@ -256,6 +267,37 @@ typedef struct {
     nvmlComputeInstancePlacement_t placement;
 } nvmlComputeInstanceInfo_t;
 
+/* nvmlGpuFabricInfo_t, what the deprecated nvmlDeviceGetGpuFabricInfo fills. */
+typedef struct {
+    unsigned char clusterUuid[NVML_GPU_FABRIC_UUID_LEN];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned int state;
+} nvmlGpuFabricInfo_t;
+
+/* nvmlGpuFabricInfo_v2_t and _v3_t (v2 plus healthSummary), for nvmlDeviceGetGpuFabricInfoV. */
+typedef struct {
+    unsigned int version;
+    unsigned char clusterUuid[NVML_GPU_FABRIC_UUID_LEN];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned int state;
+    unsigned int healthMask;
+} nvmlGpuFabricInfo_v2_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned char clusterUuid[NVML_GPU_FABRIC_UUID_LEN];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned int state;
+    unsigned int healthMask;
+    unsigned char healthSummary;
+} nvmlGpuFabricInfo_v3_t;
+
+#define nvmlGpuFabricInfo_v2 (unsigned int)(sizeof(nvmlGpuFabricInfo_v2_t) | (2 << 24U))
+#define nvmlGpuFabricInfo_v3 (unsigned int)(sizeof(nvmlGpuFabricInfo_v3_t) | (3 << 24U))
+
 typedef struct {
     nvmlDevice_t device;
     unsigned long long eventType;
@@ -274,6 +316,9 @@ _Static_assert(sizeof(nvmlComputeInstanceProfileInfo_v2_t) == 0x88,
                "nvmlComputeInstanceProfileInfo_v2_t");
 _Static_assert(sizeof(nvmlComputeInstanceInfo_t) == 32, "nvmlComputeInstanceInfo_t");
 _Static_assert(sizeof(nvmlEventData_t) == 32, "nvmlEventData_t");
+_Static_assert(sizeof(nvmlGpuFabricInfo_t) == 28, "nvmlGpuFabricInfo_t");
+_Static_assert(nvmlGpuFabricInfo_v2 == 0x02000024, "nvmlGpuFabricInfo_v2");
+_Static_assert(nvmlGpuFabricInfo_v3 == 0x03000028, "nvmlGpuFabricInfo_v3");
 
 /* ---- the fake's state ------------------------------------------------------------------ */
 
@@ -329,6 +374,9 @@ typedef struct {
     fake_profile profiles[MAX_PROFILES];
     fake_gi gis[MAX_GIS];
     fake_ci cis[MAX_CIS];
+    int has_fabric; /* a `fabric` record was read (and is written back) */
+    unsigned int fabric_state, clique_id;
+    unsigned char cluster_uuid[NVML_GPU_FABRIC_UUID_LEN];
     int has_event_types; /* an `events` record was read (and is written back) */
     unsigned long long event_types;
     /* `timeslice` and `computemode`: whether a record was read or set (and is written
@@ -479,6 +527,51 @@ static int parse_placements(fake_profile *p, const char *text) {
     return 0;
 }
 
+/* "6b1e2c4a-9d3f-4e8a-b7c5-2f0d1a3e5c71" -> 16 bytes; dashes anywhere are skipped. */
+static int parse_uuid(unsigned char out[NVML_GPU_FABRIC_UUID_LEN], const char *text) {
+    int n = 0;
+    for (const char *c = text; *c; c++) {
+        if (*c == '-')
+            continue;
+        char pair[3] = {c[0], c[1], '\0'};
+        char *end;
+        if (n >= NVML_GPU_FABRIC_UUID_LEN || !c[1])
+            return -1;
+        out[n++] = (unsigned char)strtoul(pair, &end, 16);
+        if (end != pair + 2)
+            return -1;
+        c++;
+    }
+    return n == NVML_GPU_FABRIC_UUID_LEN ? 0 : -1;
+}
+
+static int all_zero(const unsigned char *bytes, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (bytes[i])
+            return 0;
+    return 1;
+}
+
+static void format_uuid(char *out, size_t cap, const unsigned char u[NVML_GPU_FABRIC_UUID_LEN]) {
+    snprintf(out, cap,
+             "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
+             u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14],
+             u[15]);
+}
+
+/* `fabric <state> [<clusterUuid> <cliqueId>]` */
+static int parse_fabric(fake_gpu *gpu, const char *rest) {
+    char uuid[TEXT];
+    int fields = sscanf(rest, "%u %95s %u", &gpu->fabric_state, uuid, &gpu->clique_id);
+    memset(gpu->cluster_uuid, 0, sizeof gpu->cluster_uuid);
+    if (fields == 1)
+        gpu->clique_id = 0;
+    else if (fields != 3 || parse_uuid(gpu->cluster_uuid, uuid) != 0)
+        return -1;
+    gpu->has_fabric = 1;
+    return gpu->fabric_state <= NVML_GPU_FABRIC_STATE_COMPLETED ? 0 : -1;
+}
+
 static int parse_line(char *line, fake_gpu **cur) {
     char word[32], rest[1024];
     int n = 0;
@@ -531,6 +624,8 @@ static int parse_line(char *line, fake_gpu **cur) {
         return sscanf(rest, "%llu", &gpu->memory) == 1 ? 0 : -1;
     if (strcmp(word, "cores") == 0)
         return sscanf(rest, "%u", &gpu->cores) == 1 ? 0 : -1;
+    if (strcmp(word, "fabric") == 0)
+        return parse_fabric(gpu, rest);
     if (strcmp(word, "mig") == 0) {
         gpu->mig_supported = 1;
         return sscanf(rest, "%u %u", &gpu->mig_current, &gpu->mig_pending) == 2 ? 0 : -1;
@@ -730,6 +825,13 @@ static nvmlReturn_t save_data(void) {
                 gpu->minor, gpu->name, gpu->brand, gpu->arch, gpu->cc_major, gpu->cc_minor,
                 gpu->bus_id);
         fprintf(f, "memory %llu\ncores %u\n", gpu->memory, gpu->cores);
+        if (gpu->has_fabric && all_zero(gpu->cluster_uuid, sizeof gpu->cluster_uuid)) {
+            fprintf(f, "fabric %u\n", gpu->fabric_state);
+        } else if (gpu->has_fabric) {
+            char uuid[40];
+            format_uuid(uuid, sizeof uuid, gpu->cluster_uuid);
+            fprintf(f, "fabric %u %s %u\n", gpu->fabric_state, uuid, gpu->clique_id);
+        }
         if (gpu->mig_supported)
             fprintf(f, "mig %u %u\nmaxmig %u\n", gpu->mig_current, gpu->mig_pending,
                     gpu->max_mig);
@@ -1016,6 +1118,57 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) 
     memory->total = gpu->memory;
     memory->used = 0;
     memory->free = gpu->memory;
+    return NVML_SUCCESS;
+}
+
+/* ---- NVLink fabric --------------------------------------------------------------------- */
+
+/* The GPU's fabric fields, or NVML_ERROR_NOT_SUPPORTED for a GPU without a `fabric` record. */
+static nvmlReturn_t fabric_of(nvmlDevice_t device, fake_gpu **out) {
+    fake_gpu *gpu = whole_gpu(device);
+    if (!gpu)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!gpu->has_fabric)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *out = gpu;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, nvmlGpuFabricInfo_t *info) {
+    FAIL_POINT("nvmlDeviceGetGpuFabricInfo");
+    NEED_INIT();
+    fake_gpu *gpu = NULL;
+    nvmlReturn_t rc = info ? fabric_of(device, &gpu) : NVML_ERROR_INVALID_ARGUMENT;
+    if (rc != NVML_SUCCESS)
+        return rc;
+    memset(info, 0, sizeof *info);
+    memcpy(info->clusterUuid, gpu->cluster_uuid, sizeof info->clusterUuid);
+    info->status = NVML_SUCCESS;
+    info->cliqueId = gpu->clique_id;
+    info->state = gpu->fabric_state;
+    return NVML_SUCCESS;
+}
+
+/* Versions 2 and 3 share their prefix; v3 adds the health summary (0: NOT_SUPPORTED). */
+nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, nvmlGpuFabricInfo_v3_t *info) {
+    FAIL_POINT("nvmlDeviceGetGpuFabricInfoV");
+    NEED_INIT();
+    if (!info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int version = info->version;
+    if (version != nvmlGpuFabricInfo_v2 && version != nvmlGpuFabricInfo_v3)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    fake_gpu *gpu = NULL;
+    nvmlReturn_t rc = fabric_of(device, &gpu);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    memset(info, 0, version == nvmlGpuFabricInfo_v3 ? sizeof(nvmlGpuFabricInfo_v3_t)
+                                                    : sizeof(nvmlGpuFabricInfo_v2_t));
+    info->version = version;
+    memcpy(info->clusterUuid, gpu->cluster_uuid, sizeof info->clusterUuid);
+    info->status = NVML_SUCCESS;
+    info->cliqueId = gpu->clique_id;
+    info->state = gpu->fabric_state;
     return NVML_SUCCESS;
 }
 

@@ -12,7 +12,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dra_driver.gpu.inventory import MIB, Gpu, Inventory, MigProfile
+from dra_driver.gpu.inventory import (
+    FABRIC_STATES,
+    MIB,
+    Fabric,
+    Gpu,
+    Inventory,
+    MigProfile,
+    parse_clique,
+)
 
 # nvmlBrandType_t values (nvml.h).
 BRAND_VALUES = {
@@ -72,6 +80,18 @@ def _placements(profile: MigProfile) -> str:
     return ",".join(str(p.start) for p in profile.placements) + f":{sizes.pop()}"
 
 
+def fabric_line(fabric: Fabric) -> str | None:
+    """The ``fabric`` record of a GPU's fabric; None (no record: NVML answers NOT_SUPPORTED)
+    for a GPU without one."""
+    if fabric.state == "not-supported" and fabric.clique is None:
+        return None
+    state = FABRIC_STATES.index(fabric.state)
+    if fabric.clique is None:
+        return f"fabric {state}"
+    cluster, clique_id = parse_clique(fabric.clique)
+    return f"fabric {state} {cluster} {clique_id}"
+
+
 def _gpu_lines(gpu: Gpu) -> list[str]:
     lines = [
         f"gpu {gpu.uuid}",
@@ -84,6 +104,9 @@ def _gpu_lines(gpu: Gpu) -> list[str]:
         f"memory {gpu.memory_bytes}",
         f"cores {gpu.multiprocessors * CORES_PER_SM[gpu.cuda_compute_capability]}",
     ]
+    fabric = fabric_line(gpu.fabric)
+    if fabric is not None:
+        lines.append(fabric)
     if gpu.mig.capable:
         lines.append(f"mig {int(gpu.mig.current_enabled)} {int(gpu.mig.pending_enabled)}")
         # NVML reports the most MIG devices the GPU can hold: its smallest profile's count.

@@ -19,6 +19,7 @@ import ctypes
 import math
 import os
 import re
+import uuid as uuidlib
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,6 +27,7 @@ import pynvml
 
 from dra_driver.gpu.discovery.base import DiscoveryError
 from dra_driver.gpu.discovery.nvmllib import (
+    error_code,
     nvml_call,
     nvml_call_unless,
     nvml_init,
@@ -34,13 +36,16 @@ from dra_driver.gpu.discovery.nvmllib import (
     preload_library,
 )
 from dra_driver.gpu.inventory import (
+    FABRIC_STATES,
     MIB,
+    Fabric,
     Gpu,
     Inventory,
     MigDevice,
     MigProfile,
     MigState,
     Placement,
+    format_clique,
 )
 
 T = TypeVar("T")
@@ -135,6 +140,17 @@ def mig_profile_name(nvml_name: str) -> str:
     return name.removeprefix(_NVML_MIG_PREFIX).strip()
 
 
+def fabric_from_nvml(state: int, status: int, cluster_uuid: bytes, clique_id: int) -> Fabric:
+    """A GPU's fabric from the fields of NVML's nvmlGpuFabricInfo: its registration state, and
+    its clique only when registration completed successfully in a real cluster (NVML leaves
+    the cluster UUID all zero on GPUs that have NVLink but no multi-node fabric)."""
+    name = FABRIC_STATES[state] if 0 <= state < len(FABRIC_STATES) else "not-supported"
+    clique = None
+    if name == "completed" and status == pynvml.NVML_SUCCESS and len(cluster_uuid) == 16:
+        clique = format_clique(str(uuidlib.UUID(bytes=cluster_uuid)), clique_id)
+    return Fabric(state=name, clique=clique)
+
+
 class NvmlDiscovery:
     """Discovery backend that asks the NVIDIA driver through NVML."""
 
@@ -200,6 +216,7 @@ class NvmlDiscovery:
             mig=mig,
             mig_profiles=profiles,
             mig_devices=devices,
+            fabric=self._fabric(handle, where),
         )
 
     @staticmethod
@@ -213,6 +230,43 @@ class NvmlDiscovery:
             codes=(pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND),
         )
         return int(cores) // cores_per_sm(major, minor) if cores is not None else 0
+
+    @staticmethod
+    def _fabric(handle: Any, where: str) -> Fabric:
+        """The GPU's fabric info: nvmlDeviceGetGpuFabricInfoV, or on drivers without it (or
+        without its struct version) the older nvmlDeviceGetGpuFabricInfo. GPUs without a
+        fabric answer NOT_SUPPORTED, as do drivers that predate both calls."""
+        unsupported = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        versioned = getattr(pynvml, "nvmlDeviceGetGpuFabricInfoV", None)
+        if versioned is not None:
+            info = pynvml.c_nvmlGpuFabricInfoV_t()
+            try:
+                versioned(handle, ctypes.byref(info))
+            except pynvml.NVMLError as exc:
+                code = error_code(exc)
+                if code == pynvml.NVML_ERROR_NOT_SUPPORTED:
+                    return Fabric()
+                if code not in (*unsupported, pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH):
+                    raise DiscoveryError(
+                        f"NVML call nvmlDeviceGetGpuFabricInfoV failed for {where}: {exc}"
+                    ) from None
+            else:
+                return fabric_from_nvml(
+                    int(info.state), int(info.status), bytes(info.clusterUuid), int(info.cliqueId)
+                )
+        legacy = pynvml.c_nvmlGpuFabricInfo_t()
+        got = nvml_call_unless(
+            pynvml.nvmlDeviceGetGpuFabricInfo,
+            handle,
+            ctypes.byref(legacy),
+            where=where,
+            codes=unsupported,
+        )
+        if got is None:
+            return Fabric()
+        return fabric_from_nvml(
+            int(legacy.state), int(legacy.status), bytes(legacy.clusterUuid), int(legacy.cliqueId)
+        )
 
     def _pci_topology(self, bus_id: str) -> tuple[str | None, int | None]:
         """PCIe root complex (``pci0000:00``) and NUMA node of a PCI device, from sysfs."""

@@ -3,11 +3,17 @@
 A profile names GPU products from a catalogue of real product facts (``profiles/products.yaml``)
 and places them on the node (PCI bus, PCIe root, NUMA node, MIG mode and existing MIG devices).
 UUIDs are derived from the node name, so a node keeps its GPUs' identities across restarts.
+
+A profile with a ``fabric`` section puts all its GPUs in one multi-node NVLink clique. The
+clique is the profile's, not derived from the node name, so every node simulated from the
+profile lands in the same clique, as the compute trays of one NVL72 rack do;
+``$DRA_SIMULATED_CLIQUE`` moves one node to another clique (another rack).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import uuid as uuidlib
 from functools import cache
 from importlib import resources
@@ -20,16 +26,22 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from dra_driver.gpu.discovery.base import DiscoveryError
 from dra_driver.gpu.inventory import (
     MIB,
+    Fabric,
     Gpu,
     Inventory,
     MigDevice,
     MigProfile,
     MigState,
     Placement,
+    format_clique,
+    parse_clique,
 )
 
 _PACKAGE = "dra_driver.gpu.discovery"  # holds profiles/
-BUILTIN_PROFILES = ("dgx-a100", "dgx-h100", "l4x4", "mixed")
+BUILTIN_PROFILES = ("dgx-a100", "dgx-h100", "gb200", "l4x4", "mixed")
+#: Overrides the clique of a fabric-attached profile on this node: ``<cliqueId>`` (same
+#: cluster) or ``<clusterUUID>.<cliqueId>``.
+CLIQUE_ENV = "DRA_SIMULATED_CLIQUE"
 
 
 class _Strict(BaseModel):
@@ -116,12 +128,32 @@ class ProfileGpu(_Strict):
     mig_devices: tuple[ProfileMigDevice, ...] = Field(default=(), alias="migDevices")
 
 
+class ProfileFabric(_Strict):
+    """The multi-node NVLink fabric every GPU of the node is attached to."""
+
+    cluster_uuid: str = Field(alias="clusterUuid")
+    clique_id: int = Field(alias="cliqueId", ge=0, le=2**32 - 1)
+
+    @field_validator("cluster_uuid")
+    @classmethod
+    def _real_cluster(cls, value: str) -> str:
+        if format_clique(value, 0) is None:
+            raise ValueError("the all-zero cluster UUID means no fabric; omit `fabric` instead")
+        return str(uuidlib.UUID(value))
+
+    @property
+    def clique(self) -> str:
+        """``<clusterUUID>.<cliqueId>``."""
+        return f"{self.cluster_uuid}.{self.clique_id}"
+
+
 class NodeProfile(_Strict):
-    """A simulated node: driver versions, extra products and the GPUs it holds."""
+    """A simulated node: driver versions, extra products, the GPUs it holds and their fabric."""
 
     driver_version: str = Field(alias="driverVersion")
     cuda_driver_version: str = Field(alias="cudaDriverVersion", pattern=r"^\d+\.\d+$")
     products: tuple[Product, ...] = ()
+    fabric: ProfileFabric | None = None
     gpus: tuple[ProfileGpu, ...]
 
 
@@ -207,9 +239,37 @@ def _mig_devices(
     return tuple(devices)
 
 
-def build_inventory(profile: NodeProfile, node_name: str) -> Inventory:
-    """Resolve a node profile into the inventory NVML would report on such a node."""
+def resolve_clique(fabric: ProfileFabric | None, override: str | None) -> str | None:
+    """The clique a simulated node's GPUs are in: the profile's, unless ``override`` names
+    another (``<cliqueId>`` in the profile's cluster, or ``<clusterUUID>.<cliqueId>``).
+
+    A profile without a fabric has no clique whatever the override says: the override picks
+    a rack for fabric-attached nodes, it cannot give NVLink to GPUs without it.
+    """
+    if fabric is None:
+        return None
+    text = (override or "").strip()
+    if not text:
+        return fabric.clique
+    try:
+        cluster, clique_id = (
+            (fabric.cluster_uuid, int(text)) if text.isdigit() else parse_clique(text)
+        )
+        return format_clique(cluster, clique_id)
+    except ValueError as exc:
+        raise DiscoveryError(
+            f"{CLIQUE_ENV}={text!r}: expected <cliqueId> or <clusterUUID>.<cliqueId> ({exc})"
+        ) from None
+
+
+def build_inventory(profile: NodeProfile, node_name: str, clique: str | None = None) -> Inventory:
+    """Resolve a node profile into the inventory NVML would report on such a node.
+
+    ``clique`` overrides the profile's fabric clique (see :func:`resolve_clique`).
+    """
     products = {**builtin_products(), **{p.name: p for p in profile.products}}
+    node_clique = resolve_clique(profile.fabric, clique)
+    fabric = Fabric(state="completed", clique=node_clique) if node_clique else Fabric()
     gpus: list[Gpu] = []
     for index, spec in enumerate(profile.gpus):
         product = products.get(spec.product)
@@ -244,6 +304,7 @@ def build_inventory(profile: NodeProfile, node_name: str) -> Inventory:
                 ),
                 mig_profiles=mig_profiles,
                 mig_devices=_mig_devices(node_name, index, spec, mig_profiles),
+                fabric=fabric,
             )
         )
     minors = [g.minor for g in gpus]
@@ -259,10 +320,14 @@ def build_inventory(profile: NodeProfile, node_name: str) -> Inventory:
 class SimulatedDiscovery:
     """Discovery backend that reads a node profile instead of the hardware."""
 
-    def __init__(self, profile: str, node_name: str) -> None:
+    def __init__(self, profile: str, node_name: str, clique: str | None = None) -> None:
+        """``clique`` defaults to ``$DRA_SIMULATED_CLIQUE`` (unset: the profile's clique)."""
         self._profile = load_profile(profile)
         self._node_name = node_name
+        self._clique = os.environ.get(CLIQUE_ENV) if clique is None else clique
+        # A bad override fails at start, not at the first discovery.
+        resolve_clique(self._profile.fabric, self._clique)
 
     def discover(self) -> Inventory:
         """The inventory of the simulated node."""
-        return build_inventory(self._profile, self._node_name)
+        return build_inventory(self._profile, self._node_name, self._clique)

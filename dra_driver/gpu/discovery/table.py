@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dra_driver.gpu.inventory import Inventory
+from dra_driver.gpu.inventory import Inventory, node_clique
 from dra_driver.output import table as _rows
 
 
@@ -11,7 +11,8 @@ def _gib(value: int) -> str:
 
 
 def inventory_table(inventory: Inventory) -> str:
-    """GPUs one per row, then existing MIG devices, then the driver versions."""
+    """GPUs one per row, then existing MIG devices, then the driver versions and, on a node
+    in a multi-node NVLink fabric, its clique."""
     gpu_rows = [
         [
             str(g.index),
@@ -64,4 +65,8 @@ def inventory_table(inventory: Inventory) -> str:
             *_rows(["GPU", "MIG-PROFILE", "PLACEMENT", "MEMORY", "SMS", "UUID"], mig_rows),
         ]
     lines += ["", f"driver {inventory.driver_version}, CUDA {inventory.cuda_driver_version}"]
+    clique = node_clique(inventory)
+    if clique is not None:
+        attached = sum(g.fabric.clique is not None for g in inventory.gpus)
+        lines.append(f"NVLink clique {clique} ({attached} of {len(inventory.gpus)} GPUs)")
     return "\n".join(lines)

@@ -1,7 +1,8 @@
 """Inventory -> DRA devices (resource.k8s.io/v1 JSON); :mod:`.catalog` assembles the pool.
 
 Attribute names follow the widely used NVIDIA DRA driver so users' selectors port by changing
-the domain only; ``migCapable``, ``migEnabled`` and ``numaNode`` are this driver's additions.
+the domain only; ``migCapable``, ``migEnabled``, ``numaNode`` and ``cliqueId`` are this driver's
+additions.
 """
 
 from __future__ import annotations
@@ -104,6 +105,18 @@ def _common_attributes(gpu: Gpu, inventory: Inventory) -> JSON:
     return attrs
 
 
+def fabric_attributes(gpu: Gpu) -> JSON:
+    """``cliqueId``: the multi-node NVLink clique (``<clusterUUID>.<cliqueId>``, the value of
+    GPU feature discovery's ``nvidia.com/gpu.clique`` node label) of a fabric-attached GPU, so
+    a claim can ask for GPUs of one NVLink domain (``matchAttribute``). Nothing otherwise.
+
+    Whole GPUs only: a GPU in MIG mode has no NVLink, so its MIG devices are in no clique.
+    """
+    if gpu.fabric.clique is None:
+        return {}
+    return {"cliqueId": _string(gpu.fabric.clique)}
+
+
 def gpu_device(gpu: Gpu, inventory: Inventory) -> JSON:
     """The DRA device for a whole GPU."""
     attributes: JSON = {
@@ -112,6 +125,7 @@ def gpu_device(gpu: Gpu, inventory: Inventory) -> JSON:
         **_common_attributes(gpu, inventory),
         "migCapable": _bool(gpu.mig.capable),
         "migEnabled": _bool(gpu.mig_enabled),
+        **fabric_attributes(gpu),
     }
     capacity: JSON = {
         "memory": {"value": quantity(gpu.memory_bytes)},

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dra_driver.gpu.discovery.simulated import BUILTIN_PROFILES, SimulatedDiscovery
-from dra_driver.gpu.inventory import Gpu, Inventory, MigDevice, MigState, Placement
+from dra_driver.gpu.inventory import Fabric, Gpu, Inventory, MigDevice, MigState, Placement
 from dra_driver.gpu.publish.catalog import build_catalog
 from dra_driver.gpu.publish.devices import (
     mig_device_name,
@@ -173,6 +175,15 @@ def _gpus(draw: st.DrawFn, minor: int) -> Gpu:
         multiprocessors=draw(st.integers(0, 300)),
         mig=MigState(capable=mig_enabled, current_enabled=mig_enabled, pending_enabled=mig_enabled),
         mig_devices=migs,
+        # Any cluster UUID and 32-bit clique ID: the longest clique still fits the API's limit.
+        fabric=draw(
+            st.just(Fabric())
+            | st.builds(
+                lambda u, c: Fabric(state="completed", clique=f"{u}.{c}"),
+                st.uuids(),
+                st.integers(0, 2**32 - 1),
+            )
+        ),
     )
 
 
@@ -212,3 +223,54 @@ def test_standard_numa_node_only_where_the_gpu_has_one() -> None:
     assert by_name["gpu-0"]["resource.kubernetes.io/numaNode"] == {"int": 0}
     assert "resource.kubernetes.io/numaNode" not in by_name["gpu-1"]
     assert "numaNode" not in by_name["gpu-1"]
+
+
+# --- the NVLink clique of fabric-attached GPUs -----------------------------------------------
+
+GB200_CLIQUE = "6b1e2c4a-9d3f-4e8a-b7c5-2f0d1a3e5c71.1"
+
+
+def test_gb200_gpu_device_publishes_its_clique() -> None:
+    inventory = SimulatedDiscovery("gb200", "n1", clique="").discover()
+    devices = build_catalog(inventory).published()
+    assert [d["name"] for d in devices] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+    for device in devices:
+        assert device["attributes"]["cliqueId"] == {"string": GB200_CLIQUE}
+        assert device["attributes"]["productName"] == {"string": "NVIDIA GB200"}
+        assert device["attributes"]["architecture"] == {"string": "Blackwell"}
+
+
+def test_gpus_without_fabric_publish_no_clique() -> None:
+    devices = build_catalog(SimulatedDiscovery("dgx-h100", "n1").discover()).published()
+    assert devices and all("cliqueId" not in d["attributes"] for d in devices)
+
+
+def test_mig_devices_carry_no_clique(tmp_path: Path) -> None:
+    # A GPU in MIG mode has no NVLink: its MIG devices are in no clique.
+    profile = tmp_path / "gb200-mig.yaml"
+    profile.write_text(
+        'driverVersion: "580.95.05"\ncudaDriverVersion: "13.0"\n'
+        'fabric: {clusterUuid: "6b1e2c4a-9d3f-4e8a-b7c5-2f0d1a3e5c71", cliqueId: 1}\n'
+        "gpus:\n"
+        '  - product: NVIDIA GB200\n    pciBusId: "0008:01:00.0"\n    migEnabled: true\n'
+        "    migDevices: [{profile: 3g.93gb, start: 0}, {profile: 1g.23gb, start: 4}]\n"
+        '  - {product: NVIDIA GB200, pciBusId: "0009:01:00.0"}\n'
+    )
+    inventory = SimulatedDiscovery(str(profile), "n1", clique="").discover()
+    devices = {d["name"]: d["attributes"] for d in build_catalog(inventory).published()}
+    assert set(devices) == {"gpu-0-mig-3g93gb-9-0", "gpu-0-mig-1g23gb-19-4", "gpu-1"}
+    assert "cliqueId" not in devices["gpu-0-mig-3g93gb-9-0"]
+    assert "cliqueId" not in devices["gpu-0-mig-1g23gb-19-4"]
+    assert devices["gpu-1"]["cliqueId"] == {"string": GB200_CLIQUE}
+
+
+def test_dynamic_mig_whole_gpu_has_the_clique_placements_do_not() -> None:
+    inventory = SimulatedDiscovery("gb200", "n1", clique="").discover()
+    devices = build_catalog(inventory, dynamic=True).published()
+    whole = [d for d in devices if d["attributes"]["type"] == {"string": "gpu"}]
+    parts = [d for d in devices if d["attributes"]["type"] == {"string": "mig"}]
+    assert len(whole) == 4 and parts
+    assert all(d["attributes"]["cliqueId"] == {"string": GB200_CLIQUE} for d in whole)
+    assert all("cliqueId" not in d["attributes"] for d in parts)
+    slices = render_pool(build_catalog(inventory, dynamic=True).pool("n1"))
+    assert check_pool(slices) == []
