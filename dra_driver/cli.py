@@ -102,6 +102,12 @@ def _cleanup(settings: Settings, _: argparse.Namespace) -> int:
     return 0
 
 
+def _compute_domain_plugin(settings: Settings, _: argparse.Namespace) -> int:
+    from dra_driver.computedomain.nodelaunch import run_compute_domain_plugin
+
+    return asyncio.run(run_compute_domain_plugin(settings))
+
+
 def _compute_domain_controller(settings: Settings, _: argparse.Namespace) -> int:
     from dra_driver.computedomain.launch import run_controller_process
 
@@ -247,6 +253,23 @@ COMMANDS: dict[str, Command] = {
         "delete one node's ResourceSlices of this driver (after an uninstall)",
         ("node_name", "compat", "driver_name", "kubeconfig", "context", *_LOGGING),
         _cleanup,
+    ),
+    "compute-domain-plugin": Command(
+        "serve the node's IMEX channel and daemon devices (ComputeDomains) to the kubelet",
+        (
+            *_DISCOVERY,
+            "compat",
+            "kubeconfig",
+            "context",
+            "cdi_root",
+            "plugins_dir",
+            "registry_dir",
+            "pod_uid",
+            "driver_root",
+            "imex_binding_conditions",
+            *_LOGGING,
+        ),
+        _compute_domain_plugin,
     ),
     "compute-domain-controller": Command(
         "run the ComputeDomain controller: IMEX daemons, channel templates, domain status",

@@ -18,6 +18,7 @@ from urllib.parse import quote
 import aiohttp
 import structlog
 
+from dra_driver.errors import DriverError
 from dra_driver.kube import KubeClient
 
 JSON = dict[str, Any]
@@ -26,7 +27,7 @@ LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 log = structlog.get_logger(__name__)
 
 
-class LostLease(Exception):
+class LostLease(DriverError):
     """The leader could not renew its lease in time."""
 
 

@@ -15,6 +15,8 @@ from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from dra_driver.errors import DriverError
+
 JSON = dict[str, Any]
 
 KIND = "ComputeDomain"
@@ -114,7 +116,7 @@ class DomainSpec(_Spec):
     channel: ChannelSpec
 
 
-class SpecError(ValueError):
+class SpecError(DriverError, ValueError):
     """A domain whose spec cannot be used; the message says what to fix."""
 
 

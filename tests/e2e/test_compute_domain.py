@@ -314,3 +314,177 @@ async def test_the_api_server_refuses_an_invalid_or_changed_spec(
         content_type="application/merge-patch+json",
     )
     assert response.status == 422 and b"immutable" in response.body
+
+
+# -- the node side: the compute domain plugin beside the kubelet ---------------------------
+
+CLASSES = {
+    OWN.channel_class: "channel",
+    OWN.daemon_class: "daemon",
+}
+
+
+@pytest.fixture
+async def own_classes(kube_client: KubeClient) -> None:
+    """The CRD and the IMEX DeviceClasses of the driver's own names, as the chart has them."""
+    body = crd(OWN)
+    await _ok(
+        await server_side_apply(
+            kube_client, f"{CRDS}/{body['metadata']['name']}", body, field_manager="e2e"
+        )
+    )
+    for name, kind in CLASSES.items():
+        expression = (
+            f"device.driver == '{OWN.driver}' && device.attributes['{OWN.driver}'].type == '{kind}'"
+        )
+        device_class = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": expression}}]},
+        }
+        await _ok(
+            await server_side_apply(
+                kube_client, rpath("deviceclasses", name), device_class, field_manager="e2e"
+            )
+        )
+
+
+def _start_plugin(cluster: Any, node: Any, *extra: str) -> Any:
+    """``dra-driver compute-domain-plugin`` for a simulated gb200 node, as the chart runs it."""
+    import sys
+
+    return cluster.spawn(
+        f"imex-{node.name}",
+        [
+            sys.executable,
+            "-m",
+            "dra_driver.cli",
+            "compute-domain-plugin",
+            "--backend=simulated",
+            "--profile=gb200",
+            f"--node-name={node.name}",
+            f"--kubeconfig={cluster.kubeconfig}",
+            f"--registry-dir={node.registry_dir}",
+            f"--plugins-dir={node.plugins_dir}",
+            f"--cdi-root={node.cdi_dir}",
+            "--log-format=json",
+            *extra,
+        ],
+    )
+
+
+def _workload(name: str, node: str, template: str) -> JSON:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "containers": [
+                {
+                    "name": "ctr",
+                    "image": "busybox",
+                    "resources": {"claims": [{"name": "channel"}]},
+                }
+            ],
+            "resourceClaims": [{"name": "channel", "resourceClaimTemplateName": template}],
+        },
+    }
+
+
+@pytest.mark.parametrize("binding", [False, True], ids=["prepare-waits", "binding-conditions"])
+async def test_a_pod_gets_its_domains_channel_once_the_daemon_on_its_node_is_ready(
+    binding: bool,
+    cluster: Any,
+    kube_client: KubeClient,
+    own_classes: None,
+    namespace: str,
+    make_node: Callable[..., Any],
+) -> None:
+    if binding and (why := cluster.feature_off("DRADeviceBindingConditions")):
+        pytest.skip(f"no binding conditions: {why}")
+    client = kube_client
+    settings = DaemonSettings(namespace=namespace, image="localhost/dra-driver:e2e")
+    account = {"metadata": {"name": settings.service_account}}
+    await _ok(
+        await client.request(
+            "POST", f"/api/v1/namespaces/{namespace}/serviceaccounts", body=account
+        )
+    )
+    controller = DomainController(client, OWN, settings, resync=5.0)
+    running = asyncio.create_task(controller.run())
+    node = make_node()
+    _start_plugin(cluster, node, *(["--imex-binding-conditions=true"] if binding else []))
+    try:
+        domain = await _create_domain(client, namespace, _domain("train", "train-channel"))
+        uid = domain["metadata"]["uid"]
+        await _until(
+            "the channel template",
+            lambda: _get(
+                client, rpath(RESOURCE_CLAIM_TEMPLATES, "train-channel", namespace=namespace)
+            ),
+        )
+        response = await client.request(
+            "POST",
+            f"/api/v1/namespaces/{namespace}/pods",
+            body=_workload("worker", node.name, "train-channel"),
+        )
+        await _ok(response)
+
+        async def running_pod() -> JSON | None:
+            pod = await _get(client, f"/api/v1/namespaces/{namespace}/pods/worker")
+            return pod if (pod or {}).get("status", {}).get("phase") == "Running" else None
+
+        pod = await _until("the workload pod Running", running_pod, timeout=120)
+        # The node joined the domain, its daemon is ready, and the container's CDI spec has
+        # the domain's channel.
+        labels = ((await _get(client, f"/api/v1/nodes/{node.name}")) or {})["metadata"]["labels"]
+        assert labels[OWN.domain_label] == uid
+        assert labels["nvidia.com/gpu.clique"].endswith(".1")
+        got = await _get(client, OWN.path(namespace, "train")) or {}
+        assert got["status"]["status"] == "Ready"
+        channel = int(got["metadata"]["annotations"][OWN.channel_annotation])
+        claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+        claim = await _get(client, rpath("resourceclaims", claim_name, namespace=namespace)) or {}
+        spec_file = node.cdi_dir / f"k8s.{OWN.driver}-claim_{claim['metadata']['uid']}.json"
+        spec = json.loads(spec_file.read_text())
+        edits = spec["devices"][0]["containerEdits"]
+        assert edits["deviceNodes"] == [
+            {
+                "path": f"/dev/nvidia-caps-imex-channels/channel{channel}",
+                "type": "c",
+                "major": 507,
+                "minor": channel,
+                "permissions": "rw",
+            }
+        ]
+        assert f"COMPUTE_DOMAIN_UID={uid}" in edits["env"]
+        assert f"COMPUTE_DOMAIN={namespace}/train" in edits["env"]
+        if binding:
+            conditions = {
+                c["type"]: c["status"]
+                for d in claim["status"].get("devices", [])
+                for c in d.get("conditions", [])
+            }
+            assert conditions.get("IMEXDaemonReady") == "True"
+
+        # The pod goes: the node leaves the domain, and its daemon with it.
+        await _ok(
+            await client.request(
+                "DELETE",
+                f"/api/v1/namespaces/{namespace}/pods/worker",
+                query=[("gracePeriodSeconds", "0")],
+            )
+        )
+
+        async def left() -> bool:
+            node_obj = await _get(client, f"/api/v1/nodes/{node.name}") or {}
+            return OWN.domain_label not in node_obj["metadata"].get("labels", {})
+
+        await _until("the node out of the domain", left, timeout=60)
+        assert not spec_file.exists()
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        cluster.stop_process(f"imex-{node.name}")

@@ -1,0 +1,455 @@
+"""The node side of ComputeDomains: prepares IMEX channel and daemon claims for the kubelet.
+
+A channel claim brings its node into its domain: the node gets the domain's label, which
+makes the controller's DaemonSet start the domain's IMEX daemon there. The claim's container
+must not start before that daemon is ready, so:
+
+- with binding conditions, the scheduler waits before binding the pod: this driver labels
+  the node as soon as the channel is allocated, follows the domain's status and sets
+  ``IMEXDaemonReady`` once the node's daemon is ready, or ``IMEXDaemonFailed`` when it is
+  not within ``binding_wait`` (the scheduler then deallocates the claim and tries
+  elsewhere, instead of a pod stuck in ContainerCreating);
+- without them, prepare waits for the daemon (``ready_wait``, within the kubelet's 45 s) and
+  fails with a message saying what it waits for; the kubelet calls again.
+
+A node belongs to one domain at a time; a claim of another domain fails with a message
+naming the domain that holds the node. When the last channel claim of a domain leaves the
+node, so does the node's label (and with it the daemon).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import structlog
+
+from dra_driver import resourceapi
+from dra_driver.cdi.writer import remove, spec_file_name, write_atomic
+from dra_driver.computedomain.api import ApiNames
+from dra_driver.computedomain.channels import cdi_device_id, claim_spec
+from dra_driver.computedomain.claimconfig import ImexClaim, ImexClaimError, read_claim
+from dra_driver.computedomain.nodedevices import CHANNEL_DEVICE, DAEMON_FAILED, DAEMON_READY
+from dra_driver.computedomain.nodestate import Checkpoint, PreparedClaim, load, save
+from dra_driver.kube import KubeClient, server_side_apply
+from dra_driver.kubeletplugin.interfaces import (
+    ClaimRef,
+    ClaimToPrepare,
+    PreparedDevice,
+    PrepareResult,
+    UnprepareResult,
+)
+from dra_driver.resourceslice.rawapi import CONNECTION_ERRORS, ApiError
+
+JSON = dict[str, Any]
+#: Seconds prepare waits for the domain's daemon on the node (the kubelet gives 45 s).
+READY_WAIT = 30.0
+#: Seconds a pod waiting for binding may wait for the daemon (the scheduler gives 10 min).
+BINDING_WAIT = 300.0
+POLL = 1.0
+#: The API server refused or could not be reached.
+API_FAILURES: tuple[type[BaseException], ...] = (ApiError, *CONNECTION_ERRORS)
+CLAIM_FAILURES: tuple[type[BaseException], ...] = (ImexClaimError, *API_FAILURES)
+UNPREPARE_FAILURES: tuple[type[BaseException], ...] = (OSError, *API_FAILURES)
+
+log = structlog.get_logger(__name__)
+
+
+def daemon_state(domain: JSON | None, node: str) -> tuple[bool, str]:
+    """Whether the node's daemon of ``domain`` is ready, and what the status says (pure)."""
+    if domain is None:
+        return False, "the domain is gone"
+    status = domain.get("status") or {}
+    for entry in status.get("nodes") or []:
+        if isinstance(entry, dict) and entry.get("name") == node:
+            ready = entry.get("status") == "Ready"
+            return ready, f"node {node}: {entry.get('status', 'NotReady')}"
+    return False, f"node {node} not in the domain's status yet (its daemon has not started)"
+
+
+def condition_status(
+    ref: ClaimRef, driver: str, pool: str, device: str, kind: str, message: str, now: str
+) -> JSON:
+    """The apply configuration setting one binding condition of a claim's device (pure)."""
+    reason = "DaemonReady" if kind == DAEMON_READY else "DaemonNotReady"
+    return {
+        "apiVersion": resourceapi.API_VERSION,
+        "kind": "ResourceClaim",
+        "metadata": {"name": ref.name, "namespace": ref.namespace, "uid": ref.uid},
+        "status": {
+            "devices": [
+                {
+                    "driver": driver,
+                    "pool": pool,
+                    "device": device,
+                    "conditions": [
+                        {
+                            "type": kind,
+                            "status": "True",
+                            "reason": reason,
+                            "message": message[:1000],
+                            "lastTransitionTime": now,
+                        }
+                    ],
+                }
+            ]
+        },
+    }
+
+
+class Domains:
+    """Reads ComputeDomains by UID (a claim's config names its domain by UID)."""
+
+    def __init__(self, client: KubeClient, names: ApiNames) -> None:
+        self._client = client
+        self._names = names
+        self._names_by_uid: dict[str, tuple[str, str]] = {}
+
+    async def get(self, namespace: str, uid: str) -> JSON | None:
+        """The domain with ``uid`` in ``namespace`` (every namespace when empty), or None."""
+        known = self._names_by_uid.get(uid)
+        if known is not None and namespace in ("", known[0]):
+            found = await self._read(self._names.path(*known))
+            if found is not None and found["metadata"].get("uid") == uid:
+                return found
+        listing = await self._read(self._names.path(namespace)) or {}
+        for item in listing.get("items") or []:
+            meta = item["metadata"]
+            if meta.get("uid") == uid:
+                self._names_by_uid[uid] = (str(meta["namespace"]), str(meta["name"]))
+                return dict(item)
+        return None
+
+    async def _read(self, path: str) -> JSON | None:
+        response = await self._client.request("GET", path, timeout=10)
+        if response.status == 404:
+            return None
+        if not response.ok:
+            raise ApiError(
+                response.status,
+                response.reason,
+                response.body.decode(errors="replace")[:300],
+                verb="get",
+                resource="computedomains",
+            )
+        data: JSON = response.json()
+        return data
+
+
+class Membership:
+    """The node's domain label: which domain the node is in, joining and leaving."""
+
+    def __init__(self, client: KubeClient, names: ApiNames, node: str) -> None:
+        self._client = client
+        self._key = names.domain_label
+        self._node = node
+        self._path = f"/api/v1/nodes/{quote(node, safe='')}"
+
+    async def join(self, uid: str, domain: str) -> None:
+        """Label the node into ``uid`` unless it is in another domain (then raise)."""
+        response = await self._client.request("GET", self._path, timeout=10)
+        _check(response, "get", "nodes", self._node)
+        meta = response.json()["metadata"]
+        current = (meta.get("labels") or {}).get(self._key)
+        if current == uid:
+            return
+        if current:
+            raise ImexClaimError(
+                f"node {self._node} is in another compute domain ({current}); a node serves "
+                f"one domain at a time, so {domain} cannot use it until that domain leaves"
+            )
+        # The resourceVersion makes this a compare-and-swap: two domains cannot both join.
+        patch = {
+            "metadata": {
+                "labels": {self._key: uid},
+                "resourceVersion": meta["resourceVersion"],
+            }
+        }
+        response = await self._client.request(
+            "PATCH", self._path, body=patch, content_type="application/merge-patch+json"
+        )
+        _check(response, "patch", "nodes", self._node)
+        log.info("node joined compute domain", node=self._node, domain=domain, domain_uid=uid)
+
+    async def leave(self, uid: str) -> None:
+        """Remove the node's label if it still names ``uid``."""
+        pointer = "/metadata/labels/" + self._key.replace("~", "~0").replace("/", "~1")
+        patch = [{"op": "test", "path": pointer, "value": uid}, {"op": "remove", "path": pointer}]
+        response = await self._client.request(
+            "PATCH", self._path, body=patch, content_type="application/json-patch+json"
+        )
+        if response.status not in (404, 422):
+            _check(response, "patch", "nodes", self._node)
+        log.info("node left compute domain", node=self._node, domain_uid=uid)
+
+
+def _check(response: Any, verb: str, resource: str, name: str) -> None:
+    if not response.ok:
+        text = response.body.decode(errors="replace")[:300]
+        raise ApiError(
+            response.status, response.reason, text, verb=verb, resource=resource, name=name
+        )
+
+
+@dataclass
+class _Joining:
+    """A channel claim allocated here, waiting for binding."""
+
+    ref: ClaimRef
+    domain: str
+    devices: frozenset[str]
+    task: asyncio.Task[None] | None = field(default=None)
+
+
+class ImexDriver:
+    """The kubelet plugin's driver for IMEX claims (and its binding watcher's)."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        names: ApiNames,
+        node: str,
+        *,
+        state_dir: Path,
+        cdi_root: Path,
+        major: int | None,
+        ready_wait: float = READY_WAIT,
+        binding_wait: float = BINDING_WAIT,
+        poll: float = POLL,
+    ) -> None:
+        self._client = client
+        self._names = names
+        self._driver = names.driver
+        self._node = node
+        self._checkpoint_path = state_dir / "imex-claims.json"
+        self._cdi_root = cdi_root
+        self._major = major
+        self._ready_wait = ready_wait
+        self._binding_wait = binding_wait
+        self._poll = poll
+        self.domains = Domains(client, names)
+        self.membership = Membership(client, names, node)
+        self.checkpoint: Checkpoint = load(self._checkpoint_path)
+        self._joining: dict[str, _Joining] = {}
+
+    # -- the kubelet's calls ---------------------------------------------------------
+
+    async def prepare(self, claims: Sequence[ClaimToPrepare]) -> Mapping[str, PrepareResult]:
+        """Prepare each claim (one failing fails only itself)."""
+        results: dict[str, PrepareResult] = {}
+        for claim in claims:
+            try:
+                results[claim.ref.uid] = await self._prepare(claim)
+            except CLAIM_FAILURES as exc:
+                log.warning("imex claim not prepared", claim=str(claim.ref), error=str(exc))
+                results[claim.ref.uid] = ImexClaimError(str(exc))
+        return results
+
+    async def _prepare(self, claim: ClaimToPrepare) -> list[PreparedDevice]:
+        ref = claim.ref
+        recorded = self.checkpoint.claims.get(ref.uid)
+        if recorded is not None:
+            return self._prepared(recorded)
+        imex = read_claim(claim, self._driver)
+        for uid, other in self.checkpoint.claims.items():
+            if set(other.devices) & set(imex.devices):
+                raise ImexClaimError(
+                    f"claim {ref}: device {imex.devices[0]} is already prepared for claim "
+                    f"{other.namespace}/{other.name} ({uid})"
+                )
+        # A workload may only join a domain of its own namespace; the daemons run in the
+        # driver's namespace, for domains anywhere.
+        where = ref.namespace if imex.kind == "channel" else ""
+        domain = await self.domains.get(where, imex.domain)
+        if domain is None:
+            raise ImexClaimError(
+                f"claim {ref}: no ComputeDomain with UID {imex.domain} in namespace "
+                f"{where or 'any'} (deleted, or the claim was copied from another namespace)"
+            )
+        key = f"{domain['metadata']['namespace']}/{domain['metadata']['name']}"
+        if imex.kind == "channel":
+            await self.membership.join(imex.domain, key)
+            await self._wait_ready(ref, imex.domain, key)
+        record = await asyncio.to_thread(self._write, ref, imex, key)
+        log.info(
+            "imex claim prepared",
+            claim=str(ref),
+            claim_uid=ref.uid,
+            domain=key,
+            kind=imex.kind,
+            channel=imex.channel if imex.kind == "channel" else None,
+        )
+        return self._prepared(record)
+
+    async def _wait_ready(self, ref: ClaimRef, uid: str, key: str) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._ready_wait
+        while True:
+            ready, said = daemon_state(await self.domains.get(ref.namespace, uid), self._node)
+            if ready:
+                return
+            if loop.time() >= deadline:
+                raise ImexClaimError(
+                    f"claim {ref}: the IMEX daemon of compute domain {key} on node "
+                    f"{self._node} is not ready after {self._ready_wait:.0f} s ({said}); "
+                    "the kubelet tries again"
+                )
+            await asyncio.sleep(self._poll)
+
+    def _write(self, ref: ClaimRef, imex: ImexClaim, key: str) -> PreparedClaim:
+        """Spec first, then the record: a crash between leaves a spec no record names,
+        which the kubelet's retry rewrites and its unprepare removes (by claim UID)."""
+        spec = claim_spec(self._driver, ref.uid, imex, key, self._major)
+        write_atomic(self._spec_path(ref.uid), spec.to_json())
+        record = PreparedClaim(
+            namespace=ref.namespace,
+            name=ref.name,
+            kind=imex.kind,
+            domain=imex.domain,
+            devices=list(imex.devices),
+            requests=list(imex.requests),
+            cdi_ids=[cdi_device_id(self._driver, ref.uid, d) for d in imex.devices],
+        )
+        claims = {**self.checkpoint.claims, ref.uid: record}
+        checkpoint = self.checkpoint.model_copy(update={"claims": claims})
+        save(self._checkpoint_path, checkpoint)
+        self.checkpoint = checkpoint
+        return record
+
+    def _spec_path(self, claim_uid: str) -> Path:
+        vendor, _, cls = f"k8s.{self._driver}/claim".partition("/")
+        return self._cdi_root / spec_file_name(vendor, cls, claim_uid)
+
+    def _prepared(self, record: PreparedClaim) -> list[PreparedDevice]:
+        return [
+            PreparedDevice(
+                request_names=(request,),
+                pool_name=self._node,
+                device_name=device,
+                cdi_device_ids=(cdi_id,),
+            )
+            for device, request, cdi_id in zip(
+                record.devices, record.requests, record.cdi_ids, strict=True
+            )
+        ]
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, UnprepareResult]:
+        """Remove each claim's spec and record; a domain whose last channel claim left
+        the node takes its label off the node."""
+        results: dict[str, UnprepareResult] = {}
+        for ref in claims:
+            try:
+                record = await asyncio.to_thread(self._forget, ref.uid)
+                if record is not None and record.kind == "channel":
+                    await self._leave_if_unused(record.domain)
+                results[ref.uid] = None
+            except UNPREPARE_FAILURES as exc:
+                log.warning("imex claim not unprepared", claim=str(ref), error=str(exc))
+                results[ref.uid] = ImexClaimError(f"claim {ref}: {exc}")
+        return results
+
+    def _forget(self, claim_uid: str) -> PreparedClaim | None:
+        remove(self._spec_path(claim_uid))
+        record = self.checkpoint.claims.get(claim_uid)
+        if record is not None:
+            claims = {k: v for k, v in self.checkpoint.claims.items() if k != claim_uid}
+            checkpoint = self.checkpoint.model_copy(update={"claims": claims})
+            save(self._checkpoint_path, checkpoint)
+            self.checkpoint = checkpoint
+            log.info("imex claim unprepared", claim_uid=claim_uid, domain_uid=record.domain)
+        return record
+
+    async def _leave_if_unused(self, domain: str) -> None:
+        in_use = any(
+            r.kind == "channel" and r.domain == domain for r in self.checkpoint.claims.values()
+        ) or any(j.domain == domain for j in self._joining.values())
+        if not in_use:
+            await self.membership.leave(domain)
+
+    # -- before binding --------------------------------------------------------------
+
+    async def prepare_before_binding(self, claim: ClaimToPrepare) -> None:
+        """A channel allocated here: join the node to the domain and follow the node's
+        daemon until it is ready (then the scheduler binds the pod) or given up on."""
+        ref = claim.ref
+        try:
+            imex = read_claim(claim, self._driver)
+            domain = await self.domains.get(ref.namespace, imex.domain)
+            if domain is None:
+                raise ImexClaimError(
+                    f"claim {ref}: no ComputeDomain with UID {imex.domain} in namespace "
+                    f"{ref.namespace}"
+                )
+            key = f"{ref.namespace}/{domain['metadata']['name']}"
+            await self.membership.join(imex.domain, key)
+        except ImexClaimError as exc:
+            await self._set_condition(ref, CHANNEL_DEVICE, DAEMON_FAILED, str(exc))
+            return
+        joining = _Joining(ref, imex.domain, frozenset(imex.devices))
+        self._joining[ref.uid] = joining
+        joining.task = asyncio.create_task(self._follow(joining, key))
+
+    async def _follow(self, joining: _Joining, key: str) -> None:
+        ref = joining.ref
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._binding_wait
+        said = ""
+        while loop.time() < deadline:
+            try:
+                state = await self.domains.get(ref.namespace, joining.domain)
+                ready, said = daemon_state(state, self._node)
+            except API_FAILURES as exc:
+                ready, said = False, f"reading the domain failed: {exc}"
+            if ready:
+                message = f"the IMEX daemon of compute domain {key} on node {self._node} is ready"
+                await self._set_condition(ref, CHANNEL_DEVICE, DAEMON_READY, message)
+                log.info("imex channel ready for binding", claim=str(ref), domain=key)
+                return
+            await asyncio.sleep(self._poll)
+        message = (
+            f"the IMEX daemon of compute domain {key} on node {self._node} is not ready "
+            f"after {self._binding_wait:.0f} s ({said}); the scheduler tries another node"
+        )
+        log.warning("imex channel not ready for binding", claim=str(ref), domain=key, said=said)
+        await self._set_condition(ref, CHANNEL_DEVICE, DAEMON_FAILED, message)
+
+    async def _set_condition(self, ref: ClaimRef, device: str, kind: str, message: str) -> None:
+        body = condition_status(
+            ref, self._driver, self._node, device, kind, message, resourceapi.api_time()
+        )
+        path = resourceapi.path(
+            resourceapi.RESOURCE_CLAIMS, ref.name, namespace=ref.namespace, subresource="status"
+        )
+        response = await server_side_apply(self._client, path, body, field_manager=self._driver)
+        if not response.ok and response.status != 404:
+            log.error(
+                "setting a binding condition failed",
+                claim=str(ref),
+                condition=kind,
+                status=response.status,
+                error=json.loads(response.body or b"{}").get("message", "")[:300],
+            )
+
+    async def allocated(self, claims: Mapping[str, frozenset[str]]) -> None:
+        """The claims allocated from this node's pool now: a channel that waited for binding
+        and is no longer allocated stops waiting; its domain may leave the node."""
+        for uid, joining in list(self._joining.items()):
+            if claims.get(uid) == joining.devices and uid not in self.checkpoint.claims:
+                continue
+            del self._joining[uid]
+            if joining.task is not None:
+                joining.task.cancel()
+            if uid not in self.checkpoint.claims:
+                await self._leave_if_unused(joining.domain)
+
+    async def close(self) -> None:
+        """Stop following domains (on shutdown)."""
+        tasks = [j.task for j in self._joining.values() if j.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,148 @@
+"""``dra-driver compute-domain-plugin``: the node's IMEX devices, served beside the GPU agent.
+
+It discovers the node's NVLink clique (the same discovery as the agent's), labels the node
+with it, publishes the IMEX channel and daemon devices in a pool of their own driver name,
+and serves their claims to the kubelet until SIGTERM. Slices and prepared claims stay in
+place when it stops, as the agent's do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import structlog
+
+from dra_driver import exitcodes
+from dra_driver.computedomain.api import ApiNames, names_for
+from dra_driver.computedomain.channels import SIMULATED_MAJOR, imex_major
+from dra_driver.computedomain.nodedevices import imex_devices
+from dra_driver.computedomain.nodedriver import ImexDriver
+from dra_driver.gpu.discovery.base import discover_async
+from dra_driver.gpu.discovery.factory import make_discovery
+from dra_driver.gpu.inventory import node_clique
+from dra_driver.kube import KubeClient
+from dra_driver.kubeletplugin.binding import BindingWatcher
+from dra_driver.kubeletplugin.claims import KubeClaimFetcher
+from dra_driver.kubeletplugin.plugin import Plugin, PluginConfig
+from dra_driver.resourceslice.controller import SliceController
+from dra_driver.resourceslice.pool import DesiredPool, SliceContent
+from dra_driver.settings import Settings, SettingsError
+
+#: The node label of its NVLink clique (the one GPU feature discovery sets).
+CLIQUE_LABEL = "nvidia.com/gpu.clique"
+
+log = structlog.get_logger(__name__)
+
+
+def channel_major(driver_root: Path, simulated: bool, clique: str | None) -> int | None:
+    """The IMEX channels' device major: from the host's /proc/devices (through the driver
+    root when it has its own, as the stand-in driver does); a simulated node with a clique
+    uses a fixed stand-in. None: no channels (no NVLink fabric, or no IMEX support)."""
+    for path in (driver_root / "proc" / "devices", Path("/proc/devices")):
+        try:
+            major = imex_major(path.read_text())
+        except OSError:
+            continue
+        if major is not None:
+            return major
+    return SIMULATED_MAJOR if simulated and clique else None
+
+
+def desired_pool(names: ApiNames, node: str, clique: str | None, binding: bool) -> DesiredPool:
+    """The node's IMEX pool."""
+    devices = tuple(imex_devices(names.driver, clique, binding=binding))
+    return DesiredPool(
+        driver=names.driver,
+        pool_name=node,
+        node_name=node,
+        slices=(SliceContent(devices=devices),),
+    )
+
+
+async def _label_clique(client: KubeClient, node: str, clique: str) -> None:
+    patch = {"metadata": {"labels": {CLIQUE_LABEL: clique}}}
+    response = await client.request(
+        "PATCH", f"/api/v1/nodes/{node}", body=patch, content_type="application/merge-patch+json"
+    )
+    if not response.ok:
+        log.error("labelling the node's clique failed", node=node, status=response.status)
+
+
+async def run_compute_domain_plugin(settings: Settings) -> int:
+    """Serve the node's IMEX devices until SIGTERM/SIGINT."""
+    if not settings.node_name:
+        raise SettingsError("--node-name (DRA_NODE_NAME) is required")
+    names = names_for(settings.compat)
+    node = settings.node_name
+    structlog.contextvars.bind_contextvars(node=node, driver=names.driver)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    discovery = make_discovery(
+        settings.backend,
+        node_name=node,
+        profile=settings.profile,
+        driver_root=settings.driver_root,
+    )
+    inventory = await discover_async(discovery)
+    clique = node_clique(inventory)
+    major = channel_major(settings.driver_root, settings.backend == "simulated", clique)
+    log.info("imex devices", clique=clique or "none", channel_major=major)
+    client = await KubeClient.create(settings.kubeconfig, context=settings.context)
+    state_dir = settings.plugins_dir / names.driver
+    driver = ImexDriver(
+        client, names, node, state_dir=state_dir, cdi_root=settings.cdi_root, major=major
+    )
+    slices = SliceController(
+        client, driver=names.driver, node_name=node, field_manager=names.driver
+    )
+    pool = desired_pool(names, node, clique, settings.imex_binding_conditions)
+    republish: set[asyncio.Task[None]] = set()
+
+    def registered() -> None:
+        # The kubelet deletes a plugin's slices when it goes away: publish again.
+        task = asyncio.ensure_future(slices.set_pool(pool))
+        republish.add(task)
+        task.add_done_callback(republish.discard)
+
+    plugin = Plugin(
+        PluginConfig(
+            driver_name=names.driver,
+            node_name=node,
+            registry_dir=settings.registry_dir,
+            plugins_dir=settings.plugins_dir,
+            pod_uid=settings.pod_uid or None,
+        ),
+        driver,
+        KubeClaimFetcher(client),
+        on_registered=registered,
+    )
+    try:
+        if clique:
+            await _label_clique(client, node, clique)
+        async with plugin, asyncio.TaskGroup() as group:
+            await slices.set_pool(pool)
+            loops = [group.create_task(slices.run())]
+            if settings.imex_binding_conditions:
+
+                async def locked(work: Callable[[], Awaitable[None]]) -> None:
+                    async with plugin.lock.hold():
+                        await work()
+
+                watcher = BindingWatcher(
+                    client, driver, driver_name=names.driver, pool=node, locked=locked
+                )
+                loops.append(group.create_task(watcher.run()))
+            await stop.wait()
+            for task in loops:
+                task.cancel()
+    finally:
+        await driver.close()
+        with contextlib.suppress(Exception):
+            await client.close()
+    return exitcodes.OK
