@@ -36,6 +36,7 @@ from dra_driver.computedomain.channels import cdi_device_id, claim_spec
 from dra_driver.computedomain.claimconfig import ImexClaim, ImexClaimError, read_claim
 from dra_driver.computedomain.nodedevices import CHANNEL_DEVICE, DAEMON_FAILED, DAEMON_READY
 from dra_driver.computedomain.nodestate import Checkpoint, PreparedClaim, load, save
+from dra_driver.events import post_event
 from dra_driver.kube import KubeClient, server_side_apply
 from dra_driver.kubeletplugin.interfaces import (
     ClaimRef,
@@ -425,6 +426,18 @@ class ImexDriver:
         path = resourceapi.path(
             resourceapi.RESOURCE_CLAIMS, ref.name, namespace=ref.namespace, subresource="status"
         )
+        if kind == DAEMON_FAILED:
+            # The condition goes with the allocation; the Event stays for `kubectl describe`.
+            await post_event(
+                self._client,
+                kind="ResourceClaim",
+                name=ref.name,
+                namespace=ref.namespace,
+                uid=ref.uid,
+                reason="IMEXDaemonFailed",
+                message=message,
+                component=self._driver,
+            )
         response = await server_side_apply(self._client, path, body, field_manager=self._driver)
         if not response.ok and response.status != 404:
             log.error(

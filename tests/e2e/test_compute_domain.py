@@ -139,8 +139,10 @@ async def _events(client: KubeClient, namespace: str, name: str) -> list[str]:
     ]
 
 
-async def _label(client: KubeClient, node: str, value: str | None) -> None:
-    patch = {"metadata": {"labels": {NAMES.domain_label: value}}}
+async def _label(
+    client: KubeClient, node: str, value: str | None, key: str = NAMES.domain_label
+) -> None:
+    patch = {"metadata": {"labels": {key: value}}}
     response = await client.request(
         "PATCH", f"/api/v1/nodes/{node}", body=patch, content_type="application/merge-patch+json"
     )
@@ -488,3 +490,79 @@ async def test_a_pod_gets_its_domains_channel_once_the_daemon_on_its_node_is_rea
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
         cluster.stop_process(f"imex-{node.name}")
+
+
+async def test_a_pod_whose_node_cannot_join_its_domain_is_not_bound_and_goes_elsewhere(
+    cluster: Any,
+    kube_client: KubeClient,
+    own_classes: None,
+    namespace: str,
+    make_node: Callable[..., Any],
+) -> None:
+    if why := cluster.feature_off("DRADeviceBindingConditions"):
+        pytest.skip(f"no binding conditions: {why}")
+    client = kube_client
+    settings = DaemonSettings(namespace=namespace, image="localhost/dra-driver:e2e")
+    account = {"metadata": {"name": settings.service_account}}
+    await _ok(
+        await client.request(
+            "POST", f"/api/v1/namespaces/{namespace}/serviceaccounts", body=account
+        )
+    )
+    controller = DomainController(client, OWN, settings, resync=5.0)
+    running = asyncio.create_task(controller.run())
+    first, second = (
+        make_node(labels={"cd-test": namespace}),
+        make_node(labels={"cd-test": namespace}),
+    )
+    # The first node is in another domain (its label): it cannot join this one.
+    await _label(client, first.name, "another-domain-uid", OWN.domain_label)
+    _start_plugin(cluster, first, "--imex-binding-conditions=true")
+    try:
+        await _create_domain(client, namespace, _domain("job", "job-channel"))
+        await _until(
+            "the channel template",
+            lambda: _get(
+                client, rpath(RESOURCE_CLAIM_TEMPLATES, "job-channel", namespace=namespace)
+            ),
+        )
+        pod = _workload("worker", "", "job-channel")
+        pod["spec"]["nodeSelector"] = {"cd-test": namespace}
+        await _ok(await client.request("POST", f"/api/v1/namespaces/{namespace}/pods", body=pod))
+
+        async def claim_name() -> str | None:
+            got = await _get(client, f"/api/v1/namespaces/{namespace}/pods/worker") or {}
+            statuses = got.get("status", {}).get("resourceClaimStatuses") or []
+            return statuses[0].get("resourceClaimName") if statuses else None
+
+        name = await _until("the pod's claim", claim_name)
+
+        async def failed() -> list[str]:
+            listing = await _get(client, f"/api/v1/namespaces/{namespace}/events") or {}
+            return [
+                e["message"]
+                for e in listing.get("items", [])
+                if e["involvedObject"].get("name") == name and e["reason"] == "IMEXDaemonFailed"
+            ]
+
+        [message, *_] = await _until("the IMEXDaemonFailed event", failed, timeout=60)
+        assert f"node {first.name} is in another compute domain" in message
+        got = await _get(client, f"/api/v1/namespaces/{namespace}/pods/worker") or {}
+        assert not got["spec"].get("nodeName"), "bound to a node that is not in its domain"
+
+        # A node that can join appears: the pod is scheduled there and runs.
+        _start_plugin(cluster, second, "--imex-binding-conditions=true")
+
+        async def ran() -> JSON | None:
+            got = await _get(client, f"/api/v1/namespaces/{namespace}/pods/worker") or {}
+            return got if got.get("status", {}).get("phase") == "Running" else None
+
+        got = await _until("the pod Running on the other node", ran, timeout=120)
+        assert got["spec"]["nodeName"] == second.name
+        labels = ((await _get(client, f"/api/v1/nodes/{first.name}")) or {})["metadata"]["labels"]
+        assert labels[OWN.domain_label] == "another-domain-uid"  # left alone
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        for node in (first, second):
+            cluster.stop_process(f"imex-{node.name}")
