@@ -114,6 +114,42 @@ def _compute_domain_controller(settings: Settings, _: argparse.Namespace) -> int
     return asyncio.run(run_controller_process(settings))
 
 
+def _imex_daemon(settings: Settings, ns: argparse.Namespace) -> int:
+    if ns.check:
+        # The readiness probe, every 2 s: only the check's own small module.
+        from dra_driver.computedomain.imexconfig import run_check
+
+        return run_check(settings.driver_root, ns.imex_dir)
+    from dra_driver.computedomain.daemon import run_process
+
+    return asyncio.run(run_process(settings, ns))
+
+
+def _imex_daemon_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="the pod's probe: exit 0 when this pod's IMEX daemon is READY, else 1",
+    )
+    for flag, text in (
+        ("--domain-uid", "the compute domain's UID (env DRA_DOMAIN_UID)"),
+        ("--domain", "the compute domain as namespace/name, for logs (env DRA_DOMAIN)"),
+        ("--pod-ip", "this pod's IP, the daemon's address (env DRA_POD_IP, else POD_IP)"),
+        (
+            "--pod-namespace",
+            "the namespace of the domain's daemon pods (env DRA_POD_NAMESPACE, else POD_NAMESPACE)",
+        ),
+        (
+            "--imex-dir",
+            "writable directory for the daemon's files (default /run/imex; env DRA_IMEX_DIR)",
+        ),
+    ):
+        parser.add_argument(flag, help=text)
+    parser.add_argument(
+        "--imex-port", type=int, help="the IMEX peer port (default 50000; env DRA_IMEX_PORT)"
+    )
+
+
 _AGENT = (
     *_DISCOVERY,
     "compat",
@@ -283,6 +319,13 @@ COMMANDS: dict[str, Command] = {
             *_LOGGING,
         ),
         _compute_domain_controller,
+    ),
+    "imex-daemon": Command(
+        "run a compute domain's IMEX daemon on this node (in the pods of the domain's "
+        "DaemonSet), or --check whether it is ready",
+        ("compat", "kubeconfig", "driver_root", "node_name", *_LOGGING),
+        _imex_daemon,
+        arguments=_imex_daemon_arguments,
     ),
     "match": MATCH,
     "explain-claim": EXPLAIN_CLAIM,

@@ -161,7 +161,11 @@ def daemon_set(domain: Domain, names: ApiNames, settings: DaemonSettings) -> JSO
             "failureThreshold": 1,
             "timeoutSeconds": 10,
         },
-        "volumeMounts": [{"name": "driver-root", "mountPath": "/driver-root", "readOnly": True}],
+        "volumeMounts": [
+            {"name": "driver-root", "mountPath": "/driver-root", "readOnly": True},
+            # The daemon's config, nodes config and log: written, on any root filesystem.
+            {"name": "imex", "mountPath": "/run/imex"},
+        ],
     }
     body = {
         "apiVersion": "apps/v1",
@@ -183,7 +187,8 @@ def daemon_set(domain: Domain, names: ApiNames, settings: DaemonSettings) -> JSO
                         {
                             "name": "driver-root",
                             "hostPath": {"path": settings.driver_root, "type": "Directory"},
-                        }
+                        },
+                        {"name": "imex", "emptyDir": {}},
                     ],
                     "resourceClaims": [
                         {"name": "imex-daemon", "resourceClaimTemplateName": daemon_name(domain)}
