@@ -80,3 +80,30 @@ gpu.nvidia.com
 {{- fail (printf "compat: %q is not a compatibility mode; use \"nvidia\" or leave it empty" (toString .Values.compat)) -}}
 {{- end -}}
 {{- end }}
+
+{{/* ComputeDomains (computeDomains.enabled). The names of the mode, as
+dra_driver/computedomain/api.py states them: the API group of ComputeDomain objects, the DRA
+driver name the node's IMEX devices are published under, and the DeviceClass names of its
+channels and daemons. compat: nvidia takes the NVIDIA DRA driver's. */}}
+{{- define "dra-driver.computeDomainGroup" -}}
+{{- if eq (toString .Values.compat) "nvidia" }}resource.nvidia.com{{ else }}gpu.dra.dev{{ end }}
+{{- end }}
+
+{{- define "dra-driver.computeDomainDriver" -}}
+{{- if eq (toString .Values.compat) "nvidia" }}compute-domain.nvidia.com{{ else }}compute-domain.gpu.dra.dev{{ end }}
+{{- end }}
+
+{{- define "dra-driver.computeDomainController" -}}
+{{ include "dra-driver.fullname" . }}-compute-domain-controller
+{{- end }}
+
+{{/* The IMEX daemons' ServiceAccount: the controller names it in every daemon DaemonSet
+(DaemonSettings.service_account in dra_driver/computedomain/objects.py), so it is fixed. */}}
+{{- define "dra-driver.imexDaemonServiceAccount" -}}
+dra-driver-imex-daemon
+{{- end }}
+
+{{/* The controller's Lease (leader election), also fixed in the controller. */}}
+{{- define "dra-driver.computeDomainLease" -}}
+dra-driver-compute-domain
+{{- end }}
