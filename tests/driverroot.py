@@ -121,6 +121,8 @@ def write_nvml_state(
 #: Majors of the kernel modules' device nodes: nvidia's is fixed, nvidia-uvm's and
 #: nvidia-caps' are dynamic (these are the numbers simulated nodes use).
 NVIDIA_MAJOR, UVM_MAJOR, CAPS_MAJOR = 195, 509, 508
+#: The IMEX channels' major (dynamic on a GPU node): the simulated backend's stand-in.
+IMEX_CHANNELS_MAJOR = 507
 #: /proc/driver/nvidia-caps/mig-minors: after config and monitor, 15 GPU instances per GPU,
 #: each an access minor followed by the minors of its 8 compute instances.
 GIS_PER_GPU, CIS_PER_GI = 15, 8
@@ -147,6 +149,19 @@ def make_device_nodes(root: Path, gpu_minors: Sequence[int]) -> None:
     caps = root / "proc/driver/nvidia-caps"
     caps.mkdir(parents=True, exist_ok=True)
     (caps / "mig-minors").write_text("".join(f"{k} {v}\n" for k, v in table.items()))
+    # The host's character device majors, where the compute domain plugin reads the IMEX
+    # channels' (the host's own /proc/devices has no NVIDIA driver here).
+    majors = {
+        NVIDIA_MAJOR: "nvidia-frontend",
+        UVM_MAJOR: "nvidia-uvm",
+        CAPS_MAJOR: "nvidia-caps",
+        IMEX_CHANNELS_MAJOR: "nvidia-caps-imex-channels",
+    }
+    (root / "proc/devices").write_text(
+        "Character devices:\n"
+        + "".join(f"{major:3d} {name}\n" for major, name in sorted(majors.items()))
+        + "\nBlock devices:\n"
+    )
     if os.geteuid() != 0:
         return
     nodes = {f"nvidia{m}": (NVIDIA_MAJOR, m) for m in gpu_minors}

@@ -34,8 +34,13 @@ DEFAULT_DIR = Path("/run/imex")
 TOOL_DIRS = ("usr/bin", "bin")
 DAEMON = "nvidia-imex"
 CTL = "nvidia-imex-ctl"
-#: A host's own IMEX service keeps its config here; it would hold the same ports.
-HOST_CONFIGS = ("etc/nvidia-imex/config.cfg", "etc/nvidia-imex/nodes_config.cfg")
+#: A host's own IMEX service: its config files, and the link systemd makes when it is enabled.
+#: It would hold the same ports and devices as a domain's daemon.
+HOST_CONFIGS = (
+    "etc/nvidia-imex/config.cfg",
+    "etc/nvidia-imex/nodes_config.cfg",
+    "etc/systemd/system/multi-user.target.wants/nvidia-imex.service",
+)
 #: What ``nvidia-imex-ctl -q`` prints when the daemon is connected and serving.
 READY = "READY"
 #: Seconds the probe waits for ``nvidia-imex-ctl`` (the kubelet gives the probe 10).
@@ -159,8 +164,9 @@ def find_tool(driver_root: Path, name: str) -> Path:
 
 
 def host_configs(driver_root: Path) -> list[Path]:
-    """The host IMEX service's config files present in the driver root."""
-    return [p for p in (driver_root / c for c in HOST_CONFIGS) if p.is_file()]
+    """The host IMEX service's files present in the driver root (the unit link points at a
+    path of the host, so it counts as present without resolving)."""
+    return [p for p in (driver_root / c for c in HOST_CONFIGS) if p.is_file() or p.is_symlink()]
 
 
 def is_ready(returncode: int, stdout: str) -> bool:

@@ -19,8 +19,10 @@ import structlog
 from dra_driver import exitcodes
 from dra_driver.computedomain.api import ApiNames, names_for
 from dra_driver.computedomain.channels import SIMULATED_MAJOR, imex_major
+from dra_driver.computedomain.imexconfig import host_configs
 from dra_driver.computedomain.nodedevices import imex_devices
 from dra_driver.computedomain.nodedriver import ImexDriver
+from dra_driver.events import post_event
 from dra_driver.gpu.discovery.base import discover_async
 from dra_driver.gpu.discovery.factory import make_discovery
 from dra_driver.gpu.inventory import node_clique
@@ -70,6 +72,30 @@ async def _label_clique(client: KubeClient, node: str, clique: str) -> None:
     )
     if not response.ok:
         log.error("labelling the node's clique failed", node=node, status=response.status)
+
+
+async def _report_host_imex(
+    client: KubeClient, driver_root: Path, node: str, component: str
+) -> None:
+    """A host nvidia-imex service clashes with the daemons of compute domains (the same
+    port, the same channels): say so on the Node, where an admin looks."""
+    found = host_configs(driver_root)
+    if not found:
+        return
+    files = ", ".join("/" + str(p.relative_to(driver_root)) for p in found)
+    message = (
+        f"the host has an nvidia-imex service ({files}); it clashes with the IMEX daemons "
+        "ComputeDomains run on this node: disable it (systemctl disable --now nvidia-imex)"
+    )
+    log.warning("host imex service found", files=files)
+    await post_event(
+        client,
+        kind="Node",
+        name=node,
+        reason="HostIMEXService",
+        message=message,
+        component=component,
+    )
 
 
 async def run_compute_domain_plugin(settings: Settings) -> int:
@@ -125,6 +151,7 @@ async def run_compute_domain_plugin(settings: Settings) -> int:
     try:
         if clique:
             await _label_clique(client, node, clique)
+        await _report_host_imex(client, settings.driver_root, node, names.driver)
         async with plugin, asyncio.TaskGroup() as group:
             await slices.set_pool(pool)
             loops = [group.create_task(slices.run())]

@@ -566,3 +566,30 @@ async def test_a_pod_whose_node_cannot_join_its_domain_is_not_bound_and_goes_els
         await asyncio.gather(running, return_exceptions=True)
         for node in (first, second):
             cluster.stop_process(f"imex-{node.name}")
+
+
+async def test_a_host_imex_service_is_reported_on_the_node(
+    cluster: Any,
+    kube_client: KubeClient,
+    make_node: Callable[..., Any],
+    tmp_path: Any,
+) -> None:
+    root = tmp_path / "driver-root"
+    (root / "etc/nvidia-imex").mkdir(parents=True)
+    (root / "etc/nvidia-imex/config.cfg").write_text("SERVER_PORT=50000\n")
+    node = make_node()
+    _start_plugin(cluster, node, f"--driver-root={root}")
+    try:
+
+        async def reported() -> list[str]:
+            listing = await _get(kube_client, "/api/v1/namespaces/default/events") or {}
+            return [
+                e["message"]
+                for e in listing.get("items", [])
+                if e["involvedObject"].get("name") == node.name and e["reason"] == "HostIMEXService"
+            ]
+
+        [message] = await _until("the HostIMEXService event", reported)
+        assert "/etc/nvidia-imex/config.cfg" in message and "systemctl disable" in message
+    finally:
+        cluster.stop_process(f"imex-{node.name}")
