@@ -10,6 +10,7 @@ kubelet reports, as on a real node.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -62,55 +63,68 @@ async def _ok(response: Any) -> None:
     assert response.ok, f"{response.status} {response.body[:300]!r}"
 
 
-@pytest.fixture
-async def installed(kube_client: KubeClient) -> None:
-    """The CRD and the test's device classes, as the chart installs them."""
-    body = crd(NAMES)
-    await _ok(
-        await server_side_apply(
-            kube_client, f"{CRDS}/{body['metadata']['name']}", body, field_manager="e2e"
-        )
-    )
+async def _install(client: KubeClient, names: ApiNames, selectors: dict[str, str]) -> None:
+    """The CRD of ``names`` and DeviceClasses (name -> CEL selector), as the chart installs
+    them."""
+    body = crd(names)
+    path = f"{CRDS}/{body['metadata']['name']}"
+    await _ok(await server_side_apply(client, path, body, field_manager="e2e"))
 
     async def established() -> bool:
-        got = await _get(kube_client, f"{CRDS}/{body['metadata']['name']}")
+        got = await _get(client, path)
         conditions = ((got or {}).get("status") or {}).get("conditions") or []
         return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
     await _until("the CRD established", established)
-    for name in (NAMES.channel_class, NAMES.daemon_class):
+    for name, expression in selectors.items():
         device_class = {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "DeviceClass",
             "metadata": {"name": name},
-            "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]},
+            "spec": {"selectors": [{"cel": {"expression": expression}}]},
         }
         await _ok(
             await server_side_apply(
-                kube_client, rpath("deviceclasses", name), device_class, field_manager="e2e"
+                client, rpath("deviceclasses", name), device_class, field_manager="e2e"
             )
         )
 
 
 @pytest.fixture
-async def controller(
-    kube_client: KubeClient, installed: None, namespace: str
+async def installed(kube_client: KubeClient) -> None:
+    """The CRD, and device classes for the test plugin's devices."""
+    every = f"device.driver == '{DRIVER}'"
+    await _install(kube_client, NAMES, {NAMES.channel_class: every, NAMES.daemon_class: every})
+
+
+@contextlib.asynccontextmanager
+async def _running(
+    client: KubeClient, names: ApiNames, namespace: str
 ) -> AsyncIterator[DomainController]:
+    """The controller, running its daemons in ``namespace``."""
     settings = DaemonSettings(namespace=namespace, image="localhost/dra-driver:e2e")
     # The chart makes the daemons' service account in the driver's namespace.
     account = {"metadata": {"name": settings.service_account}}
     await _ok(
-        await kube_client.request(
+        await client.request(
             "POST", f"/api/v1/namespaces/{namespace}/serviceaccounts", body=account
         )
     )
-    running = DomainController(kube_client, NAMES, settings, resync=5.0)
+    running = DomainController(client, names, settings, resync=5.0)
     task = asyncio.create_task(running.run())
     try:
         yield running
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+@pytest.fixture
+async def controller(
+    kube_client: KubeClient, installed: None, namespace: str
+) -> AsyncIterator[DomainController]:
+    async with _running(kube_client, NAMES, namespace) as running:
+        yield running
 
 
 def _domain(name: str, template: str, num_nodes: int = 1) -> JSON:
@@ -327,29 +341,18 @@ CLASSES = {
 
 
 @pytest.fixture
-async def own_classes(kube_client: KubeClient) -> None:
-    """The CRD and the IMEX DeviceClasses of the driver's own names, as the chart has them."""
-    body = crd(OWN)
-    await _ok(
-        await server_side_apply(
-            kube_client, f"{CRDS}/{body['metadata']['name']}", body, field_manager="e2e"
-        )
-    )
-    for name, kind in CLASSES.items():
-        expression = (
-            f"device.driver == '{OWN.driver}' && device.attributes['{OWN.driver}'].type == '{kind}'"
-        )
-        device_class = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": name},
-            "spec": {"selectors": [{"cel": {"expression": expression}}]},
-        }
-        await _ok(
-            await server_side_apply(
-                kube_client, rpath("deviceclasses", name), device_class, field_manager="e2e"
-            )
-        )
+async def own_controller(
+    kube_client: KubeClient, namespace: str
+) -> AsyncIterator[DomainController]:
+    """The CRD and IMEX DeviceClasses of the driver's own names (as the chart has them), and
+    the controller."""
+    selectors = {
+        name: f"device.driver == '{OWN.driver}' && device.attributes['{OWN.driver}'].type == '{kind}'"
+        for name, kind in CLASSES.items()
+    }
+    await _install(kube_client, OWN, selectors)
+    async with _running(kube_client, OWN, namespace) as running:
+        yield running
 
 
 def _start_plugin(cluster: Any, node: Any, *extra: str) -> Any:
@@ -400,22 +403,13 @@ async def test_a_pod_gets_its_domains_channel_once_the_daemon_on_its_node_is_rea
     binding: bool,
     cluster: Any,
     kube_client: KubeClient,
-    own_classes: None,
+    own_controller: DomainController,
     namespace: str,
     make_node: Callable[..., Any],
 ) -> None:
     if binding and (why := cluster.feature_off("DRADeviceBindingConditions")):
         pytest.skip(f"no binding conditions: {why}")
     client = kube_client
-    settings = DaemonSettings(namespace=namespace, image="localhost/dra-driver:e2e")
-    account = {"metadata": {"name": settings.service_account}}
-    await _ok(
-        await client.request(
-            "POST", f"/api/v1/namespaces/{namespace}/serviceaccounts", body=account
-        )
-    )
-    controller = DomainController(client, OWN, settings, resync=5.0)
-    running = asyncio.create_task(controller.run())
     node = make_node()
     _start_plugin(cluster, node, *(["--imex-binding-conditions=true"] if binding else []))
     try:
@@ -487,30 +481,19 @@ async def test_a_pod_gets_its_domains_channel_once_the_daemon_on_its_node_is_rea
         await _until("the node out of the domain", left, timeout=60)
         assert not spec_file.exists()
     finally:
-        running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
         cluster.stop_process(f"imex-{node.name}")
 
 
 async def test_a_pod_whose_node_cannot_join_its_domain_is_not_bound_and_goes_elsewhere(
     cluster: Any,
     kube_client: KubeClient,
-    own_classes: None,
+    own_controller: DomainController,
     namespace: str,
     make_node: Callable[..., Any],
 ) -> None:
     if why := cluster.feature_off("DRADeviceBindingConditions"):
         pytest.skip(f"no binding conditions: {why}")
     client = kube_client
-    settings = DaemonSettings(namespace=namespace, image="localhost/dra-driver:e2e")
-    account = {"metadata": {"name": settings.service_account}}
-    await _ok(
-        await client.request(
-            "POST", f"/api/v1/namespaces/{namespace}/serviceaccounts", body=account
-        )
-    )
-    controller = DomainController(client, OWN, settings, resync=5.0)
-    running = asyncio.create_task(controller.run())
     first, second = (
         make_node(labels={"cd-test": namespace}),
         make_node(labels={"cd-test": namespace}),
@@ -562,8 +545,6 @@ async def test_a_pod_whose_node_cannot_join_its_domain_is_not_bound_and_goes_els
         labels = ((await _get(client, f"/api/v1/nodes/{first.name}")) or {})["metadata"]["labels"]
         assert labels[OWN.domain_label] == "another-domain-uid"  # left alone
     finally:
-        running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
         for node in (first, second):
             cluster.stop_process(f"imex-{node.name}")
 
