@@ -205,3 +205,113 @@ def test_the_nvidia_channel_injection_all_example_gets_every_channel(
     assert sorted(channels) == list(range(2048))
     assert all(major == IMEX_MAJOR and minor == c for c, (major, minor) in channels.items())
     assert _env(log)["NVIDIA_IMEX_CHANNELS"] == "all"
+
+
+# -- two nodes (make node-up NODES=2) ------------------------------------------------------
+
+
+def _node_names(node: Node) -> list[str]:
+    return sorted(n.metadata.name for n in node.core.list_node().items)
+
+
+@pytest.fixture
+def two_nodes(domains: Node) -> tuple[Node, list[str]]:
+    names = _node_names(domains)
+    if len(names) < 2:
+        pytest.skip("needs two nodes (make node-up NODES=2)")
+    return domains, names[:2]
+
+
+def _example(
+    file: str, num_nodes: int, pods: dict[str, str], domain: str | None = None
+) -> list[dict[str, Any]]:
+    """An example's objects with ``numNodes`` set and its pod once per entry of ``pods``
+    (pod name -> node), each pinned to its node; ``domain`` renames the domain and its
+    template (to run two side by side)."""
+    objects = [o for o in yaml.safe_load_all((HERE / file).read_text()) if o]
+    [cd] = [o for o in objects if o["kind"] == "ComputeDomain"]
+    [pod] = [o for o in objects if o["kind"] == "Pod"]
+    cd["spec"]["numNodes"] = num_nodes
+    template = cd["spec"]["channel"]["resourceClaimTemplate"]["name"]
+    if domain is not None:
+        cd["metadata"]["name"] = domain
+        template = f"{domain}-channel"
+        cd["spec"]["channel"]["resourceClaimTemplate"]["name"] = template
+    made = [cd]
+    for name, where in pods.items():
+        copy = json.loads(json.dumps(pod))
+        copy["metadata"]["name"] = name
+        copy["spec"]["nodeSelector"] = {"kubernetes.io/hostname": where}
+        copy["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] = template
+        made.append(copy)
+    return made
+
+
+def _daemon_peers(node: Node, pod: Any) -> list[str]:
+    """The peers the daemon last wrote into its nodes config (from its log)."""
+    text = node.core.read_namespaced_pod_log(pod.metadata.name, DRIVER_NAMESPACE)
+    lines = [json.loads(x) for x in text.splitlines() if x.startswith("{")]
+    written = [
+        x["peers"] for x in lines if x.get("event") in ("nvidia-imex started", "domain daemons")
+    ]
+    return sorted(written[-1]) if written else []
+
+
+def test_a_domain_of_two_nodes_runs_one_pod_on_each(
+    two_nodes: tuple[Node, list[str]], namespace: str
+) -> None:
+    node, (first, second) = two_nodes
+    pods = {"worker-0": first, "worker-1": second}
+    for obj in _example("channel-injection.yaml", 2, pods):
+        node.create(obj, namespace)
+    logs = {p: node.log_until(namespace, p, "PROBE-END", container="ctr") for p in pods}
+    domain = _domain(node, namespace, "imex-channel-injection")
+    uid = domain["metadata"]["uid"]
+    channel = int(domain["metadata"]["annotations"][f"{GROUP}/imexChannel"])
+    for pod, log in logs.items():
+        assert _channels(log) == {channel: (IMEX_MAJOR, channel)}, (pod, log)
+        assert _env(log)["COMPUTE_DOMAIN_UID"] == uid
+    status = domain["status"]
+    assert status["status"] == "Ready"
+    assert {e["name"]: e["status"] for e in status["nodes"]} == {first: "Ready", second: "Ready"}
+    # The daemons run on the pod network and each one's nodes config lists both.
+    daemons = _daemon_pods(node, uid)
+    ips = sorted(d.status.pod_ip for d in daemons)
+    assert len(ips) == 2 and {e["ipAddress"] for e in status["nodes"]} == set(ips)
+    for daemon in daemons:
+        assert _daemon_peers(node, daemon) == ips, daemon.metadata.name
+
+    # The daemon on one node is killed: the domain turns NotReady with an Event, then Ready.
+    [victim] = [d for d in daemons if d.spec.node_name == second]
+    node.core.delete_namespaced_pod(victim.metadata.name, DRIVER_NAMESPACE, grace_period_seconds=0)
+    wait_until(
+        lambda: any(
+            e.startswith("DomainNotReady")
+            for e in _events(node, namespace, "imex-channel-injection")
+        ),
+        "the DomainNotReady event",
+    )
+    wait_until(
+        lambda: _domain(node, namespace, "imex-channel-injection")["status"]["status"] == "Ready",
+        "the domain Ready again",
+    )
+
+
+def test_two_domains_in_one_clique_get_distinct_channels_and_their_own_daemons(
+    two_nodes: tuple[Node, list[str]], namespace: str
+) -> None:
+    node, (first, second) = two_nodes
+    for domain, where in (("left", first), ("right", second)):
+        for obj in _example("channel-injection.yaml", 1, {f"{domain}-pod": where}, domain):
+            node.create(obj, namespace)
+    seen = {}
+    for domain in ("left", "right"):
+        log = node.log_until(namespace, f"{domain}-pod", "PROBE-END", container="ctr")
+        cd = _domain(node, namespace, domain)
+        channel = int(cd["metadata"]["annotations"][f"{GROUP}/imexChannel"])
+        assert _channels(log) == {channel: (IMEX_MAJOR, channel)}
+        [daemon] = _daemon_pods(node, cd["metadata"]["uid"])
+        assert _daemon_peers(node, daemon) == [daemon.status.pod_ip]  # never the other's
+        seen[domain] = (channel, cd["status"]["nodes"][0]["cliqueID"])
+    assert seen["left"][0] != seen["right"][0]
+    assert seen["left"][1] == seen["right"][1]  # one clique
