@@ -18,11 +18,16 @@ from nodeconfig import (
     BRIDGE,
     CGROUP_PARENT,
     CGROUP_ROOT,
+    HOST_NODE_IP,
     IPTABLES_COMMENT,
+    MAX_NODES,
+    NODE_BRIDGE,
+    NODE_NETWORK,
     POD_GATEWAY,
     POD_SUBNET,
     Layout,
     NodeError,
+    NodeSpec,
 )
 
 # --------------------------------------------------------------------------------------
@@ -104,10 +109,10 @@ def kill_containers(timeout: float = 10.0, parent: str = CGROUP_PARENT) -> None:
         time.sleep(0.2)
 
 
-def create_cgroup_parent() -> None:
-    """Create `CGROUP_PARENT` in every hierarchy; cpuset needs its CPUs and memory nodes."""
+def create_cgroup_parent(parent: str = CGROUP_PARENT) -> None:
+    """Create the cgroup `parent` in every hierarchy; cpuset needs its CPUs and memory nodes."""
     for h in cgroup_hierarchies():
-        d = h / CGROUP_PARENT
+        d = h / parent
         d.mkdir(exist_ok=True)
         if h.name == "cpuset":
             for f in ("cpuset.cpus", "cpuset.mems"):
@@ -142,12 +147,13 @@ def unmount_all(*roots: Path) -> None:
         subprocess.run(["umount", "-l", str(point)], capture_output=True, check=False)
 
 
-def iptables_rule(api_port: int) -> list[str]:
-    """The nat rule that stands in for kube-proxy for the one Service pods need."""
+def iptables_rule(api_port: int, interface: str = BRIDGE) -> list[str]:
+    """The nat rule that stands in for kube-proxy for the one Service pods need (traffic
+    that comes in on `interface`)."""
     return [
         "PREROUTING",
         "-i",
-        BRIDGE,
+        interface,
         "-d",
         API_SERVICE_IP,
         "-p",
@@ -192,12 +198,90 @@ def remove_iptables_rules() -> None:
 
 def remove_network() -> None:
     remove_iptables_rules()
-    subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True, check=False)
+    for link in (BRIDGE, NODE_BRIDGE, *(NodeSpec(Path(), i).veth for i in range(1, MAX_NODES))):
+        if Path("/sys/class/net", link).exists():
+            subprocess.run(["ip", "link", "del", link], capture_output=True, check=False)
 
 
-def kill_shims(layout: Layout) -> None:
-    """Kill the container shims (and so the containers) of our containerd."""
-    marker = str(layout.containerd_socket).encode()
+# --------------------------------------------------------------------------------------
+# Further nodes: namespaces of their own, joined by the node bridge
+# --------------------------------------------------------------------------------------
+
+
+def setup_node_network(api_port: int) -> None:
+    """The node bridge: the host's address on the node network, and the API server's
+    Service address for what comes in from the other nodes (their kubelets and pods)."""
+    if subprocess.run(["ip", "link", "show", NODE_BRIDGE], capture_output=True).returncode != 0:
+        run("ip", "link", "add", NODE_BRIDGE, "type", "bridge")
+    prefix = NODE_NETWORK.split("/")[1]
+    run("ip", "addr", "replace", f"{HOST_NODE_IP}/{prefix}", "dev", NODE_BRIDGE)
+    run("ip", "link", "set", NODE_BRIDGE, "up")
+    Path(f"/proc/sys/net/ipv4/conf/{NODE_BRIDGE}/route_localnet").write_text("1")
+    run("iptables", "-t", "nat", "-A", *iptables_rule(api_port, NODE_BRIDGE))
+
+
+def _is_mount_point(path: Path) -> bool:
+    return path in mounts_under(path)
+
+
+def create_namespaces(spec: NodeSpec) -> None:
+    """The node's network and mount namespaces, kept by bind mounts on `spec.netns_file` and
+    `spec.mountns_file` (no process needs to hold them; ``down`` unmounts them).
+
+    The mount namespace is a private copy of the host's: nothing mounted in either later
+    propagates to the other. In it, the node's own directories are bind-mounted onto the
+    paths node 0 uses (`NodeSpec.bind_mounts`); the driver root is made shared, as the
+    chart's HostToContainer mount of it needs.
+    """
+    ns_dir = spec.netns_file.parent
+    ns_dir.mkdir(parents=True, exist_ok=True)
+    if not _is_mount_point(ns_dir):  # a namespace file must not propagate into itself
+        run("mount", "--bind", ns_dir, ns_dir)
+        run("mount", "--make-private", ns_dir)
+    for f in (spec.netns_file, spec.mountns_file):
+        f.touch()
+    run(
+        "unshare",
+        f"--net={spec.netns_file}",
+        f"--mount={spec.mountns_file}",
+        "--propagation",
+        "private",
+        "true",
+    )
+    for own, view in spec.bind_mounts():
+        own.mkdir(parents=True, exist_ok=True)
+        view.mkdir(parents=True, exist_ok=True)
+        run(*spec.enter(), "mount", "--bind", own, view)
+    run(*spec.enter(), "mount", "--make-rshared", spec.view.driver_root)
+
+
+def connect_node(spec: NodeSpec) -> None:
+    """Join the node's network namespace to the node bridge: a veth whose node end is its
+    ``eth0`` with the node's address, a default route to the host, forwarding on (its
+    pods' traffic leaves through it), and the host's route to its pod subnet."""
+    peer = f"{spec.veth}p"
+    enter = ["nsenter", f"--net={spec.netns_file}", "--"]
+    run("ip", "link", "add", spec.veth, "type", "veth", "peer", "name", peer)
+    run("ip", "link", "set", peer, "netns", spec.netns_file)
+    run("ip", "link", "set", spec.veth, "master", NODE_BRIDGE, "up")
+    prefix = NODE_NETWORK.split("/")[1]
+    run(*enter, "ip", "link", "set", "lo", "up")
+    run(*enter, "ip", "link", "set", peer, "name", "eth0")
+    run(*enter, "ip", "addr", "add", f"{spec.node_ip}/{prefix}", "dev", "eth0")
+    run(*enter, "ip", "link", "set", "eth0", "up")
+    run(*enter, "ip", "route", "add", "default", "via", HOST_NODE_IP)
+    run(*enter, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward")
+    run("ip", "route", "replace", spec.pod_subnet, "via", spec.node_ip, "dev", NODE_BRIDGE)
+
+
+def node_cgroup_parents() -> list[str]:
+    """The cgroup parents of every node there can be (those that exist are removed)."""
+    return [NodeSpec(Path(), i).cgroup_parent for i in range(MAX_NODES)]
+
+
+def kill_shims(*layouts: Layout) -> None:
+    """Kill the container shims (and so the containers) of our containerds."""
+    markers = [str(layout.containerd_socket).encode() for layout in layouts]
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -205,7 +289,7 @@ def kill_shims(layout: Layout) -> None:
             cmdline = (proc / "cmdline").read_bytes()
         except OSError:
             continue
-        if b"containerd-shim" in cmdline and marker in cmdline:
+        if b"containerd-shim" in cmdline and any(m in cmdline for m in markers):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(int(proc.name), signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError):
