@@ -21,6 +21,7 @@ help:
 	@echo "make tools    helm, kustomize and hadolint for the manifest tests (built once)"
 	@echo "make cluster   start a local control plane;  make cluster-down  stop it"
 	@echo "make node-up   control plane + one real node (kubelet, containerd, runc) + the chart; root"
+	@echo "               NODES=2: a second node in namespaces of its own (also for e2e-node)"
 	@echo "make e2e-node  end-to-end tests on that node;  make node-down  remove it all"
 	@echo "make fuzz-cel  random selectors against the scheduler's CEL, until interrupted"
 	@echo "make fuzz-state  the node's claim state against its model with fresh seeds;"

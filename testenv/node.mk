@@ -3,6 +3,7 @@
 # installed by its Helm chart. Included from the top-level Makefile. Needs root.
 #
 #   make node-up     build what is missing, start it all; prints KUBECONFIG and the node
+#                    (NODES=2: a second node, dra-node-1, in namespaces of its own)
 #   make node-down   stop it and remove every process, mount, interface and cgroup
 #   make e2e-node    the real-node test tier (starts the node when it is not running)
 #   make test-node   e2e-node on a fresh node, removed afterwards (the step of `make test`)
@@ -12,7 +13,11 @@
 # NODE_BACKEND=simulated|nvml picks the agent's discovery backend (nvml: the stand-in NVIDIA
 # driver root, tests/driverroot.py) and NODE_HELM_ARGS adds `helm install` arguments after
 # the tier's own values. On a running node, node-up with other values re-installs the chart
-# (helm upgrade): the node, its images and the control plane stay.
+# (helm upgrade): the node, its images and the control plane stay. NODES=N (default 1)
+# runs N nodes, dra-node-0 on the host and the others each in a network and mount namespace
+# of its own (docs/real-node.md); node-up with another NODES than the running one starts
+# afresh. `make e2e-node NODES=2` runs the tier on two nodes (tests/node/test_two_nodes.py
+# needs them; the other tests pin their pods to dra-node-0).
 
 NODE_DIR         := $(TESTENV_DIR)/node
 NODE_CACHE       := $(TESTENV_ROOT)/.cache/node
@@ -31,6 +36,7 @@ DRIVER_IMAGE     ?= localhost/dra-driver:dev
 NODE_PY          := $(TESTENV_PYTHON) $(NODE_DIR)/realnode.py --base $(NODE_BASE)
 NODE_BACKEND     ?= simulated
 NODE_HELM_ARGS   ?=
+NODES            ?= 1
 NODE_MODE         = --backend $(NODE_BACKEND) --helm-args '$(NODE_HELM_ARGS)'
 NODE_ROOT_CHECK   = @[ "$$(id -u)" = 0 ] || { echo "$@: needs root (containers, mounts, a bridge, cgroups)" >&2; exit 1; }
 
@@ -89,7 +95,7 @@ node-up: install testenv helm
 	@$(MAKE) --no-print-directory -j2 node-artifacts
 	DRA_TESTENV_BIN=$(TESTENV_BIN) $(NODE_PY) up --bin-dir $(NODE_CACHE)/bin --cni-dir $(NODE_CACHE)/cni \
 	  $(foreach i,$(NODE_IMAGES),--image $(i)) --runc $(NODE_CACHE)/bin/runc --helm $(HELM) --chart deployments/helm/dra-driver \
-	  --driver-image $(DRIVER_IMAGE) $(NODE_MODE)
+	  --driver-image $(DRIVER_IMAGE) --nodes $(NODES) $(NODE_MODE)
 
 node-down:
 	$(NODE_ROOT_CHECK)

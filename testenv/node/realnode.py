@@ -1,17 +1,18 @@
 """A real Kubernetes node on this machine, for the real-node test tier (``make node-up``).
 
 The local control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager),
-then one node made of the real components: containerd (CRI, CDI specs read from the
-driver's CDI directory) running containers with runc, CNI bridge networking on a private
-pod network, and the upstream kubelet (``testenv kubelet``). Images come from local OCI
-archives. The driver is installed with its Helm chart and runs as a DaemonSet pod.
+then one node (or more, ``--nodes``) made of the real components: containerd (CRI, CDI
+specs read from the driver's CDI directory) running containers with runc, CNI bridge
+networking on a private pod network, and the upstream kubelet (``testenv kubelet``). Images
+come from local OCI archives. The driver is installed with its Helm chart and runs as a
+DaemonSet pod.
 
     python realnode.py up --bin-dir B --cni-dir C --images I --helm H --chart DIR
-                          [--backend simulated|nvml] [--helm-args "--set k=v ..."]
+                          [--backend simulated|nvml] [--helm-args "--set k=v ..."] [--nodes N]
     python realnode.py chart --backend nvml [--helm-args ...]   (a running node, helm upgrade)
     python realnode.py down
     python realnode.py status
-    python realnode.py restart kubelet|containerd
+    python realnode.py restart kubelet|containerd [--node I]
 
 Everything lives in one directory (``--base``, default /var/lib/dra-node; short, because
 the kubelet plugins' unix socket paths must stay under 108 bytes) and one cgroup
@@ -20,6 +21,13 @@ the kubelet plugins' unix socket paths must stay under 108 bytes) and one cgroup
 The pods reach the API server through the ``kubernetes`` Service's ClusterIP, as
 in-cluster clients do. There is no kube-proxy: one DNAT rule sends that address to the
 API server on 127.0.0.1 (which is why the bridge accepts routing to loopback).
+
+With ``--nodes 2`` the second node, ``dra-node-1``, runs its containerd and kubelet in a
+network namespace and a mount namespace of its own (`NodeSpec`, `create_namespaces`): its
+own pod subnet behind its own bridge, a veth to the host's node bridge, and the same paths
+as node 0 for what the chart mounts, bind-mounted from its directory ``<base>/n1``. The
+host routes between the pod subnets, and a second DNAT rule on the node bridge sends the
+Service address to the API server for the other node's kubelet and pods.
 """
 
 from __future__ import annotations
@@ -41,29 +49,35 @@ from typing import Any
 
 import yaml
 from host import (
+    connect_node,
     create_cgroup_parent,
+    create_namespaces,
     kill_containers,
     kill_shims,
+    node_cgroup_parents,
     overlay_works,
     remove_cgroup_parent,
     remove_network,
     run,
     sandbox_netns,
     setup_network,
+    setup_node_network,
     shared_mount,
     unmount_all,
 )
 from nodeconfig import (
+    API_SERVICE_IP,
     DEFAULT_BASE,
     DRIVER_IMAGE,
     DRIVER_NAMESPACE,
+    MAX_NODES,
     MPS_CGROUP_PARENT,
     NODE_LABELS,
     NODE_NAME,
-    POD_GATEWAY,
     START_TIMEOUT,
     Layout,
     NodeError,
+    NodeSpec,
     cni_config,
     containerd_config,
     kubelet_config,
@@ -144,7 +158,7 @@ def ctr(tools: Tools, layout: Layout, *args: str, timeout: float = 300) -> str:
 BACKENDS = ("simulated", "nvml")
 
 
-def make_driver_root(path: Path, nvml_state: Path) -> None:
+def make_driver_root(path: Path, nvml_state: Path, node_name: str = NODE_NAME) -> None:
     """A stand-in NVIDIA driver installation in the node's driver root (tests/driverroot.py):
     the stand-in libnvidia-ml and tools, their mutable state in ``nvml_state``.
 
@@ -152,10 +166,14 @@ def make_driver_root(path: Path, nvml_state: Path) -> None:
     is installed: every claim's CDI spec then mounts its libraries, tools, firmware and
     sockets, as on a GPU node, and tests/node/test_driver_files.py checks what a container
     sees. The NVML backend discovers the node's GPUs through it and runs its tools. Needs a
-    C compiler (the libraries and tools are built from the project's sources).
+    C compiler (the libraries and tools are built from the project's sources). The stand-in
+    GPUs' UUIDs derive from `node_name`.
     """
+    argv = [sys.executable, "-m", "tests.driverroot", str(path), "--nvml", str(nvml_state)]
+    if node_name != NODE_NAME:
+        argv += ["--node-name", node_name]
     made = subprocess.run(
-        [sys.executable, "-m", "tests.driverroot", str(path), "--nvml", str(nvml_state)],
+        argv,
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -190,17 +208,21 @@ class RealNode:
 
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
+        self.nodes = [NodeSpec(layout.base)]
 
     # -- up ------------------------------------------------------------------------
 
     def up(
-        self, tools: Tools, mode: ChartMode, *, driver_image: str = DRIVER_IMAGE
+        self, tools: Tools, mode: ChartMode, *, driver_image: str = DRIVER_IMAGE, nodes: int = 1
     ) -> dict[str, Any]:
         layout = self.layout
         if layout.base.exists():
             self.down()
-        for d in (layout.cdi, layout.cni_conf, layout.cni_state, layout.kubelet, layout.pod_logs):
-            d.mkdir(parents=True, exist_ok=True)
+        self.nodes = [NodeSpec(layout.base, i) for i in range(nodes)]
+        for spec in self.nodes:
+            own = spec.own
+            for d in (own.cdi, own.cni_conf, own.cni_state, own.kubelet, own.pod_logs):
+                d.mkdir(parents=True, exist_ok=True)
         # The node lifecycle controller lifts the not-ready taint the kubelet registers with.
         controllers = (*lc.DEFAULT_CONTROLLERS, "node-lifecycle-controller")
         # The API server reaches the kubelet (logs) at the node's address; its name does
@@ -216,23 +238,30 @@ class RealNode:
             assert cluster.ports is not None
             self._save(cluster)
             setup_network(cluster.ports.apiserver)
+            if len(self.nodes) > 1:
+                setup_node_network(cluster.ports.apiserver)
+            # The other nodes' mount namespaces copy the host's before node 0 mounts anything.
+            for spec in self.nodes[1:]:
+                create_namespaces(spec)
+                connect_node(spec)
             shared_mount(layout.driver_root)
-            make_driver_root(layout.driver_root, layout.nvml_state)
-            create_cgroup_parent()
-            self._start_containerd(cluster, tools)
-            self._save(cluster)
-            for archive in tools.images:
-                ctr(tools, layout, "images", "import", "--no-unpack=false", str(archive))
-            self._start_kubelet(cluster)
-            self._save(cluster)
+            for spec in self.nodes:
+                make_driver_root(spec.own.driver_root, spec.own.nvml_state, spec.name)
+                create_cgroup_parent(spec.cgroup_parent)
+                self._start_containerd(cluster, tools, spec)
+                self._save(cluster)
+                for archive in tools.images:
+                    ctr(tools, spec.own, "images", "import", "--no-unpack=false", str(archive))
+                self._start_kubelet(cluster, spec)
+                self._save(cluster)
             self._install_chart(cluster.kubeconfig, tools, driver_image, mode)
         except BaseException:
             self._save(cluster)
             raise
         return self._save(cluster, mode)
 
-    def _start_containerd(self, cluster: lc.LocalCluster, tools: Tools) -> None:
-        layout = self.layout
+    def _start_containerd(self, cluster: lc.LocalCluster, tools: Tools, spec: NodeSpec) -> None:
+        layout = spec.own
         snapshotter = "overlayfs" if overlay_works(layout.containerd / "probe") else "native"
         shutil.rmtree(layout.containerd / "probe", ignore_errors=True)
         config = layout.containerd / "config.toml"
@@ -243,14 +272,18 @@ class RealNode:
                 cni_bin=tools.cni_dir,
                 runc=tools.runc,
                 sandbox_image="localhost/dra-test/pause:local",
+                isolated=spec.isolated,
             )
         )
-        (layout.cni_conf / "10-dra-node.conflist").write_text(
-            json.dumps(cni_config(layout), indent=2)
+        cni = cni_config(
+            layout, bridge=spec.bridge, subnet=spec.pod_subnet, gateway=spec.pod_gateway
         )
+        (layout.cni_conf / "10-dra-node.conflist").write_text(json.dumps(cni, indent=2))
         env = {"PATH": f"{tools.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
         proc = cluster.spawn(
-            "containerd", [str(tools.bin_dir / "containerd"), "--config", str(config)], env
+            spec.process("containerd"),
+            [*spec.enter(), str(tools.bin_dir / "containerd"), "--config", str(config)],
+            env,
         )
         lc.wait_for(
             lambda: (
@@ -265,10 +298,11 @@ class RealNode:
             "containerd socket",
             proc,
         )
-        print(f"containerd running (snapshotter {snapshotter})", flush=True)
+        where = f" on {spec.name}" if spec.isolated else ""
+        print(f"containerd running{where} (snapshotter {snapshotter})", flush=True)
 
-    def _start_kubelet(self, cluster: lc.LocalCluster) -> None:
-        layout = self.layout
+    def _start_kubelet(self, cluster: lc.LocalCluster, spec: NodeSpec) -> None:
+        layout = spec.own
         port, healthz = lc.pick_free_ports(2)
         config = layout.kubelet / "config.yaml"
         config.write_text(
@@ -279,24 +313,32 @@ class RealNode:
                     healthz_port=healthz,
                     pki=cluster.pki_dir,
                     feature_gates=cluster.feature_gates,
+                    address=spec.node_ip,
+                    cgroup_parent=spec.cgroup_parent,
                 )
             )
         )
+        kubeconfig = cluster.kubeconfig
+        if spec.isolated:  # 127.0.0.1 is the node's own loopback there
+            kubeconfig = node_kubeconfig(cluster.kubeconfig, layout.base / "kubeconfig")
         labels = ",".join(f"{k}={v}" for k, v in NODE_LABELS.items())
         args = [
             "kubelet",
             f"--config={config}",
-            f"--kubeconfig={cluster.kubeconfig}",
-            f"--root-dir={layout.kubelet}",
-            f"--hostname-override={NODE_NAME}",
-            f"--node-ip={POD_GATEWAY}",
+            f"--kubeconfig={kubeconfig}",
+            # Node 0's path: an isolated node has its own directory mounted there.
+            f"--root-dir={spec.view.kubelet}",
+            f"--hostname-override={spec.name}",
+            f"--node-ip={spec.node_ip}",
             f"--node-labels={labels}",
             "--v=2",
         ]
         binary = cluster.binary or lc.binary_path()
-        proc = cluster.spawn("kubelet", [str(binary), *args])
-        lc.wait_for(lambda: node_ready(cluster), START_TIMEOUT, f"node {NODE_NAME} Ready", proc)
-        print(f"kubelet running, node {NODE_NAME} Ready", flush=True)
+        proc = cluster.spawn(spec.process("kubelet"), [*spec.enter(), str(binary), *args])
+        lc.wait_for(
+            lambda: node_ready(cluster, spec.name), START_TIMEOUT, f"node {spec.name} Ready", proc
+        )
+        print(f"kubelet running, node {spec.name} Ready", flush=True)
 
     def _install_chart(self, kubeconfig: Path, tools: Tools, image: str, mode: ChartMode) -> None:
         """``helm upgrade --install`` the chart in ``mode``; waits for the new agent's slices."""
@@ -337,7 +379,10 @@ class RealNode:
             "5m",
             *mode.helm_args,
         )
-        lc.wait_for(lambda: slices_published(kubeconfig), START_TIMEOUT, "the driver's slices")
+        names = [spec.name for spec in self.nodes]
+        lc.wait_for(
+            lambda: slices_published(kubeconfig, names), START_TIMEOUT, "the driver's slices"
+        )
         print(f"driver installed with its chart ({mode}); slices published", flush=True)
 
     def switch(self, tools: Tools, mode: ChartMode, driver_image: str) -> dict[str, Any]:
@@ -346,6 +391,7 @@ class RealNode:
         state = self.running()
         if state is None:
             raise NodeError("no node running")
+        self.nodes = [NodeSpec(self.layout.base, i) for i in range(len(state["nodes"]))]
         if state.get("mode") != mode.as_dict():
             self._install_chart(Path(state["kubeconfig"]), tools, driver_image, mode)
             state["mode"] = mode.as_dict()
@@ -357,6 +403,7 @@ class RealNode:
             "base": str(self.layout.base),
             "kubeconfig": str(cluster.kubeconfig),
             "node": NODE_NAME,
+            "nodes": [node_record(spec) for spec in self.nodes],
             "mode": mode.as_dict() if mode else None,
             "processes": {name: p.pid for name, p in cluster.processes.items()},
             "commands": {
@@ -376,20 +423,28 @@ class RealNode:
             state: dict[str, Any] = json.loads(self.layout.state.read_text())
         except (OSError, ValueError):
             return None
+        # A state file written before there could be more nodes records one.
+        state.setdefault("nodes", [node_record(NodeSpec(self.layout.base))])
         procs = state.get("processes", {})
-        needed = {"kube-apiserver", "containerd", "kubelet"}
+        needed = {"kube-apiserver"}
+        for i in range(len(state["nodes"])):
+            spec = NodeSpec(self.layout.base, i)
+            needed |= {spec.process("containerd"), spec.process("kubelet")}
         if needed <= procs.keys() and all(pid_alive(int(p)) for p in procs.values()):
             return state
         return None
 
-    def restart(self, name: str) -> int:
-        """Stop one process of the node (its process group) and start it again as before.
+    def restart(self, component: str, node: int = 0) -> int:
+        """Stop one process of a node (its process group) and start it again as before.
 
         Containers keep running: their shims are in sessions of their own.
         """
         state = self.running()
         if state is None:
             raise NodeError("no node running")
+        if node >= len(state["nodes"]):
+            raise NodeError(f"no node {node}: {len(state['nodes'])} running")
+        name = NodeSpec(self.layout.base, node).process(component)
         cmd = state["commands"][name]
         lc.ManagedProcess(name, [], Path(os.devnull), pid=int(state["processes"][name])).stop()
         proc = lc.ManagedProcess(name, cmd["argv"], Path(cmd["log"]), cmd["env"])
@@ -411,17 +466,20 @@ class RealNode:
         procs: dict[str, int] = state.get("processes", {})
         for name, pid in sorted(procs.items(), key=lambda kv: stop_rank(kv[0])):
             lc.ManagedProcess(name, [], Path(os.devnull), pid=int(pid)).stop(timeout=10)
-        kill_containers()
-        kill_containers(parent=MPS_CGROUP_PARENT)
-        kill_shims(layout)
+        # Whatever number of nodes the state recorded (or none): every node there can be.
+        for parent in (*node_cgroup_parents(), MPS_CGROUP_PARENT):
+            kill_containers(parent=parent)
+        kill_shims(*(NodeSpec(layout.base, i).own for i in range(MAX_NODES)))
         netns = sandbox_netns()
+        # With the other nodes' processes gone, unmounting their namespace files ends their
+        # namespaces, and with them every mount, link and route made inside.
         unmount_all(layout.base, *netns)
         for ns in netns:
             with contextlib.suppress(OSError):
                 ns.unlink()
         remove_network()
-        remove_cgroup_parent()
-        remove_cgroup_parent(MPS_CGROUP_PARENT)
+        for parent in (*node_cgroup_parents(), MPS_CGROUP_PARENT):
+            remove_cgroup_parent(parent)
         shutil.rmtree(layout.base, ignore_errors=True)
 
     def reboot(self) -> None:
@@ -460,8 +518,36 @@ class RealNode:
 # --------------------------------------------------------------------------------------
 
 
-def node_ready(cluster: lc.LocalCluster) -> bool:
-    return cluster._node_ready(NODE_NAME)
+def node_ready(cluster: lc.LocalCluster, name: str = NODE_NAME) -> bool:
+    return cluster._node_ready(name)
+
+
+def node_record(spec: NodeSpec) -> dict[str, Any]:
+    """What the state file says of a node."""
+    return {
+        "name": spec.name,
+        "address": spec.node_ip,
+        "podSubnet": spec.pod_subnet,
+        "dir": str(spec.own.base),
+        "netns": str(spec.netns_file) if spec.isolated else None,
+        "mountns": str(spec.mountns_file) if spec.isolated else None,
+    }
+
+
+def node_kubeconfig(kubeconfig: Path, out: Path) -> Path:
+    """A copy of `kubeconfig` for a kubelet in a network namespace of its own: the API
+    server at the ``kubernetes`` Service's address (named by its serving certificate), which
+    the host's DNAT rule on the node bridge sends to the API server."""
+    config = yaml.safe_load(kubeconfig.read_text())
+    for entry in config["clusters"]:
+        cluster = entry["cluster"]
+        cluster["server"] = f"https://{API_SERVICE_IP}:443"
+        if cluster.get("certificate-authority"):
+            cluster["certificate-authority"] = str(
+                kubeconfig.parent / cluster["certificate-authority"]
+            )
+    out.write_text(yaml.safe_dump(config))
+    return out
 
 
 def _admin_get(kubeconfig: Path, path: str) -> dict[str, Any] | None:
@@ -480,12 +566,25 @@ def _admin_get(kubeconfig: Path, path: str) -> dict[str, Any] | None:
     return data
 
 
-def slices_published(kubeconfig: Path) -> bool:
-    """Whether the node's pool is published. After an upgrade, ``helm --wait`` has waited for
-    the new agent to be started, which it is only once it published."""
+def slices_published(kubeconfig: Path, names: Sequence[str] = (NODE_NAME,)) -> bool:
+    """Whether every node's pool is published. After an upgrade, ``helm --wait`` has waited
+    for the new agents to be started, which they are only once they published."""
     data = _admin_get(kubeconfig, "/apis/resource.k8s.io/v1/resourceslices")
     items = (data or {}).get("items", [])
-    return any(s["spec"].get("nodeName") == NODE_NAME for s in items)
+    published = {s["spec"].get("nodeName") for s in items}
+    return all(name in published for name in names)
+
+
+def nodes_ready(state: dict[str, Any]) -> dict[str, bool]:
+    """Each recorded node's Ready condition, as the API server has it."""
+    ready = {}
+    for record in state.get("nodes", []):
+        node = _admin_get(Path(state["kubeconfig"]), f"/api/v1/nodes/{record['name']}") or {}
+        conditions = node.get("status", {}).get("conditions", [])
+        ready[record["name"]] = any(
+            c["type"] == "Ready" and c["status"] == "True" for c in conditions
+        )
+    return ready
 
 
 # --------------------------------------------------------------------------------------
@@ -510,6 +609,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     up.add_argument("--chart", type=Path, required=True)
     up.add_argument("--runc", type=Path, required=True)
     up.add_argument("--driver-image", default=DRIVER_IMAGE)
+    up.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        choices=range(1, MAX_NODES + 1),
+        metavar="N",
+        help="nodes: dra-node-0 on the host, the others in namespaces of their own",
+    )
     for command in (
         up,
         chart := sub.add_parser("chart", help="re-install the chart (helm upgrade)"),
@@ -524,6 +631,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("reboot", help="what a reboot does to the node (the control plane stays)")
     restart = sub.add_parser("restart", help="restart the kubelet or containerd")
     restart.add_argument("component", choices=("kubelet", "containerd"))
+    restart.add_argument("--node", type=int, default=0, help="the node's index (default 0)")
     args = parser.parse_args(argv)
     require_root()
     node = RealNode(Layout(args.base.resolve()))
@@ -536,7 +644,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("node rebooted")
         return 0
     if args.cmd == "restart":
-        print(f"{args.component} restarted: pid {node.restart(args.component)}")
+        print(f"{args.component} restarted: pid {node.restart(args.component, args.node)}")
         return 0
     if args.cmd in ("up", "chart"):
         mode = ChartMode(args.backend, tuple(shlex.split(args.helm_args)))
@@ -550,12 +658,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     state = node.running()
     if args.cmd == "status":
+        if state:
+            state["ready"] = nodes_ready(state)
         print(json.dumps(state, indent=2) if state else "no node running")
         return 0 if state else 1
+    if state is not None and len(state["nodes"]) != args.nodes:
+        print(f"{len(state['nodes'])} node(s) running, {args.nodes} asked for: starting afresh")
+        node.down()
+        state = None
     if state is None:
         tools = Tools(args.bin_dir, args.cni_dir, args.image, args.helm, args.chart, args.runc)
         try:
-            state = node.up(tools, mode, driver_image=args.driver_image)
+            state = node.up(tools, mode, driver_image=args.driver_image, nodes=args.nodes)
         except (NodeError, lc.ClusterError) as e:
             print(f"node-up failed: {e}\nlogs: {node.layout.logs}", file=sys.stderr)
             return 1
@@ -568,6 +682,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
     print(f"KUBECONFIG={state['kubeconfig']}")
     print(f"NODE={state['node']}")
+    if len(state["nodes"]) > 1:
+        print("NODES=" + ",".join(n["name"] for n in state["nodes"]))
     return 0
 
 
