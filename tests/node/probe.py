@@ -120,7 +120,11 @@ def wait_until(check: Callable[[], Any], what: str, timeout: float = WAIT) -> An
 
 @dataclass
 class Node:
-    """The real node started by ``make node-up`` and an API client for its cluster."""
+    """The real node started by ``make node-up`` and an API client for its cluster.
+
+    With more nodes (``make node-up NODES=2``) this is the first, ``dra-node-0``: the pods
+    it creates are pinned to it, and its driver pods and slices are its own.
+    """
 
     api: client.ApiClient
     name: str
@@ -130,6 +134,8 @@ class Node:
     ctr_bin: Path
     #: The driver name the chart installs (compat mode: the NVIDIA driver's).
     driver: str = "gpu.dra.dev"
+    #: Every node of the cluster, this one first.
+    nodes: list[str] = field(default_factory=list)
     _dyn: DynamicClient | None = field(default=None, repr=False)
 
     @classmethod
@@ -140,9 +146,11 @@ class Node:
         them.
         """
         state = json.loads((base / "node-state.json").read_text())
+        nodes = [n["name"] for n in state.get("nodes", [])] or [state["node"]]
         return cls(
             api=config.new_client_from_config(config_file=state["kubeconfig"]),
             name=state["node"],
+            nodes=nodes,
             base=base,
             kubeconfig=Path(state["kubeconfig"]),
             helm_bin=Path(os.environ.get("DRA_NODE_HELM", REPO / ".cache/tools/bin/helm")),
@@ -175,6 +183,9 @@ class Node:
     # -- objects -------------------------------------------------------------------
 
     def create(self, obj: dict[str, Any], namespace: str) -> None:
+        """Create `obj`; with more than one node, its pods (or its template's) on this one."""
+        if len(self.nodes) > 1:
+            self.pin(obj)
         res = self.dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
         res.create(body=obj, namespace=namespace if res.namespaced else None)
 
@@ -214,6 +225,17 @@ class Node:
         }
         probe_pod(pod)
         self.create(pod, namespace)
+
+    def pin(self, obj: dict[str, Any], node: str | None = None) -> None:
+        """Schedule `obj` (a pod, or a workload's pod template) on `node` (default: this
+        one) only: a node selector, so the scheduler still allocates its claims."""
+        spec = obj.get("spec") or {}
+        if obj["kind"] != "Pod":
+            spec = (spec.get("template") or {}).get("spec")
+            if spec is None:
+                return
+        selector = spec.setdefault("nodeSelector", {})
+        selector.setdefault("kubernetes.io/hostname", node or self.name)
 
     # -- what the containers saw -----------------------------------------------------
 
@@ -409,13 +431,18 @@ class Node:
         wait_until(published_by_agent, "every slice published by the new agent")
 
     def slices(self) -> list[dict[str, Any]]:
-        """The driver's ResourceSlices as plain dicts."""
+        """The driver's ResourceSlices of this node as plain dicts."""
         res = self.dynamic.resources.get(api_version="resource.k8s.io/v1", kind="ResourceSlice")
-        selector = f"spec.driver={self.driver}"
+        selector = f"spec.driver={self.driver},spec.nodeName={self.name}"
         return [item.to_dict() for item in res.get(field_selector=selector).items]
 
     def driver_pods(self) -> list[client.V1Pod]:
-        pods = self.core.list_namespaced_pod(DRIVER_NAMESPACE, label_selector=DRIVER_LABELS)
+        """The driver's pods on this node."""
+        pods = self.core.list_namespaced_pod(
+            DRIVER_NAMESPACE,
+            label_selector=DRIVER_LABELS,
+            field_selector=f"spec.nodeName={self.name}",
+        )
         return list(pods.items)
 
     def registration_sockets(self) -> set[str]:

@@ -118,19 +118,20 @@ def test_uninstall_and_cleanup_leave_no_slice(node: Node) -> None:
         node.helm("uninstall", "dra-driver", "--wait")
         wait_until(lambda: not node.driver_pods(), "the driver pod to go")
         cleanup = Path(sys.executable).parent / "dra-driver"
-        subprocess.run(
-            [
-                str(cleanup),
-                "cleanup",
-                "--node-name",
-                node.name,
-                "--kubeconfig",
-                str(node.kubeconfig),
-            ],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
+        for name in node.nodes:
+            subprocess.run(
+                [
+                    str(cleanup),
+                    "cleanup",
+                    "--node-name",
+                    name,
+                    "--kubeconfig",
+                    str(node.kubeconfig),
+                ],
+                check=True,
+                capture_output=True,
+                timeout=120,
+            )
         assert not node.published_devices()
         assert not node.registration_sockets()
     finally:
