@@ -134,8 +134,9 @@ class Node:
     ctr_bin: Path
     #: The driver name the chart installs (compat mode: the NVIDIA driver's).
     driver: str = "gpu.dra.dev"
-    #: Every node of the cluster, this one first.
+    #: Every node of the cluster, this one first, and the directory of each on the host.
     nodes: list[str] = field(default_factory=list)
+    node_dirs: list[Path] = field(default_factory=list)
     _dyn: DynamicClient | None = field(default=None, repr=False)
 
     @classmethod
@@ -146,11 +147,12 @@ class Node:
         them.
         """
         state = json.loads((base / "node-state.json").read_text())
-        nodes = [n["name"] for n in state.get("nodes", [])] or [state["node"]]
+        records = state.get("nodes") or [{"name": state["node"], "dir": str(base)}]
         return cls(
             api=config.new_client_from_config(config_file=state["kubeconfig"]),
             name=state["node"],
-            nodes=nodes,
+            nodes=[n["name"] for n in records],
+            node_dirs=[Path(n["dir"]) for n in records],
             base=base,
             kubeconfig=Path(state["kubeconfig"]),
             helm_bin=Path(os.environ.get("DRA_NODE_HELM", REPO / ".cache/tools/bin/helm")),
@@ -334,9 +336,10 @@ class Node:
             timeout=120,
         )
 
-    def ctr(self, *args: str) -> str:
-        """containerd's client on the node's containerd, in the CRI namespace."""
-        sock = self.base / "containerd" / "containerd.sock"
+    def ctr(self, *args: str, node_dir: Path | None = None) -> str:
+        """containerd's client on the node's containerd (or that of the node whose files are
+        in `node_dir`), in the CRI namespace."""
+        sock = (node_dir or self.base) / "containerd" / "containerd.sock"
         out = subprocess.run(
             [str(self.ctr_bin), "--address", str(sock), "-n", "k8s.io", *args],
             check=True,

@@ -64,7 +64,8 @@ def test_helm_upgrade_with_claims_held(node: Node, namespace: str) -> None:
     old_sockets = node.registration_sockets()
     image = old.spec.containers[0].image
     repo, tag = image.rsplit(":", 1)
-    node.ctr("images", "tag", "--force", image, f"{repo}:upgraded")
+    for node_dir in node.node_dirs:  # the DaemonSet runs on every node
+        node.ctr("images", "tag", "--force", image, f"{repo}:upgraded", node_dir=node_dir)
     try:
         node.helm(
             "upgrade",
