@@ -19,6 +19,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import yaml
 
 from tests import driverroot
 from tests.node import loadcheck
@@ -110,14 +111,114 @@ def test_kubelet_config_gates_and_addresses(tmp_path: Path) -> None:
         feature_gates="DRAAdminAccess=true,SomethingOff=false",
     )
     assert config["featureGates"] == {"DRAAdminAccess": True, "SomethingOff": False}
-    assert config["address"] == realnode.POD_GATEWAY
+    assert config["address"] == host.POD_GATEWAY
     assert config["cgroupDriver"] == "cgroupfs"
     assert config["failCgroupV1"] is False
+    assert config["cgroupRoot"] == f"/{host.CGROUP_PARENT}"
+
+
+def test_node_zero_is_the_one_node_of_before(tmp_path: Path) -> None:
+    spec = realnode.NodeSpec(tmp_path)
+    assert spec.name == realnode.NODE_NAME
+    assert spec.own == spec.view == realnode.Layout(tmp_path)
+    assert (spec.pod_subnet, spec.pod_gateway, spec.node_ip) == (
+        host.POD_SUBNET,
+        host.POD_GATEWAY,
+        host.POD_GATEWAY,
+    )
+    assert (spec.bridge, spec.cgroup_parent) == (host.BRIDGE, host.CGROUP_PARENT)
+    assert spec.enter() == [] and spec.process("kubelet") == "kubelet"
+    assert not spec.isolated
+
+
+def test_a_second_node_has_its_own_network_directories_and_namespaces(tmp_path: Path) -> None:
+    spec = realnode.NodeSpec(tmp_path, 1)
+    assert spec.name == "dra-node-1" and spec.isolated
+    assert spec.own.base == tmp_path / "n1"
+    assert spec.view == realnode.Layout(tmp_path)
+    assert spec.pod_subnet == "10.89.1.0/24" and spec.pod_gateway == "10.89.1.1"
+    assert spec.node_ip == "10.89.255.11" and spec.cgroup_parent == "dra-node-1"
+    assert len(spec.veth) <= 15 and len(spec.veth + "p") <= 15  # IFNAMSIZ
+    assert spec.process("containerd") == "containerd-1"
+    assert spec.enter() == [
+        "nsenter",
+        f"--net={tmp_path / 'ns' / 'net-1'}",
+        f"--mount={tmp_path / 'ns' / 'mnt-1'}",
+        "--",
+    ]
+    # What the chart mounts is node 0's paths, with the node's own directories there.
+    binds = dict(spec.bind_mounts())
+    assert binds[spec.own.kubelet] == spec.view.kubelet
+    assert binds[spec.own.cdi] == spec.view.cdi
+    assert binds[spec.own.driver_root] == spec.view.driver_root
+    assert binds[spec.own.nvml_state] == spec.view.nvml_state
+
+
+def test_a_second_node_configuration(tmp_path: Path) -> None:
+    spec = realnode.NodeSpec(tmp_path, 1)
+    text = realnode.containerd_config(
+        spec.own,
+        snapshotter="native",
+        cni_bin=Path("/cni"),
+        runc=Path("/runc"),
+        sandbox_image="localhost/p:1",
+        isolated=True,
+    )
+    config = tomllib.loads(text)
+    runtime = config["plugins"]["io.containerd.cri.v1.runtime"]
+    assert runtime["netns_mounts_under_state_dir"] is True
+    assert config["plugins"]["io.containerd.nri.v1.nri"]["disable"] is True
+    assert config["grpc"]["address"] == str(tmp_path / "n1" / "containerd" / "containerd.sock")
+    cni = realnode.cni_config(
+        spec.own, bridge=spec.bridge, subnet=spec.pod_subnet, gateway=spec.pod_gateway
+    )
+    bridge = cni["plugins"][0]
+    assert bridge["bridge"] == "dranode1"
+    assert bridge["ipam"]["ranges"] == [[{"subnet": "10.89.1.0/24", "gateway": "10.89.1.1"}]]
+    kubelet = realnode.kubelet_config(
+        spec.own,
+        port=1,
+        healthz_port=2,
+        pki=tmp_path,
+        feature_gates="",
+        address=spec.node_ip,
+        cgroup_parent=spec.cgroup_parent,
+    )
+    assert kubelet["address"] == "10.89.255.11"
+    assert kubelet["cgroupRoot"] == "/dra-node-1"
+    assert kubelet["containerRuntimeEndpoint"] == f"unix://{spec.own.containerd_socket}"
+
+
+def test_a_second_node_kubeconfig_names_the_service_address(tmp_path: Path) -> None:
+    original = tmp_path / "kubeconfig"
+    original.write_text(
+        json.dumps(
+            {
+                "clusters": [
+                    {
+                        "name": "c",
+                        "cluster": {
+                            "server": "https://127.0.0.1:6443",
+                            "certificate-authority": "pki/ca.crt",
+                        },
+                    }
+                ]
+            }
+        )
+    )
+    out = realnode.node_kubeconfig(original, tmp_path / "n1-kubeconfig")
+    (cluster,) = yaml.safe_load(out.read_text())["clusters"]
+    assert cluster["cluster"]["server"] == f"https://{host.API_SERVICE_IP}:443"
+    assert cluster["cluster"]["certificate-authority"] == str(tmp_path / "pki" / "ca.crt")
 
 
 def test_iptables_rule_sends_the_service_to_loopback() -> None:
     rule = host.iptables_rule(6443)
     assert rule[rule.index("-d") + 1] == host.API_SERVICE_IP
+    assert rule[-1] == "127.0.0.1:6443"
+    assert rule[rule.index("-i") + 1] == host.BRIDGE
+    rule = host.iptables_rule(6443, host.NODE_BRIDGE)
+    assert rule[rule.index("-i") + 1] == host.NODE_BRIDGE
     assert rule[-1] == "127.0.0.1:6443"
 
 
