@@ -1,0 +1,220 @@
+"""The IMEX node driver against an in-memory API: joining, waiting, binding, leaving."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_driver.computedomain.api import OWN
+from dra_driver.computedomain.nodedriver import ImexDriver
+from dra_driver.kube import Response
+from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare
+
+NODE = "n0"
+UID = "d0000000-0000-4000-8000-000000000001"
+OTHER = "d0000000-0000-4000-8000-000000000002"
+LABEL = OWN.domain_label
+
+
+class FakeApi:
+    """Just the requests the driver makes: the node, the domains, claim status, events."""
+
+    def __init__(self) -> None:
+        self.labels: dict[str, str] = {}
+        self.version = 1
+        self.domains: dict[tuple[str, str], dict[str, Any]] = {}
+        self.conditions: list[tuple[str, str, str]] = []  # claim, type, message
+        self.events: list[tuple[str, str]] = []  # reason, message
+
+    def domain(self, namespace: str, name: str, uid: str, ready: bool | None) -> None:
+        nodes = (
+            [] if ready is None else [{"name": NODE, "status": "Ready" if ready else "NotReady"}]
+        )
+        self.domains[(namespace, name)] = {
+            "metadata": {"namespace": namespace, "name": name, "uid": uid},
+            "status": {"nodes": nodes},
+        }
+
+    async def request(self, method: str, path: str, **kw: Any) -> Response:
+        body = kw.get("body")
+        if path == f"/api/v1/nodes/{NODE}":
+            return self._node(method, body, kw.get("content_type", ""))
+        if "/computedomains" in path:
+            return self._domains(path)
+        if path.endswith("/status"):
+            for device in body["status"]["devices"]:
+                for c in device["conditions"]:
+                    self.conditions.append((body["metadata"]["name"], c["type"], c["message"]))
+            return _ok({})
+        if path.endswith("/events"):
+            self.events.append((body["reason"], body["message"]))
+            return _ok({})
+        raise AssertionError(f"unexpected {method} {path}")
+
+    def _node(self, method: str, body: Any, content_type: str) -> Response:
+        if method == "GET":
+            meta = {"name": NODE, "labels": dict(self.labels), "resourceVersion": str(self.version)}
+            return _ok({"metadata": meta})
+        if content_type == "application/json-patch+json":
+            test, _ = body
+            if self.labels.get(LABEL) != test["value"]:
+                return Response(422, {}, b"{}")
+            del self.labels[LABEL]
+        else:
+            if body["metadata"]["resourceVersion"] != str(self.version):
+                return Response(409, {}, b"{}")
+            self.labels.update(body["metadata"]["labels"])
+        self.version += 1
+        return _ok({})
+
+    def _domains(self, path: str) -> Response:
+        parts = path.split("/")
+        if parts[-1] == "computedomains":
+            namespace = parts[parts.index("namespaces") + 1] if "namespaces" in parts else ""
+            items = [d for (ns, _), d in self.domains.items() if namespace in ("", ns)]
+            return _ok({"items": items})
+        namespace, name = parts[parts.index("namespaces") + 1], parts[-1]
+        found = self.domains.get((namespace, name))
+        return _ok(found) if found else Response(404, {}, b"{}")
+
+
+def _ok(data: Any) -> Response:
+    return Response(200, {}, json.dumps(data).encode())
+
+
+def _claim(name: str, device: str, domain: str = UID, namespace: str = "team") -> ClaimToPrepare:
+    kind = "ComputeDomainChannelConfig" if device == "channel-0" else "ComputeDomainDaemonConfig"
+    params: dict[str, Any] = {
+        "apiVersion": "gpu.dra.dev/v1alpha1",
+        "kind": kind,
+        "domainID": domain,
+    }
+    if device == "channel-0":
+        params["channel"] = 5
+    return ClaimToPrepare(
+        ref=ClaimRef(namespace, name, f"uid-{name}"),
+        claim={},
+        results=({"request": "r", "driver": OWN.driver, "pool": NODE, "device": device},),
+        config=({"requests": ["r"], "opaque": {"driver": OWN.driver, "parameters": params}},),
+    )
+
+
+def _driver(api: FakeApi, tmp_path: Path, **kw: Any) -> ImexDriver:
+    return ImexDriver(
+        api,  # type: ignore[arg-type]
+        OWN,
+        NODE,
+        state_dir=tmp_path / "state",
+        cdi_root=tmp_path / "cdi",
+        major=234,
+        poll=0.01,
+        **kw,
+    )
+
+
+async def test_a_channel_joins_the_node_and_gets_the_domains_channel(tmp_path: Path) -> None:
+    api = FakeApi()
+    api.domain("team", "train", UID, ready=True)
+    driver = _driver(api, tmp_path)
+    [result] = (await driver.prepare([_claim("w", "channel-0")])).values()
+    assert not isinstance(result, Exception), result
+    assert api.labels == {LABEL: UID}
+    [spec_file] = (tmp_path / "cdi").iterdir()
+    spec = json.loads(spec_file.read_text())
+    [node] = spec["devices"][0]["containerEdits"]["deviceNodes"]
+    assert (node["major"], node["minor"]) == (234, 5)
+    # Prepared again (the kubelet repeats calls): the same answer, nothing new.
+    assert (await driver.prepare([_claim("w", "channel-0")]))["uid-w"] == result
+    # A restarted driver knows the claim from its checkpoint.
+    assert "uid-w" in _driver(api, tmp_path).checkpoint.claims
+    # Unprepared: the spec goes, and the node leaves the domain with its last channel.
+    assert await driver.unprepare([ClaimRef("team", "w", "uid-w")]) == {"uid-w": None}
+    assert not list((tmp_path / "cdi").iterdir())
+    assert api.labels == {}
+
+
+async def test_prepare_waits_for_the_daemon_then_says_what_it_waits_for(tmp_path: Path) -> None:
+    api = FakeApi()
+    api.domain("team", "train", UID, ready=False)
+    driver = _driver(api, tmp_path, ready_wait=0.05)
+    [result] = (await driver.prepare([_claim("w", "channel-0")])).values()
+    assert isinstance(result, Exception)
+    assert "IMEX daemon of compute domain team/train on node n0 is not ready" in str(result)
+    assert "node n0: NotReady" in str(result)
+    assert api.labels == {LABEL: UID}  # joined: that is what starts the daemon
+    assert not (tmp_path / "cdi").exists() or not list((tmp_path / "cdi").iterdir())
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        ("other-domain", "node n0 is in another compute domain"),
+        ("other-namespace", "no ComputeDomain with UID"),
+        ("no-domain", "no ComputeDomain with UID"),
+    ],
+)
+async def test_a_channel_the_node_cannot_serve_fails_with_a_message(
+    tmp_path: Path, setup: str, message: str
+) -> None:
+    api = FakeApi()
+    if setup == "other-domain":
+        api.labels[LABEL] = OTHER
+        api.domain("team", "train", UID, ready=True)
+    if setup == "other-namespace":
+        api.domain("elsewhere", "train", UID, ready=True)
+    result = (await _driver(api, tmp_path).prepare([_claim("w", "channel-0")]))["uid-w"]
+    assert isinstance(result, Exception) and message in str(result)
+    assert api.labels.get(LABEL) == (OTHER if setup == "other-domain" else None)
+
+
+async def test_a_daemon_claim_finds_its_domain_in_any_namespace(tmp_path: Path) -> None:
+    api = FakeApi()
+    api.domain("team", "train", UID, ready=None)
+    result = (await _driver(api, tmp_path).prepare([_claim("d", "daemon-0", namespace="dra")]))[
+        "uid-d"
+    ]
+    assert not isinstance(result, Exception), result
+    assert api.labels == {}  # a daemon does not join: it runs where the node joined
+
+
+async def test_binding_waits_for_the_daemon_and_gives_up_in_time(tmp_path: Path) -> None:
+    api = FakeApi()
+    api.domain("team", "train", UID, ready=False)
+    driver = _driver(api, tmp_path, binding_wait=0.1)
+    await driver.prepare_before_binding(_claim("w", "channel-0"))
+    assert api.labels == {LABEL: UID}
+    await asyncio.sleep(0.05)
+    api.domain("team", "train", UID, ready=True)
+    await _settled(driver)
+    assert [(c, t) for c, t, _ in api.conditions] == [("w", "IMEXDaemonReady")]
+
+    late = FakeApi()
+    late.domain("team", "train", UID, ready=False)
+    driver = _driver(late, tmp_path / "late", binding_wait=0.05)
+    await driver.prepare_before_binding(_claim("w", "channel-0"))
+    await _settled(driver)
+    [(_, kind, message)] = late.conditions
+    assert kind == "IMEXDaemonFailed" and "not ready after" in message
+    assert [r for r, _ in late.events] == ["IMEXDaemonFailed"]
+    # The scheduler deallocates the claim: the node leaves the domain.
+    await driver.allocated({})
+    assert late.labels == {}
+
+
+async def test_binding_refused_at_once_on_a_node_of_another_domain(tmp_path: Path) -> None:
+    api = FakeApi()
+    api.labels[LABEL] = OTHER
+    api.domain("team", "train", UID, ready=True)
+    await _driver(api, tmp_path).prepare_before_binding(_claim("w", "channel-0"))
+    [(_, kind, message)] = api.conditions
+    assert kind == "IMEXDaemonFailed" and "in another compute domain" in message
+    assert api.labels == {LABEL: OTHER}
+
+
+async def _settled(driver: ImexDriver) -> None:
+    tasks = [j.task for j in driver._joining.values() if j.task is not None]
+    await asyncio.gather(*tasks)
