@@ -199,7 +199,8 @@ def _check(response: Any, verb: str, resource: str, name: str) -> None:
 
 @dataclass
 class _Joining:
-    """A channel claim allocated here, waiting for binding."""
+    """A channel claim allocated here that joined the node to its domain and is not
+    prepared yet (waiting for binding, or for its daemon in prepare)."""
 
     ref: ClaimRef
     domain: str
@@ -275,8 +276,15 @@ class ImexDriver:
         key = f"{domain['metadata']['namespace']}/{domain['metadata']['name']}"
         if imex.kind == "channel":
             await self.membership.join(imex.domain, key)
+            # Until the claim is prepared or deallocated: a prepare that never succeeds (the
+            # pod deleted while it waited) must not leave the node in the domain.
+            self._joining.setdefault(ref.uid, _Joining(ref, imex.domain, frozenset(imex.devices)))
             await self._wait_ready(ref, imex.domain, key)
         record = await asyncio.to_thread(self._write, ref, imex, key)
+        # The checkpoint holds the claim now; it no longer waits to join.
+        joined = self._joining.pop(ref.uid, None)
+        if joined is not None and joined.task is not None:
+            joined.task.cancel()
         log.info(
             "imex claim prepared",
             claim=str(ref),

@@ -154,17 +154,18 @@ async def run_compute_domain_plugin(settings: Settings) -> int:
         await _report_host_imex(client, settings.driver_root, node, names.driver)
         async with plugin, asyncio.TaskGroup() as group:
             await slices.set_pool(pool)
-            loops = [group.create_task(slices.run())]
-            if settings.imex_binding_conditions:
 
-                async def locked(work: Callable[[], Awaitable[None]]) -> None:
-                    async with plugin.lock.hold():
-                        await work()
+            async def locked(work: Callable[[], Awaitable[None]]) -> None:
+                async with plugin.lock.hold():
+                    await work()
 
-                watcher = BindingWatcher(
-                    client, driver, driver_name=names.driver, pool=node, locked=locked
-                )
-                loops.append(group.create_task(watcher.run()))
+            # Also without binding conditions: it tells the driver which claims are still
+            # allocated here, so a node whose channel claim went away before its prepare
+            # succeeded leaves the domain.
+            watcher = BindingWatcher(
+                client, driver, driver_name=names.driver, pool=node, locked=locked
+            )
+            loops = [group.create_task(slices.run()), group.create_task(watcher.run())]
             await stop.wait()
             for task in loops:
                 task.cancel()

@@ -147,6 +147,12 @@ async def test_prepare_waits_for_the_daemon_then_says_what_it_waits_for(tmp_path
     assert "node n0: NotReady" in str(result)
     assert api.labels == {LABEL: UID}  # joined: that is what starts the daemon
     assert not (tmp_path / "cdi").exists() or not list((tmp_path / "cdi").iterdir())
+    # Still allocated: the node stays in the domain while the kubelet tries again.
+    await driver.allocated({"uid-w": frozenset({"channel-0"})})
+    assert api.labels == {LABEL: UID}
+    # The pod went before its daemon was ready: the node leaves the domain.
+    await driver.allocated({})
+    assert api.labels == {}
 
 
 @pytest.mark.parametrize(
