@@ -31,7 +31,7 @@ EXAMPLES = REPO / "examples"
 REALNODE = REPO / "testenv" / "node" / "realnode.py"
 CHART = REPO / "deployments" / "helm" / "dra-driver"
 DRIVER_NAMESPACE = "dra-driver"
-DRIVER_LABELS = "app.kubernetes.io/name=dra-driver"
+DRIVER_LABELS = "app.kubernetes.io/name=dra-driver,app.kubernetes.io/component=kubelet-plugin"
 PROBE = (
     "echo PROBE-ENV; env | sort; "
     "echo PROBE-DEV; ls -ld /dev/nvidia* /dev/nvidia-caps/* 2>&1; "

@@ -188,7 +188,8 @@ def test_the_nvidia_channel_injection_example_runs_unchanged(domains: Node, name
         return False
 
     wait_until(gone, "the domain gone")
-    assert not _daemon_pods(node, uid)
+    # Its DaemonSet is gone; the pods follow (the garbage collector deletes them).
+    wait_until(lambda: not _daemon_pods(node, uid), "the daemon pods gone")
     templates = node.dynamic.resources.get(
         api_version="resource.k8s.io/v1", kind="ResourceClaimTemplate"
     )
