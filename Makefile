@@ -12,7 +12,8 @@ STAMP  := $(VENV)/.installed
 help:
 	@echo "make install   venv + editable install with dev tools"
 	@echo "make demo      local control plane, two simulated GPU nodes, the driver, example pods"
-	@echo "make test      lint + unit + end-to-end tests + the real-node tier (root; builds on first use),"
+	@echo "make test      lint + unit + end-to-end tests + the real-node tier on two nodes (root; builds"
+	@echo "               on first use; TEST_NODES=1 for one),"
 	@echo "               then the core end-to-end tests on the oldest Kubernetes release listed"
 	@echo "make unit      unit tests only;  make e2e  end-to-end tests only"
 	@echo "               K8S=1.35 (a minor or a full version from testenv/versions) runs test or"
@@ -62,13 +63,14 @@ e2e-core: install testenv
 	$(TESTENV_ENV) $(BIN)/pytest -m e2e $(E2E_CORE)
 
 # The whole suite against one release (K8S, default the newest); without K8S, as CI runs it,
-# then the core end-to-end tests against the oldest release too.
+# then the core end-to-end tests against the oldest release too. The real-node tier runs on
+# two nodes (what spans nodes, ComputeDomains, needs them; the rest pins to the first).
 test: first-run-note install testenv celref tools lint
 	$(TESTENV_ENV) DRA_CELREF_BIN=$(CELREF_BIN) $(BIN)/pytest
 ifeq ($(K8S),)
 	$(MAKE) --no-print-directory e2e-core K8S=$(K8S_OLDEST)
 endif
-	$(MAKE) --no-print-directory test-node
+	$(MAKE) --no-print-directory test-node NODES=$(or $(TEST_NODES),2)
 
 # One release at a time: each build needs the whole machine (see testenv/README.md).
 # Each run records its outcome per test in .cache/compat/<version>.json; the README's
