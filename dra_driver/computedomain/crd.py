@@ -30,6 +30,10 @@ def _status_schema() -> JSON:
             "cliqueID": {"type": "string"},
             "index": {"type": "integer", "minimum": 0},
             "status": {"type": "string", "enum": ["Ready", "NotReady"]},
+            "message": {
+                "type": "string",
+                "description": "Why the node's IMEX daemon does not run, when its pod says.",
+            },
         },
     }
     return {

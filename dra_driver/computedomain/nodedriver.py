@@ -61,16 +61,30 @@ UNPREPARE_FAILURES: tuple[type[BaseException], ...] = (OSError, *API_FAILURES)
 log = structlog.get_logger(__name__)
 
 
-def daemon_state(domain: JSON | None, node: str) -> tuple[bool, str]:
-    """Whether the node's daemon of ``domain`` is ready, and what the status says (pure)."""
+@dataclass(frozen=True)
+class DaemonState:
+    """The node's daemon of a domain, as the domain's status tells it."""
+
+    ready: bool
+    said: str
+    #: The daemon cannot run (its pod says why, or the domain is gone): no use waiting.
+    failed: bool = False
+
+
+def daemon_state(domain: JSON | None, node: str) -> DaemonState:
+    """The node's daemon of ``domain``: ready, waiting, or failed (pure)."""
     if domain is None:
-        return False, "the domain is gone"
+        return DaemonState(False, "the domain is gone", failed=True)
     status = domain.get("status") or {}
     for entry in status.get("nodes") or []:
         if isinstance(entry, dict) and entry.get("name") == node:
-            ready = entry.get("status") == "Ready"
-            return ready, f"node {node}: {entry.get('status', 'NotReady')}"
-    return False, f"node {node} not in the domain's status yet (its daemon has not started)"
+            said = f"node {node}: {entry.get('status', 'NotReady')}"
+            if entry.get("message"):
+                return DaemonState(False, f"{said}, {entry['message']}", failed=True)
+            return DaemonState(entry.get("status") == "Ready", said)
+    return DaemonState(
+        False, f"node {node} not in the domain's status yet (its daemon has not started)"
+    )
 
 
 def condition_status(
@@ -299,14 +313,16 @@ class ImexDriver:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._ready_wait
         while True:
-            ready, said = daemon_state(await self.domains.get(ref.namespace, uid), self._node)
-            if ready:
+            state = daemon_state(await self.domains.get(ref.namespace, uid), self._node)
+            if state.ready:
                 return
-            if loop.time() >= deadline:
+            if state.failed or loop.time() >= deadline:
+                waited = (
+                    "cannot run" if state.failed else f"is not ready after {self._ready_wait:.0f} s"
+                )
                 raise ImexClaimError(
                     f"claim {ref}: the IMEX daemon of compute domain {key} on node "
-                    f"{self._node} is not ready after {self._ready_wait:.0f} s ({said}); "
-                    "the kubelet tries again"
+                    f"{self._node} {waited} ({state.said}); the kubelet tries again"
                 )
             await asyncio.sleep(self._poll)
 
@@ -407,24 +423,29 @@ class ImexDriver:
         ref = joining.ref
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._binding_wait
-        said = ""
+        state = DaemonState(False, "")
         while loop.time() < deadline:
             try:
-                state = await self.domains.get(ref.namespace, joining.domain)
-                ready, said = daemon_state(state, self._node)
+                found = await self.domains.get(ref.namespace, joining.domain)
+                state = daemon_state(found, self._node)
             except API_FAILURES as exc:
-                ready, said = False, f"reading the domain failed: {exc}"
-            if ready:
+                state = DaemonState(False, f"reading the domain failed: {exc}")
+            if state.ready:
                 message = f"the IMEX daemon of compute domain {key} on node {self._node} is ready"
                 await self._set_condition(ref, CHANNEL_DEVICE, DAEMON_READY, message)
                 log.info("imex channel ready for binding", claim=str(ref), domain=key)
                 return
+            if state.failed:
+                break
             await asyncio.sleep(self._poll)
+        waited = "cannot run" if state.failed else f"is not ready after {self._binding_wait:.0f} s"
         message = (
-            f"the IMEX daemon of compute domain {key} on node {self._node} is not ready "
-            f"after {self._binding_wait:.0f} s ({said}); the scheduler tries another node"
+            f"the IMEX daemon of compute domain {key} on node {self._node} {waited} "
+            f"({state.said}); the scheduler tries another node"
         )
-        log.warning("imex channel not ready for binding", claim=str(ref), domain=key, said=said)
+        log.warning(
+            "imex channel not ready for binding", claim=str(ref), domain=key, said=state.said
+        )
         await self._set_condition(ref, CHANNEL_DEVICE, DAEMON_FAILED, message)
 
     async def _set_condition(self, ref: ClaimRef, device: str, kind: str, message: str) -> None:

@@ -268,15 +268,17 @@ def _status(obs: Observed, *, ready_possible: bool) -> JSON:
     entries = []
     for node, clique in cliques:
         pod = pods.get(node)
-        entries.append(
-            {
-                "name": node,
-                "ipAddress": pod.ip if pod else "",
-                "cliqueID": clique,
-                "index": indexes[node],
-                "status": READY if pod and pod.ready else NOT_READY,
-            }
-        )
+        entry = {
+            "name": node,
+            "ipAddress": pod.ip if pod else "",
+            "cliqueID": clique,
+            "index": indexes[node],
+            "status": READY if pod and pod.ready else NOT_READY,
+        }
+        if pod and pod.problem:
+            # Why the daemon does not run: the node's plugin gives up on it at once.
+            entry["message"] = pod.problem
+        entries.append(entry)
     ready = sum(1 for e in entries if e["status"] == READY)
     wanted = domain.spec.num_nodes if domain.spec else 0
     all_ready = bool(entries) and ready == len(entries) and ready >= wanted

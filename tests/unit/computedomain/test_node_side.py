@@ -52,8 +52,11 @@ def test_a_channel_claim_reads_its_domain_and_channel() -> None:
     )
     every = read_claim(claim("channel-0", channel_params(allocationMode="All")), DRIVER)
     assert every.all_channels
-    daemon = {"apiVersion": "gpu.dra.dev/v1alpha1", "kind": "ComputeDomainDaemonConfig",
-              "domainID": UID}
+    daemon = {
+        "apiVersion": "gpu.dra.dev/v1alpha1",
+        "kind": "ComputeDomainDaemonConfig",
+        "domainID": UID,
+    }
     assert read_claim(claim("daemon-0", daemon), DRIVER).kind == "daemon"
 
 
@@ -67,8 +70,11 @@ def test_a_channel_claim_reads_its_domain_and_channel() -> None:
         ("channel-0", channel_params(extra=1), "field 'extra': unknown field"),
         ("channel-0", channel_params(allocationMode="Many"), "field 'allocationMode'"),
         ("channel-0", {**channel_params(), "kind": "GpuConfig"}, "kind 'GpuConfig' is not"),
-        ("channel-0", channel_params(apiVersion="resource.nvidia.com/v1beta1"),
-         "field 'apiVersion'"),
+        (
+            "channel-0",
+            channel_params(apiVersion="resource.nvidia.com/v1beta1"),
+            "field 'apiVersion'",
+        ),
         ("daemon-0", channel_params(), "applies to channel-0, not daemon-0"),
     ],
 )
@@ -114,8 +120,12 @@ def test_imex_major(text: str, major: int | None) -> None:
     ("imex", "major", "nodes", "channels_env"),
     [
         (ImexClaim("channel", UID, ("channel-0",), ("channel",), channel=3), 234, [3], "3"),
-        (ImexClaim("channel", UID, ("channel-0",), ("channel",), all_channels=True), 234,
-         list(range(2048)), "all"),
+        (
+            ImexClaim("channel", UID, ("channel-0",), ("channel",), all_channels=True),
+            234,
+            list(range(2048)),
+            "all",
+        ),
         # No NVLink fabric: the environment, no device node.
         (ImexClaim("channel", UID, ("channel-0",), ("channel",), channel=3), None, [], "3"),
         (ImexClaim("daemon", UID, ("daemon-0",), ("daemon",)), 234, [], None),
@@ -132,8 +142,10 @@ def test_claim_spec(
     edits = device["containerEdits"]
     got = [n["minor"] for n in edits.get("deviceNodes", [])]
     assert got == nodes
-    assert all(n["major"] == major and n["path"].endswith(f"channel{n['minor']}")
-               for n in edits.get("deviceNodes", []))
+    assert all(
+        n["major"] == major and n["path"].endswith(f"channel{n['minor']}")
+        for n in edits.get("deviceNodes", [])
+    )
     env = dict(e.split("=", 1) for e in edits["env"])
     assert env["COMPUTE_DOMAIN_UID"] == UID and env["COMPUTE_DOMAIN"] == "team/train"
     assert env.get("NVIDIA_IMEX_CHANNELS") == channels_env
@@ -156,19 +168,27 @@ def test_devices_published_with_and_without_binding_conditions() -> None:
 
 
 @pytest.mark.parametrize(
-    ("status", "ready", "said"),
+    ("status", "ready", "failed", "said"),
     [
-        (None, False, "the domain is gone"),
-        ({}, False, "not in the domain's status yet"),
-        ({"nodes": [{"name": "other", "status": "Ready"}]}, False, "not in the domain's"),
-        ({"nodes": [{"name": "n", "status": "NotReady"}]}, False, "node n: NotReady"),
-        ({"nodes": [{"name": "n", "status": "Ready"}]}, True, "node n: Ready"),
+        (None, False, True, "the domain is gone"),
+        ({}, False, False, "not in the domain's status yet"),
+        ({"nodes": [{"name": "other", "status": "Ready"}]}, False, False, "not in the domain's"),
+        ({"nodes": [{"name": "n", "status": "NotReady"}]}, False, False, "node n: NotReady"),
+        ({"nodes": [{"name": "n", "status": "Ready"}]}, True, False, "node n: Ready"),
+        # The daemon's pod says why it does not run: no use waiting for it.
+        (
+            {"nodes": [{"name": "n", "status": "NotReady", "message": "CrashLoopBackOff: x"}]},
+            False,
+            True,
+            "node n: NotReady, CrashLoopBackOff: x",
+        ),
     ],
 )
-def test_daemon_state(status: dict[str, Any] | None, ready: bool, said: str) -> None:
+def test_daemon_state(status: dict[str, Any] | None, ready: bool, failed: bool, said: str) -> None:
     domain = None if status is None else {"status": status}
-    assert daemon_state(domain, "n")[0] is ready
-    assert said in daemon_state(domain, "n")[1]
+    state = daemon_state(domain, "n")
+    assert (state.ready, state.failed) == (ready, failed)
+    assert said in state.said
 
 
 def test_condition_status_names_one_device() -> None:
@@ -184,8 +204,13 @@ def test_checkpoint_round_trip_and_a_corrupt_one_is_kept_aside(tmp_path: Path) -
     path = tmp_path / "imex-claims.json"
     assert load(path) == Checkpoint()
     record = PreparedClaim(
-        namespace="team", name="w", kind="channel", domain=UID, devices=["channel-0"],
-        requests=["channel"], cdi_ids=["k8s.x/claim=c1-channel-0"],
+        namespace="team",
+        name="w",
+        kind="channel",
+        domain=UID,
+        devices=["channel-0"],
+        requests=["channel"],
+        cdi_ids=["k8s.x/claim=c1-channel-0"],
     )
     save(path, Checkpoint(claims={"c1": record}))
     assert load(path).claims["c1"] == record

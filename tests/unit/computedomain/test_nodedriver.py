@@ -211,6 +211,21 @@ async def test_binding_waits_for_the_daemon_and_gives_up_in_time(tmp_path: Path)
     assert late.labels == {}
 
 
+async def test_binding_gives_up_at_once_on_a_daemon_that_cannot_run(tmp_path: Path) -> None:
+    api = FakeApi()
+    api.domain("team", "train", UID, ready=False)
+    api.domains[("team", "train")]["status"]["nodes"][0]["message"] = "ImagePullBackOff: no image"
+    driver = _driver(api, tmp_path, binding_wait=60)
+    await driver.prepare_before_binding(_claim("w", "channel-0"))
+    await asyncio.wait_for(_settled(driver), 5)
+    [(_, kind, message)] = api.conditions
+    assert kind == "IMEXDaemonFailed" and "cannot run" in message
+    assert "ImagePullBackOff: no image" in message
+    # Prepare (no binding conditions) says the same at once instead of waiting.
+    result = await _driver(api, tmp_path / "p", ready_wait=60).prepare([_claim("v", "channel-0")])
+    assert "cannot run" in str(result["uid-v"])
+
+
 async def test_binding_refused_at_once_on_a_node_of_another_domain(tmp_path: Path) -> None:
     api = FakeApi()
     api.labels[LABEL] = OTHER

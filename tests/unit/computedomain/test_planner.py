@@ -123,8 +123,15 @@ def test_a_settled_domain_plans_nothing() -> None:
 @pytest.mark.parametrize(
     ("change", "rewritten"),
     [
-        ({"channel": {"resourceClaimTemplate": {"name": "job-channel"}, "allocationMode": "All"}},
-         ["job-channel"]),
+        (
+            {
+                "channel": {
+                    "resourceClaimTemplate": {"name": "job-channel"},
+                    "allocationMode": "All",
+                }
+            },
+            ["job-channel"],
+        ),
     ],
 )
 def test_a_changed_spec_rewrites_the_workload_template(
@@ -157,10 +164,14 @@ def test_a_template_of_someone_else_is_never_overwritten() -> None:
     [
         ({"numNodes": -1, "channel": {"resourceClaimTemplate": {"name": "t"}}}, "spec.numNodes"),
         ({"numNodes": 1}, "spec.channel: Field required"),
-        ({"channel": {"resourceClaimTemplate": {"name": "t"}, "allocationMode": "Some"}},
-         "spec.channel.allocationMode"),
-        ({"channel": {"resourceClaimTemplate": {"name": "t"}}, "numNode": 2},
-         "spec.numNode: unknown field"),
+        (
+            {"channel": {"resourceClaimTemplate": {"name": "t"}, "allocationMode": "Some"}},
+            "spec.channel.allocationMode",
+        ),
+        (
+            {"channel": {"resourceClaimTemplate": {"name": "t"}}, "numNode": 2},
+            "spec.numNode: unknown field",
+        ),
     ],
 )
 def test_an_invalid_spec_is_reported_and_makes_nothing(spec: dict[str, Any], message: str) -> None:
@@ -181,15 +192,24 @@ STATUS_CASES = [
     # (numNodes, daemons, labelled nodes, expected status, expected node statuses)
     (2, [], {}, "NotReady", {}),
     (2, [("n0", True)], {"n0": "c.1"}, "NotReady", {"n0": "Ready"}),
-    (2, [("n0", True), ("n1", False)], {"n0": "c.1", "n1": "c.1"}, "NotReady",
-     {"n0": "Ready", "n1": "NotReady"}),
-    (2, [("n0", True), ("n1", True)], {"n0": "c.1", "n1": "c.1"}, "Ready",
-     {"n0": "Ready", "n1": "Ready"}),
+    (
+        2,
+        [("n0", True), ("n1", False)],
+        {"n0": "c.1", "n1": "c.1"},
+        "NotReady",
+        {"n0": "Ready", "n1": "NotReady"},
+    ),
+    (
+        2,
+        [("n0", True), ("n1", True)],
+        {"n0": "c.1", "n1": "c.1"},
+        "Ready",
+        {"n0": "Ready", "n1": "Ready"},
+    ),
     # numNodes 0: ready when every daemon there is is ready
     (0, [("n0", True)], {"n0": "c.1"}, "Ready", {"n0": "Ready"}),
     # a labelled node whose daemon pod is not there yet
-    (1, [("n0", True)], {"n0": "c.1", "n1": "c.1"}, "NotReady",
-     {"n0": "Ready", "n1": "NotReady"}),
+    (1, [("n0", True)], {"n0": "c.1", "n1": "c.1"}, "NotReady", {"n0": "Ready", "n1": "NotReady"}),
 ]
 
 
@@ -217,10 +237,20 @@ def test_events_on_each_change_of_readiness() -> None:
     ready = {
         "status": "Ready",
         "nodes": [
-            {"name": "n0", "ipAddress": "10.0.0.1", "cliqueID": "c.1", "index": 0,
-             "status": "Ready"},
-            {"name": "n1", "ipAddress": "10.0.0.2", "cliqueID": "c.1", "index": 1,
-             "status": "Ready"},
+            {
+                "name": "n0",
+                "ipAddress": "10.0.0.1",
+                "cliqueID": "c.1",
+                "index": 0,
+                "status": "Ready",
+            },
+            {
+                "name": "n1",
+                "ipAddress": "10.0.0.2",
+                "cliqueID": "c.1",
+                "index": 1,
+                "status": "Ready",
+            },
         ],
     }
     d = domain(status=ready)
@@ -230,9 +260,16 @@ def test_events_on_each_change_of_readiness() -> None:
     one_down = (both[0], DaemonPod("n1", "10.0.0.2", False, problem="CrashLoopBackOff: exit 1"))
     actions = plan(replace(settled(d), daemons=one_down, nodes=nodes), OWN, SETTINGS)
     assert kinds(actions) == [
-        "SetStatus", "Emit:DaemonNotReady", "Emit:DomainNotReady", "Emit:DaemonFailed"
+        "SetStatus",
+        "Emit:DaemonNotReady",
+        "Emit:DomainNotReady",
+        "Emit:DaemonFailed",
     ]
     assert "n1" in actions[1].message and "CrashLoopBackOff" in actions[3].message  # type: ignore[union-attr]
+    # The node's entry says why, so the node's plugin stops waiting for that daemon.
+    entries = {e["name"]: e for e in actions[0].status["nodes"]}  # type: ignore[union-attr]
+    assert entries["n1"]["message"] == "CrashLoopBackOff: exit 1"
+    assert "message" not in entries["n0"]
     not_ready = domain(status=actions[0].status)  # type: ignore[union-attr]
     back = plan(replace(settled(not_ready), daemons=both, nodes=nodes), OWN, SETTINGS)
     assert kinds(back) == ["SetStatus", "Emit:DomainReady"]
@@ -244,18 +281,31 @@ def test_events_on_each_change_of_readiness() -> None:
     [
         ([("a", "c1"), ("b", "c1")], [], {"a": 0, "b": 1}),
         # a node keeps its index; a new one takes the lowest free
-        ([("a", "c1"), ("b", "c1")], [{"name": "b", "cliqueID": "c1", "index": 0}],
-         {"a": 1, "b": 0}),
+        (
+            [("a", "c1"), ("b", "c1")],
+            [{"name": "b", "cliqueID": "c1", "index": 0}],
+            {"a": 1, "b": 0},
+        ),
         # indexes count per clique
         ([("a", "c1"), ("b", "c2")], [], {"a": 0, "b": 0}),
         # a node that moved clique gets a new index there
-        ([("a", "c2"), ("b", "c2")], [{"name": "a", "cliqueID": "c1", "index": 5},
-                                      {"name": "b", "cliqueID": "c2", "index": 0}],
-         {"a": 1, "b": 0}),
+        (
+            [("a", "c2"), ("b", "c2")],
+            [
+                {"name": "a", "cliqueID": "c1", "index": 5},
+                {"name": "b", "cliqueID": "c2", "index": 0},
+            ],
+            {"a": 1, "b": 0},
+        ),
         # two nodes claiming one index (a hand edit): the first keeps it
-        ([("a", "c1"), ("b", "c1")], [{"name": "a", "cliqueID": "c1", "index": 0},
-                                      {"name": "b", "cliqueID": "c1", "index": 0}],
-         {"a": 0, "b": 1}),
+        (
+            [("a", "c1"), ("b", "c1")],
+            [
+                {"name": "a", "cliqueID": "c1", "index": 0},
+                {"name": "b", "cliqueID": "c1", "index": 0},
+            ],
+            {"a": 0, "b": 1},
+        ),
     ],
 )
 def test_node_indexes(
@@ -266,9 +316,16 @@ def test_node_indexes(
 
 TEAR_DOWN = [
     # (what is left, expected actions)
-    ({"workload": True, "daemonset": True, "daemon_template": True, "nodes": ["n1", "n0"]},
-     [f"Delete:{TEMPLATES}:job-channel", f"Delete:{DAEMON_SETS}:imex-{UID}",
-      f"Delete:{TEMPLATES}:imex-{UID}", "Unlabel", "Unlabel"]),
+    (
+        {"workload": True, "daemonset": True, "daemon_template": True, "nodes": ["n1", "n0"]},
+        [
+            f"Delete:{TEMPLATES}:job-channel",
+            f"Delete:{DAEMON_SETS}:imex-{UID}",
+            f"Delete:{TEMPLATES}:imex-{UID}",
+            "Unlabel",
+            "Unlabel",
+        ],
+    ),
     ({"daemons": True}, []),  # pods still stopping: wait
     ({"foreign_template": True}, ["RemoveFinalizer"]),  # not ours: left alone
     ({}, ["RemoveFinalizer"]),
@@ -323,8 +380,9 @@ def test_compat_mode_names_the_nvidia_group_and_classes() -> None:
 def test_the_daemon_set_runs_on_the_domains_nodes_only() -> None:
     d = domain(channel=None)
     applied = {
-        a.resource: a.body for a in plan(Observed(domain=d), OWN, SETTINGS) if isinstance(a, Apply)
-        and a.namespace == "dra-driver"
+        a.resource: a.body
+        for a in plan(Observed(domain=d), OWN, SETTINGS)
+        if isinstance(a, Apply) and a.namespace == "dra-driver"
     }
     ds = applied[DAEMON_SETS]["spec"]["template"]["spec"]
     assert ds["nodeSelector"] == {"gpu.dra.dev/computeDomain": UID}
