@@ -22,6 +22,7 @@ import structlog
 
 from dra_driver import resourceapi
 from dra_driver.computedomain.api import KIND, ApiNames, Domain, read_domain
+from dra_driver.computedomain.nodelabel import remove_domain_label
 from dra_driver.computedomain.objects import DaemonSettings, daemon_name
 from dra_driver.computedomain.planner import (
     DAEMON_SETS,
@@ -41,7 +42,7 @@ from dra_driver.computedomain.planner import (
 )
 from dra_driver.events import post_event
 from dra_driver.kube import KubeClient, server_side_apply
-from dra_driver.resourceslice.rawapi import CONNECTION_ERRORS, ApiError, RawApi
+from dra_driver.resourceslice.rawapi import CONNECTION_ERRORS, ApiError, RawApi, raise_for_status
 from dra_driver.resourceslice.reflector import Reflector
 from dra_driver.resourceslice.reporting import ApiErrorReporter
 
@@ -342,7 +343,7 @@ class DomainController:
         response = await self._client.request(
             "PATCH", path, body=patch, content_type="application/merge-patch+json"
         )
-        _check(response, "patch", "computedomains", domain.key)
+        raise_for_status(response, verb="patch", resource="computedomains", name=domain.key)
 
     async def _carry_out(self, domain: Domain, action: Action) -> None:
         names = self._names
@@ -368,12 +369,14 @@ class DomainController:
                 response = await server_side_apply(
                     self._client, _path(resource, ns, name), body, field_manager=FIELD_MANAGER
                 )
-                _check(response, "apply", resource, f"{ns}/{name}")
+                raise_for_status(response, verb="apply", resource=resource, name=f"{ns}/{name}")
                 log.info("applied", domain=domain.key, resource=resource, name=f"{ns}/{name}")
             case Delete(resource=resource, namespace=ns, name=name):
                 response = await self._client.request("DELETE", _path(resource, ns, name))
                 if response.status != 404:
-                    _check(response, "delete", resource, f"{ns}/{name}")
+                    raise_for_status(
+                        response, verb="delete", resource=resource, name=f"{ns}/{name}"
+                    )
                 log.info("deleted", domain=domain.key, resource=resource, name=f"{ns}/{name}")
             case Unlabel(node=node):
                 await self._unlabel(domain, node)
@@ -381,23 +384,7 @@ class DomainController:
                 await self._emit(domain, reason, message, warning)
 
     async def _unlabel(self, domain: Domain, node: str) -> None:
-        """Remove the node's domain label if it still names this domain (a JSON patch test:
-        the agent may have given the node to another domain meanwhile)."""
-        pointer = "/metadata/labels/" + self._names.domain_label.replace("~", "~0").replace(
-            "/", "~1"
-        )
-        patch = [
-            {"op": "test", "path": pointer, "value": domain.uid},
-            {"op": "remove", "path": pointer},
-        ]
-        response = await self._client.request(
-            "PATCH",
-            f"/api/v1/nodes/{quote(node, safe='')}",
-            body=patch,
-            content_type="application/json-patch+json",
-        )
-        if response.status not in (404, 422):  # gone, or the test failed: not ours any more
-            _check(response, "patch", "nodes", node)
+        await remove_domain_label(self._client, self._names.domain_label, node, domain.uid)
         log.info("node left compute domain", domain=domain.key, node=node)
 
     async def _emit(self, domain: Domain, reason: str, message: str, warning: bool) -> None:
@@ -426,14 +413,6 @@ def _path(resource: str, namespace: str, name: str) -> str:
         ns, obj = quote(namespace, safe=""), quote(name, safe="")
         return f"/apis/apps/v1/namespaces/{ns}/daemonsets/{obj}"
     return resourceapi.path(resource, name, namespace=namespace)
-
-
-def _check(response: Any, verb: str, resource: str, name: str) -> None:
-    if not response.ok:
-        text = response.body.decode(errors="replace")[:300]
-        raise ApiError(
-            response.status, response.reason, text, verb=verb, resource=resource, name=name
-        )
 
 
 async def run_controller(

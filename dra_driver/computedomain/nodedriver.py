@@ -25,7 +25,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import structlog
 
@@ -35,6 +34,7 @@ from dra_driver.computedomain.api import ApiNames
 from dra_driver.computedomain.channels import cdi_device_id, claim_spec
 from dra_driver.computedomain.claimconfig import ImexClaim, ImexClaimError, read_claim
 from dra_driver.computedomain.nodedevices import CHANNEL_DEVICE, DAEMON_FAILED, DAEMON_READY
+from dra_driver.computedomain.nodelabel import node_path, remove_domain_label
 from dra_driver.computedomain.nodestate import Checkpoint, PreparedClaim, load, save
 from dra_driver.events import post_event
 from dra_driver.kube import KubeClient, server_side_apply
@@ -45,7 +45,7 @@ from dra_driver.kubeletplugin.interfaces import (
     PrepareResult,
     UnprepareResult,
 )
-from dra_driver.resourceslice.rawapi import CONNECTION_ERRORS, ApiError
+from dra_driver.resourceslice.rawapi import CONNECTION_ERRORS, ApiError, raise_for_status
 
 JSON = dict[str, Any]
 #: Seconds prepare waits for the domain's daemon on the node (the kubelet gives 45 s).
@@ -144,14 +144,7 @@ class Domains:
         response = await self._client.request("GET", path, timeout=10)
         if response.status == 404:
             return None
-        if not response.ok:
-            raise ApiError(
-                response.status,
-                response.reason,
-                response.body.decode(errors="replace")[:300],
-                verb="get",
-                resource="computedomains",
-            )
+        raise_for_status(response, verb="get", resource="computedomains")
         data: JSON = response.json()
         return data
 
@@ -163,12 +156,12 @@ class Membership:
         self._client = client
         self._key = names.domain_label
         self._node = node
-        self._path = f"/api/v1/nodes/{quote(node, safe='')}"
+        self._path = node_path(node)
 
     async def join(self, uid: str, domain: str) -> None:
         """Label the node into ``uid`` unless it is in another domain (then raise)."""
         response = await self._client.request("GET", self._path, timeout=10)
-        _check(response, "get", "nodes", self._node)
+        raise_for_status(response, verb="get", resource="nodes", name=self._node)
         meta = response.json()["metadata"]
         current = (meta.get("labels") or {}).get(self._key)
         if current == uid:
@@ -188,27 +181,13 @@ class Membership:
         response = await self._client.request(
             "PATCH", self._path, body=patch, content_type="application/merge-patch+json"
         )
-        _check(response, "patch", "nodes", self._node)
+        raise_for_status(response, verb="patch", resource="nodes", name=self._node)
         log.info("node joined compute domain", node=self._node, domain=domain, domain_uid=uid)
 
     async def leave(self, uid: str) -> None:
         """Remove the node's label if it still names ``uid``."""
-        pointer = "/metadata/labels/" + self._key.replace("~", "~0").replace("/", "~1")
-        patch = [{"op": "test", "path": pointer, "value": uid}, {"op": "remove", "path": pointer}]
-        response = await self._client.request(
-            "PATCH", self._path, body=patch, content_type="application/json-patch+json"
-        )
-        if response.status not in (404, 422):
-            _check(response, "patch", "nodes", self._node)
+        await remove_domain_label(self._client, self._key, self._node, uid)
         log.info("node left compute domain", node=self._node, domain_uid=uid)
-
-
-def _check(response: Any, verb: str, resource: str, name: str) -> None:
-    if not response.ok:
-        text = response.body.decode(errors="replace")[:300]
-        raise ApiError(
-            response.status, response.reason, text, verb=verb, resource=resource, name=name
-        )
 
 
 @dataclass

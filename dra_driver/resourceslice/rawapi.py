@@ -96,6 +96,22 @@ def _api_error(
     )
 
 
+def raise_for_status(
+    response: Response, *, verb: str, resource: str, name: str | None = None
+) -> None:
+    """Raise an :class:`ApiError` for a non-2xx ``response``; return for a 2xx one."""
+    if not response.ok:
+        raise _api_error(
+            response.status,
+            response.reason,
+            response.headers,
+            response.body,
+            verb=verb,
+            resource=resource,
+            name=name,
+        )
+
+
 def _selectors(field_selector: str, label_selector: str) -> list[tuple[str, str]]:
     query = [("fieldSelector", field_selector)] if field_selector else []
     return query + ([("labelSelector", label_selector)] if label_selector else [])
@@ -131,16 +147,7 @@ class RawApi:
         response = await self._client.request(
             method, path, query=query, body=body, timeout=self._timeout
         )
-        if not response.ok:
-            raise _api_error(
-                response.status,
-                response.reason,
-                response.headers,
-                response.body,
-                verb=verb,
-                resource=resource,
-                name=name,
-            )
+        raise_for_status(response, verb=verb, resource=resource, name=name)
         return response
 
     async def _json(self, method: str, path: str, **kwargs: Any) -> JSON:
