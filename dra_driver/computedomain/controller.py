@@ -94,6 +94,30 @@ class View:
             self.objects[_key(obj)] = obj
 
 
+class DomainView(View):
+    """The ComputeDomains, each also kept parsed: the controller reads them on every event."""
+
+    def __init__(self, names: ApiNames) -> None:
+        super().__init__()
+        self._names = names
+        self._parsed: dict[str, Domain] = {}
+
+    def listed(self, items: list[JSON]) -> None:
+        super().listed(items)
+        self._parsed = {_key(o): read_domain(o, self._names) for o in items}
+
+    def event(self, kind: str, obj: JSON) -> None:
+        super().event(kind, obj)
+        if kind == "DELETED":
+            self._parsed.pop(_key(obj), None)
+        else:
+            self._parsed[_key(obj)] = read_domain(obj, self._names)
+
+    def by_uid(self) -> dict[str, Domain]:
+        """Every domain by UID."""
+        return {d.uid: d for d in self._parsed.values()}
+
+
 def _affinity_node(spec: JSON) -> str:
     """The node a DaemonSet pod not yet scheduled is meant for (its node affinity)."""
     affinity = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
@@ -191,7 +215,7 @@ class DomainController:
         self._names = names
         self._settings = settings
         self._resync = resync
-        self.domains = View()
+        self.domains = DomainView(names)
         self.templates = View()
         self.daemon_sets = View()
         self.pods = View()
@@ -233,13 +257,13 @@ class DomainController:
 
     def _queue_for(self, obj: JSON) -> None:
         meta = obj.get("metadata") or {}
-        if obj.get("kind") == KIND or meta.get("uid") in self._uids():
+        if obj.get("kind") == KIND or meta.get("uid") in self.domains.by_uid():
             self._queue(str(meta.get("uid", "")))
         elif uid := (meta.get("labels") or {}).get(self._names.domain_label):
             self._queue(str(uid))
         elif obj.get("kind") == "ResourceClaimTemplate":
             # A template a domain names by its name (the user's own, in the way).
-            for domain in self._by_uid().values():
+            for domain in self.domains.by_uid().values():
                 if domain.spec and _key(obj) == (
                     f"{domain.namespace}/{domain.spec.channel.resource_claim_template.name}"
                 ):
@@ -252,13 +276,6 @@ class DomainController:
         if uid:
             self._pending.add(uid)
             self._wake.set()
-
-    def _uids(self) -> set[str]:
-        return {str(o["metadata"].get("uid")) for o in self.domains.objects.values()}
-
-    def _by_uid(self) -> dict[str, Domain]:
-        domains = (read_domain(o, self._names) for o in self.domains.objects.values())
-        return {d.uid: d for d in domains}
 
     # -- the loop --------------------------------------------------------------------
 
@@ -299,7 +316,7 @@ class DomainController:
             await self._wake.wait()
             self._wake.clear()
             batch, self._pending = self._pending, set()
-            domains = self._by_uid()
+            domains = self.domains.by_uid()
             for uid in sorted(batch):
                 domain = domains.get(uid)
                 if domain is None:
@@ -313,7 +330,7 @@ class DomainController:
 
     def taken_channels(self, domain: Domain) -> frozenset[int]:
         """The channels every other domain holds (written, or given out by this process)."""
-        held = {uid: d.channel for uid, d in self._by_uid().items() if d.channel is not None}
+        held = {uid: d.channel for uid, d in self.domains.by_uid().items() if d.channel is not None}
         held.update(self._assigned)
         return frozenset(c for uid, c in held.items() if uid != domain.uid)
 
