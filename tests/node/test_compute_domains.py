@@ -116,6 +116,22 @@ def _daemon_pods(node: Node, uid: str) -> list[Any]:
     )
 
 
+def _kill_daemon_and_recover(node: Node, namespace: str, daemon: Any) -> None:
+    """Delete a daemon pod of the example's domain: NotReady with an Event, then Ready."""
+    node.core.delete_namespaced_pod(daemon.metadata.name, DRIVER_NAMESPACE, grace_period_seconds=0)
+    wait_until(
+        lambda: any(
+            e.startswith("DomainNotReady")
+            for e in _events(node, namespace, "imex-channel-injection")
+        ),
+        "the DomainNotReady event",
+    )
+    wait_until(
+        lambda: _domain(node, namespace, "imex-channel-injection")["status"]["status"] == "Ready",
+        "the domain Ready again",
+    )
+
+
 def test_the_nvidia_channel_injection_example_runs_unchanged(domains: Node, namespace: str) -> None:
     node = domains
     _apply(node, namespace, "channel-injection.yaml")
@@ -157,19 +173,8 @@ def test_the_nvidia_channel_injection_example_runs_unchanged(domains: Node, name
     conditions = {c["type"]: c["status"] for d in devices for c in d.get("conditions") or []}
     assert conditions.get("IMEXDaemonReady") == "True", devices
 
-    # The daemon goes away: the domain turns NotReady with an Event, then Ready again.
-    node.core.delete_namespaced_pod(daemon.metadata.name, DRIVER_NAMESPACE, grace_period_seconds=0)
-    wait_until(
-        lambda: any(
-            e.startswith("DomainNotReady")
-            for e in _events(node, namespace, "imex-channel-injection")
-        ),
-        "the DomainNotReady event",
-    )
-    wait_until(
-        lambda: _domain(node, namespace, "imex-channel-injection")["status"]["status"] == "Ready",
-        "the domain Ready again",
-    )
+    # The daemon goes away, then comes back.
+    _kill_daemon_and_recover(node, namespace, daemon)
 
     # Deleted: the pod first (the node leaves the domain), then the domain and all it made.
     node.delete_pod(namespace, "imex-channel-injection")
@@ -282,20 +287,9 @@ def test_a_domain_of_two_nodes_runs_one_pod_on_each(
     for daemon in daemons:
         assert _daemon_peers(node, daemon) == ips, daemon.metadata.name
 
-    # The daemon on one node is killed: the domain turns NotReady with an Event, then Ready.
+    # The daemon on one node is killed, then comes back.
     [victim] = [d for d in daemons if d.spec.node_name == second]
-    node.core.delete_namespaced_pod(victim.metadata.name, DRIVER_NAMESPACE, grace_period_seconds=0)
-    wait_until(
-        lambda: any(
-            e.startswith("DomainNotReady")
-            for e in _events(node, namespace, "imex-channel-injection")
-        ),
-        "the DomainNotReady event",
-    )
-    wait_until(
-        lambda: _domain(node, namespace, "imex-channel-injection")["status"]["status"] == "Ready",
-        "the domain Ready again",
-    )
+    _kill_daemon_and_recover(node, namespace, victim)
 
 
 def test_two_domains_in_one_clique_get_distinct_channels_and_their_own_daemons(
