@@ -14,6 +14,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import sys
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -22,6 +23,7 @@ from typing import Any
 import aiohttp
 
 from dra_driver.kubeconfig import Connection, load_connection
+from dra_driver.recursion import recursion_limit_at_least
 
 #: Called after every request with the HTTP method and the status code ("error" when no
 #: answer came back); the agent counts them in a Prometheus metric.
@@ -41,6 +43,25 @@ REQUEST_POOL = 4
 KEEPALIVE = 1.0
 
 
+#: The API server's JSON decoder refuses objects nested deeper than this, so nothing it
+#: serves is deeper; its 10 KiB bound on opaque parameters allows about half of it.
+API_MAX_DEPTH = 10_000
+
+
+def decode_json(raw: bytes | str) -> Any:
+    """``raw`` decoded as JSON, however deep the API server let a user nest it.
+
+    Python's decoder stops near a thousand levels; one claim nested deeper (opaque
+    parameters allow thousands) must not make a listing or a watch of every claim
+    unreadable. Only such a body pays for the raised recursion limit.
+    """
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        with recursion_limit_at_least(API_MAX_DEPTH + 2 * sys.getrecursionlimit()):
+            return json.loads(raw)
+
+
 @dataclass(frozen=True)
 class Response:
     """A complete answer from the API server."""
@@ -56,8 +77,8 @@ class Response:
         return 200 <= self.status < 300
 
     def json(self) -> Any:
-        """The body decoded as JSON."""
-        return json.loads(self.body)
+        """The body decoded as JSON (as deep as the API server may nest it)."""
+        return decode_json(self.body)
 
 
 class StreamResponse:

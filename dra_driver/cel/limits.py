@@ -9,13 +9,12 @@ without a RecursionError, so compiling runs with a recursion limit sized for the
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
 from lark import Tree
 
 from dra_driver.cel.compiler import Ast
+from dra_driver.recursion import recursion_limit_at_least
 
 MAX_DEPTH = 250
 #: Python frames compiling one level may take (about a dozen tree levels per nested expression).
@@ -50,12 +49,6 @@ def nesting_error(tree: Ast) -> str | None:
     return None
 
 
-@contextmanager
-def deep_recursion() -> Iterator[None]:
+def deep_recursion() -> AbstractContextManager[None]:
     """Allow the recursion that compiling an expression within the limits needs."""
-    before = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(before, MAX_DEPTH * _FRAMES_PER_LEVEL))
-    try:
-        yield
-    finally:
-        sys.setrecursionlimit(before)
+    return recursion_limit_at_least(MAX_DEPTH * _FRAMES_PER_LEVEL)

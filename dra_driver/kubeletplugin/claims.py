@@ -58,10 +58,11 @@ class KubeClaimFetcher:
                 f"{_api_message(response.body)}"
             )
         try:
-            claim = response.json()
+            # Not Response.json(): that reads any depth, and a claim to prepare nested
+            # deeper than Python's own limit is no driver config; it fails here, clearly.
+            claim = json.loads(response.body)
         except RecursionError:
-            # The API server accepts objects nested thousands deep in opaque parameters;
-            # no driver config is, and Python's decoder stops near a thousand.
+            # The API server accepts objects nested thousands deep in opaque parameters.
             raise PrepareError(
                 f"ResourceClaim {namespace}/{name} is nested too deeply to read: its opaque "
                 "parameters must be a driver config a few levels deep"

@@ -17,7 +17,7 @@ import aiohttp
 
 from dra_driver import resourceapi
 from dra_driver.errors import DriverError
-from dra_driver.kube import KubeClient, Response
+from dra_driver.kube import KubeClient, Response, decode_json
 
 JSON = dict[str, Any]
 
@@ -272,6 +272,6 @@ class RawApi:
                     resource=resource,
                 )
             async for line in response.lines():
-                event = json.loads(line)
+                event = decode_json(line)
                 if isinstance(event, dict):
                     yield event

@@ -160,3 +160,21 @@ async def test_deeply_nested_claim_is_a_clear_error(api: tuple[FakeApiServer, Ku
     server.routes[("GET", PATH)] = handler
     with pytest.raises(PrepareError, match="nested too deeply to read"):
         await KubeClaimFetcher(client).get_claim("ns", "c")
+
+
+async def test_a_deeply_nested_claim_does_not_hide_the_others_in_a_listing(
+    api: tuple[FakeApiServer, KubeClient],
+) -> None:
+    from aiohttp import web
+
+    server, client = api
+    depth = 5000  # within the API server's 10 KiB bound on opaque parameters
+    deep = '{"metadata":{"uid":"u-deep"},"x":' + '{"a":' * depth + "1" + "}" * depth + "}"
+    body = '{"items":[' + deep + ',{"metadata":{"uid":"u2"}}],"metadata":{}}'
+
+    async def handler(_: web.Request) -> web.Response:
+        return web.Response(text=body, content_type="application/json")
+
+    server.routes[("GET", "/apis/resource.k8s.io/v1/resourceclaims")] = handler
+    claims = await KubeClaimFetcher(client).list_claims()
+    assert [c["metadata"]["uid"] for c in claims] == ["u-deep", "u2"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import AsyncIterator
 
 import pytest
@@ -107,3 +108,30 @@ async def test_watch_events_and_watch_errors(api: tuple[FakeApiServer, KubeClien
     with pytest.raises(ApiError) as err:
         _ = [e async for e in raw.watch_slices("spec.nodeName=n", "old", 60)]
     assert (err.value.status, err.value.verb, err.value.message) == (410, "watch", "too old")
+
+
+def _nested(depth: int) -> str:
+    """A claim whose opaque parameters are ``depth`` levels deep (the API server allows it)."""
+    parameters = '{"a":' * depth + "1" + "}" * depth
+    return '{"metadata":{"name":"deep","uid":"u-deep"},"spec":{"p":' + parameters + "}}"
+
+
+async def test_a_deeply_nested_object_does_not_stop_the_watch(
+    api: tuple[FakeApiServer, KubeClient],
+) -> None:
+    server, client = api
+    path = "/apis/resource.k8s.io/v1/resourceclaims"
+
+    async def watch(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(request)
+        await response.write(b'{"type":"ADDED","object":' + _nested(5000).encode() + b"}\n")
+        await response.write(b'{"type":"ADDED","object":{"metadata":{"name":"plain"}}}\n')
+        await response.write_eof()
+        return response
+
+    server.routes[("GET", path)] = watch
+    limit = sys.getrecursionlimit()
+    events = [e async for e in RawApi(client).watch_objects(path, "resourceclaims", "", "1", 60)]
+    assert [e["object"]["metadata"]["name"] for e in events] == ["deep", "plain"]
+    assert sys.getrecursionlimit() == limit
