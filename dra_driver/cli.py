@@ -315,6 +315,8 @@ COMMANDS: dict[str, Command] = {
             "context",
             "namespace",
             "imex_image",
+            "imex_pull_policy",
+            "imex_pull_secrets",
             "host_driver_root",
             *_LOGGING,
         ),

@@ -79,6 +79,16 @@ class Settings(BaseModel):
         description="image of the IMEX daemon pods the compute domain controller starts "
         "(the driver's own image)",
     )
+    imex_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="image pull policy of the IMEX daemon pods"
+    )
+    imex_pull_secrets: str = Field(
+        "",
+        max_length=2048,
+        pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?(,[a-z0-9]([-a-z0-9.]*[a-z0-9])?)*)?$",
+        description="image pull secrets of the IMEX daemon pods, comma-separated names of "
+        "Secrets in the controller's namespace (empty: none)",
+    )
     log_format: Literal["json", "console"] = Field(
         "console", description="log format: json (one event per line) or console"
     )

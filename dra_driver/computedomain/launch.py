@@ -39,6 +39,8 @@ def daemon_settings(settings: Settings) -> DaemonSettings:
     return DaemonSettings(
         namespace=settings.namespace,
         image=settings.imex_image,
+        pull_policy=settings.imex_pull_policy,
+        pull_secrets=tuple(n for n in settings.imex_pull_secrets.split(",") if n),
         driver_root=str(settings.host_driver_root),
         log_format=settings.log_format,
         compat=settings.compat,

@@ -43,8 +43,17 @@ class DaemonSettings:
     service_account: str = "dra-driver-imex-daemon"
     driver_root: str = "/"
     pull_policy: str = "IfNotPresent"
+    #: Secrets (in ``namespace``) for pulling ``image`` from a private registry.
+    pull_secrets: tuple[str, ...] = ()
     log_format: str = "json"
     compat: str = ""
+
+
+def _pull_secrets(settings: DaemonSettings) -> JSON:
+    # Absent when there are none, so the daemons of a release without any keep their digest.
+    if not settings.pull_secrets:
+        return {}
+    return {"imagePullSecrets": [{"name": name} for name in settings.pull_secrets]}
 
 
 def daemon_name(domain: Domain) -> str:
@@ -181,6 +190,7 @@ def daemon_set(domain: Domain, names: ApiNames, settings: DaemonSettings) -> JSO
                 "metadata": {"labels": labels},
                 "spec": {
                     "serviceAccountName": settings.service_account,
+                    **_pull_secrets(settings),
                     "nodeSelector": labels,
                     "containers": [container],
                     "volumes": [

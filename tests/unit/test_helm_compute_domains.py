@@ -198,6 +198,9 @@ def test_controller_deployment(mode: str) -> None:
         logLevel="debug",
         **{
             "image.tag": "v9",
+            "image.pullPolicy": "Always",
+            "imagePullSecrets[0].name": "regcred",
+            "imagePullSecrets[1].name": "mirror",
             "computeDomains.controller.replicas": "2",
             "computeDomains.controller.nodeSelector.role": "infra",
             "computeDomains.controller.tolerations[0].key": "infra",
@@ -233,6 +236,12 @@ def test_controller_deployment(mode: str) -> None:
         "/run/nvidia/driver",
         compat,
     )
+    # The daemons are pulled as the controller is: same policy, same secrets.
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror"}]
+    daemon_pod = daemon_set(read_domain(DOMAIN, names), names, daemons)["spec"]["template"]
+    assert daemon_pod["spec"]["imagePullSecrets"] == pod["imagePullSecrets"]
+    assert daemon_pod["spec"]["containers"][0]["imagePullPolicy"] == c["imagePullPolicy"]
+    assert c["imagePullPolicy"] == "Always"
     # Its own ServiceAccount, with rights on the domains of the mode's group only.
     rbac = Rbac(objects, pod["serviceAccountName"])
     assert rbac.allows(Attributes("watch", names.group, "computedomains", "", "", ""))

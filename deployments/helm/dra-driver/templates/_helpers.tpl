@@ -107,3 +107,12 @@ dra-driver-imex-daemon
 {{- define "dra-driver.computeDomainLease" -}}
 dra-driver-compute-domain
 {{- end }}
+
+{{/* The names of a list of image pull secrets ({name: ...}), comma-separated. */}}
+{{- define "dra-driver.pullSecretNames" -}}
+{{- $names := list -}}
+{{- range . -}}
+{{- $names = append $names .name -}}
+{{- end -}}
+{{- join "," $names -}}
+{{- end }}
