@@ -601,3 +601,123 @@ def test_chart_objects_pass_strict_validation(dyn: DynamicClient, namespace: str
     with pytest.raises(DynamicApiError) as info:
         _strict_dry_run(dyn, ds, namespace)
     assert 'unknown field "spec.template.spec.nodeSelektor"' in error_text(info.value)
+
+
+# ------------------------------------------------------------------------------------
+# With ComputeDomains: the agent may change only its own Node's two labels
+# ------------------------------------------------------------------------------------
+
+COMPONENT = ROOT / "manifests" / "components" / "compute-domains"
+DOMAIN_LABEL = "gpu.dra.dev/computeDomain"
+CLIQUE_LABEL = "nvidia.com/gpu.clique"
+
+
+def _node(name: str) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"team": "a"}, "annotations": {"note": "x"}},
+    }
+
+
+@pytest.fixture(scope="module")
+def node_policy(dyn: DynamicClient, unique_name_module: str) -> Iterator[tuple[str, str]]:
+    """The component's Node policy, two Nodes, and the driver's right to patch Nodes (which
+    the component grants its ClusterRole); yields the two node names."""
+    with (COMPONENT / "node-policy.yaml").open() as f:
+        policy = [d for d in yaml.safe_load_all(f) if d]
+    a, b = f"{unique_name_module}-a", f"{unique_name_module}-b"
+    rights = [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": f"{unique_name_module}-patch-nodes"},
+            "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": f"{unique_name_module}-patch-nodes"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": f"{unique_name_module}-patch-nodes",
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "name": "dra-driver", "namespace": "dra-driver"}
+            ],
+        },
+    ]
+    objects = [*policy, *rights, _node(a), _node(b)]
+    created = [o for o in objects if apply(dyn, o)]
+    try:
+        yield a, b
+    finally:
+        for obj in reversed(created):
+            delete(dyn, obj)
+
+
+@pytest.fixture(scope="module")
+def unique_name_module() -> str:
+    return f"e2e-node-policy-{int(time.time() * 1000) % 10**8}"
+
+
+def _patch_node_as(dyn: DynamicClient, name: str, patch: Obj, node: str | None) -> str | None:
+    """Merge-patch Node ``name`` as the driver on ``node`` (dry run); the denial or None."""
+    res = dyn.resources.get(api_version="v1", kind="Node")
+    return _denied(
+        lambda: res.patch(
+            body=patch,
+            name=name,
+            content_type="application/merge-patch+json",
+            header_params=_as_driver(node),
+            dry_run="All",
+        )
+    )
+
+
+def test_node_policy_confines_the_agent_to_its_nodes_two_labels(
+    dyn: DynamicClient, node_policy: tuple[str, str]
+) -> None:
+    own, other = node_policy
+    join = {"metadata": {"labels": {DOMAIN_LABEL: "6d1c7e3a-uid", CLIQUE_LABEL: "c.1"}}}
+    deadline = time.monotonic() + 30
+    while _patch_node_as(dyn, other, join, own) is None:  # the policy reaches admission
+        assert time.monotonic() < deadline, "node policy not active after 30 s"
+        time.sleep(0.25)
+
+    # Its own node: the domain and clique labels, on and off.
+    assert _patch_node_as(dyn, own, join, own) is None
+    res = dyn.resources.get(api_version="v1", kind="Node")
+    res.patch(
+        body=join,
+        name=own,
+        content_type="application/merge-patch+json",
+        header_params=_as_driver(own),
+    )
+    leave = {"metadata": {"labels": {DOMAIN_LABEL: None}}}
+    assert _patch_node_as(dyn, own, leave, own) is None
+
+    # Another node, even the same labels: denied, naming both nodes.
+    message = _patch_node_as(dyn, other, join, own)
+    assert message and f'may only change that Node, not node "{other}"' in message
+    assert f"on node {own}" in message
+
+    # Its own node, anything else: denied.
+    for patch, said in (
+        ({"metadata": {"labels": {"team": "b"}}}, "may only change the labels"),
+        ({"metadata": {"labels": {"team": None}}}, "may only change the labels"),
+        ({"metadata": {"labels": {"node-role.kubernetes.io/control-plane": ""}}}, "labels"),
+        ({"metadata": {"annotations": {"note": "y"}}}, "annotations or spec"),
+        ({"spec": {"unschedulable": True}}, "annotations or spec"),
+        (
+            {"spec": {"taints": [{"key": "k", "value": "v", "effect": "NoSchedule"}]}},
+            "annotations or spec",
+        ),
+    ):
+        message = _patch_node_as(dyn, own, patch, own)
+        assert message and said in message, (patch, message)
+
+    # A token that is not bound to a pod on a node: denied.
+    message = _patch_node_as(dyn, own, join, None)
+    assert message and "token bound to a pod on a node" in message

@@ -691,3 +691,29 @@ def test_values_are_documented() -> None:
     for path in leaves(values, "computeDomains"):
         head, _, last = path.rpartition(".")
         assert f"`{path}`" in readme or f"`{head}.{last}`" in readme or f"`.{last}`" in readme, path
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_node_policy_names_the_modes_domain_label(mode: str) -> None:
+    """The agent may patch Nodes only with ComputeDomains, and the policy that confines it
+    to its own Node allows the mode's domain label and the clique label, nothing else."""
+    _, names = MODES[mode]
+    objects = enabled(mode)
+    policies = {o["metadata"]["name"]: o for o in kind(objects, "ValidatingAdmissionPolicy")}
+    policy = policies["dra-driver-nodes"]
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert yaml.safe_load(variables["allowed"]) == [names.domain_label, "nvidia.com/gpu.clique"]
+    (binding,) = [
+        o
+        for o in kind(objects, "ValidatingAdmissionPolicyBinding")
+        if o["spec"]["policyName"] == "dra-driver-nodes"
+    ]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+
+    def policy_names(objs: dict[Any, Obj]) -> set[str]:
+        return {o["metadata"]["name"] for o in kind(objs, "ValidatingAdmissionPolicy")}
+
+    assert "dra-driver-nodes" not in policy_names(
+        enabled(mode, **{"admissionPolicy.enabled": "false"})
+    )
+    assert "dra-driver-nodes" not in policy_names(render("dra-driver", "--namespace", NAMESPACE))
