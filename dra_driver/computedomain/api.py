@@ -26,6 +26,9 @@ PLURAL = "computedomains"
 CONFIG_API_VERSION = "gpu.dra.dev/v1alpha1"
 CHANNEL_CONFIG_KIND = "ComputeDomainChannelConfig"
 DAEMON_CONFIG_KIND = "ComputeDomainDaemonConfig"
+#: The node label of its NVLink clique: the compute domain plugin sets it (the label GPU
+#: feature discovery sets), the controller reads it into a domain's status.
+CLIQUE_LABEL = "nvidia.com/gpu.clique"
 #: The kernel's limit of IMEX channels on a node (``nvidia-caps-imex-channels`` minors).
 MAX_CHANNELS = 2048
 

@@ -21,7 +21,7 @@ from urllib.parse import quote
 import structlog
 
 from dra_driver import resourceapi
-from dra_driver.computedomain.api import KIND, ApiNames, Domain, read_domain
+from dra_driver.computedomain.api import CLIQUE_LABEL, KIND, ApiNames, Domain, read_domain
 from dra_driver.computedomain.nodelabel import remove_domain_label
 from dra_driver.computedomain.objects import DaemonSettings, daemon_name
 from dra_driver.computedomain.planner import (
@@ -48,8 +48,6 @@ from dra_driver.resourceslice.reporting import ApiErrorReporter
 
 JSON = dict[str, Any]
 FIELD_MANAGER = "dra-driver-compute-domain"
-#: The node label of a node's NVLink clique (set by the node agent).
-CLIQUE_LABEL = "nvidia.com/gpu.clique"
 #: Waiting reasons of a container that will not start without someone acting.
 STUCK = frozenset(
     {

@@ -17,7 +17,7 @@ from pathlib import Path
 import structlog
 
 from dra_driver import exitcodes
-from dra_driver.computedomain.api import ApiNames, names_for
+from dra_driver.computedomain.api import CLIQUE_LABEL, ApiNames, names_for
 from dra_driver.computedomain.channels import SIMULATED_MAJOR, imex_major
 from dra_driver.computedomain.imexconfig import host_configs
 from dra_driver.computedomain.nodedevices import imex_devices
@@ -33,9 +33,6 @@ from dra_driver.kubeletplugin.plugin import Plugin, PluginConfig
 from dra_driver.resourceslice.controller import SliceController
 from dra_driver.resourceslice.pool import DesiredPool, SliceContent
 from dra_driver.settings import Settings, SettingsError
-
-#: The node label of its NVLink clique (the one GPU feature discovery sets).
-CLIQUE_LABEL = "nvidia.com/gpu.clique"
 
 log = structlog.get_logger(__name__)
 
