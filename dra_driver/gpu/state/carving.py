@@ -53,8 +53,11 @@ class Carver:
             zip(plan.devices, record.devices, plan.carve, strict=True)
         ):
             if spec is None:
+                # Admin access (monitoring) takes the GPU as it is: MIG devices other pods use
+                # stay, and MIG mode does not change under them.
                 if (
                     device.mig is None
+                    and rec.sharing != "admin"
                     and device.gpu.mig.capable
                     and self._mig.mig_enabled(device.gpu)
                 ):

@@ -7,6 +7,7 @@ the GPU cannot serve.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +176,28 @@ def test_failed_regular_prepare_keeps_the_admin_claims_device(
     assert state.record("reg") is None
     adm = state.record("adm")
     assert adm is not None and [i["uuid"] for i in _instances(tmp_path)] == [adm.devices[0].uuid]
+
+
+def _mig_modes(tmp_path: Path) -> dict[str, bool]:
+    state = json.loads((tmp_path / "plugin" / SIMULATED_STATE_FILE).read_text())
+    return {uuid: bool(g["migEnabled"]) for uuid, g in state["gpus"].items()}
+
+
+def test_admin_access_to_a_whole_gpu_leaves_its_mig_devices_and_mode(tmp_path: Path) -> None:
+    """Admin access (monitoring) to a GPU whose MIG devices pods use: prepared as it is,
+    MIG mode and devices untouched; and a GPU in MIG mode with no devices stays in it."""
+    state = _state(tmp_path)
+    assert isinstance(state.prepare([_claim("reg", MIG_3G)])["reg"], list)
+    instances, modes = _instances(tmp_path), _mig_modes(tmp_path)
+    assert len(instances) == 1 and sum(modes.values()) == 1
+    assert isinstance(state.prepare([_claim("adm", "gpu-0", admin=True)])["adm"], list)
+    assert _instances(tmp_path) == instances and _mig_modes(tmp_path) == modes
+    # The regular claim goes: its MIG device with it, MIG mode stays on under the admin claim.
+    assert state.unprepare([_ref("reg")]) == {"reg": None}
+    assert _instances(tmp_path) == [] and _mig_modes(tmp_path) == modes
+    assert isinstance(state.prepare([_claim("adm2", "gpu-0", admin=True)])["adm2"], list)
+    assert _mig_modes(tmp_path) == modes
+    assert state.unprepare([_ref("adm"), _ref("adm2")]) == {"adm": None, "adm2": None}
 
 
 def test_destroy_goes_by_the_recorded_instance_not_the_placement(tmp_path: Path) -> None:
