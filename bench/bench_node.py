@@ -50,6 +50,7 @@ from contenders import (
     SyscallCounter,
     api_connections,
     cpu_seconds,
+    exit_on_sigterm,
     floor,
     ours,
     reference,
@@ -574,6 +575,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "syncs as the agent, nothing else)",
     )
     args = parser.parse_args(argv)
+    exit_on_sigterm()
     if args.reference_bin is None:
         log("no --reference-bin: measuring this driver alone")
     results = run(args)

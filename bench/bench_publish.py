@@ -31,7 +31,7 @@ from dra_driver.kube import KubeClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_scale import LAYOUTS, SLICES, all_published, published
-from contenders import cpu_seconds
+from contenders import cpu_seconds, exit_on_sigterm
 from publishers import Publishers
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     logs.configure("json", "warning")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    exit_on_sigterm()
     build_binary()
     with LocalCluster(verbosity=1) as cluster:
         rows = asyncio.run(run_all(cluster, args.nodes, args.layouts))

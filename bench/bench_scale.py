@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -49,6 +48,7 @@ from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare
 from dra_driver.resourceslice.pool import DesiredPool, SliceContent
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from contenders import exit_on_sigterm
 from publishers import Publishers
 from scheduling import Workload, clean_up, make_schedulable, run_workload
 
@@ -325,9 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--append", action="store_true", help="add to the rows already in --json")
     args = parser.parse_args(argv)
     logs.configure("json", "warning")
-    # Stopped with SIGTERM, still take the control plane down (a left-over API server would
-    # load the machine the next run measures on).
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    exit_on_sigterm()
     results: list[dict[str, Any]] = []
     if args.append and args.json and args.json.exists():
         results = json.loads(args.json.read_text())

@@ -29,6 +29,13 @@ FLOOR_DRIVER = "floor.example.com"
 REFERENCE_CLIENT_FLAGS = ("--kube-api-qps=1000", "--kube-api-burst=2000")
 
 
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit, so a stopped benchmark still leaves its ``with`` blocks
+    and takes its control plane and drivers down (a left-over API server would load the
+    machine the next run measures on)."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
 @dataclass
 class Contender:
     """One kubelet plugin under test on ``node``."""
