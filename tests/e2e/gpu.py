@@ -116,9 +116,7 @@ TIME_SLICED = f"""
             sharing: {{strategy: TimeSlicing, timeSlicingConfig: {{interval: Long}}}}"""
 
 
-def gpu_pod(
-    name: str, node: str, claim_template: str, selector: str = "", config: str = ""
-) -> str:
+def gpu_pod(name: str, node: str, claim_template: str, selector: str = "", config: str = "") -> str:
     """A pod on ``node`` with one GPU claim from a template; ``config`` is YAML appended to
     the claim's ``devices`` (see :data:`TIME_SLICED`)."""
     sel = (
@@ -247,3 +245,44 @@ def node_events(kube_api: Any, node: str, reason: str) -> list[str]:
         for e in events
         if e["involvedObject"].get("name") == node and e.get("reason") == reason
     ]
+
+
+def resourceapi_path(resource: str, namespace: str) -> str:
+    """The collection path of a resource.k8s.io/v1 resource in ``namespace``."""
+    return f"/apis/resource.k8s.io/v1/namespaces/{namespace}/{resource}"
+
+
+def post_json(kube_api: Any, path: str, body: str) -> None:
+    """POST a JSON text as it is (Python's JSON encoders stop near a thousand levels deep)."""
+    method, url, headers, _, _ = kube_api.param_serialize(
+        method="POST",
+        resource_path=path,
+        header_params={"Content-Type": "application/json"},
+        auth_settings=["BearerToken"],
+    )
+    # Past the client's own encoding: straight to its connection pool (TLS and all).
+    response = kube_api.rest_client.pool_manager.request(
+        method, url, body=body.encode(), headers=headers
+    )
+    assert 200 <= response.status < 300, response.data[:300]
+
+
+def deep_claim(kind: str, name: str, depth: int = 4000) -> str:
+    """A ResourceClaim or ResourceClaimTemplate (``kind``) of one GPU whose opaque parameters
+    nest ``depth`` lists deep (4000: 8 KB, within the API server's 10 KiB bound, beyond what
+    Python's JSON decoder reads by default), as JSON text."""
+    devices = (
+        f'{{"requests":[{{"name":"gpu","exactly":{{"deviceClassName":"{DRIVER}"}}}}],'
+        f'"config":[{{"requests":["gpu"],"opaque":{{"driver":"{DRIVER}",'
+        '"parameters":{"apiVersion":"gpu.dra.dev/v1alpha1","kind":"GpuConfig","x":'
+        + "[" * depth
+        + "]" * depth
+        + "}}}]}"
+    )
+    spec = f'{{"devices":{devices}}}'
+    if kind == "ResourceClaimTemplate":
+        spec = f'{{"spec":{spec}}}'
+    return (
+        f'{{"apiVersion":"resource.k8s.io/v1","kind":"{kind}",'
+        f'"metadata":{{"name":"{name}"}},"spec":{spec}}}'
+    )

@@ -18,10 +18,13 @@ from tests.e2e.conftest import wait_until
 from tests.e2e.gpu import (
     apply,
     claim_of,
+    deep_claim,
     gpu_pod,
     node_events,
     node_slices,
+    post_json,
     published_devices,
+    resourceapi_path,
 )
 from tests.e2e.mig import DYNAMIC, SINGLE_H100
 from tests.e2e.test_dynamic_mig import (
@@ -147,3 +150,19 @@ def test_failed_mig_creation_sends_the_pod_to_another_gpu(
         "Ready": "True",
         READY: "True",
     }
+
+
+def test_a_claim_nested_thousands_deep_does_not_stop_binding(
+    binding_node: tuple[GpuNode, dict[str, dict[str, Any]]], kube_api: Any, namespace: str
+) -> None:
+    """The agent watches every claim of the cluster for binding conditions; one nested
+    deeper than Python's decoder goes by default (the API server allows it) is read, and
+    the next MIG claim is still made before its pod binds."""
+    node, _ = binding_node
+    post_json(
+        kube_api, resourceapi_path("resourceclaims", namespace), deep_claim("ResourceClaim", "deep")
+    )
+    apply(kube_api, namespace, mig_pod("after-deep", node.name, "1g.10gb"))
+    record = prepared(node, namespace, "after-deep")
+    assert record["containers"]
+    assert node.driver.alive()

@@ -15,7 +15,17 @@ from devenv.simnode import GpuNode
 from dra_driver.gpu.state.checkpoint import stored_claims
 from dra_driver.gpu.state.device_state import CHECKPOINT_FILE
 from tests.e2e.conftest import gone, raw, wait_until
-from tests.e2e.gpu import DRIVER, apply, claim_of, gpu_pod, node_slices, published_devices
+from tests.e2e.gpu import (
+    DRIVER,
+    apply,
+    claim_of,
+    deep_claim,
+    gpu_pod,
+    node_slices,
+    post_json,
+    published_devices,
+    resourceapi_path,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -139,3 +149,28 @@ def test_agent_survives_a_restart_with_prepared_claims(
         "pod gone",
     )
     assert not spec_file.exists()
+
+
+def test_a_claim_nested_thousands_deep_fails_alone(
+    gpu_node: Callable[..., GpuNode], gpu_class: str, kube_api: Any, namespace: str
+) -> None:
+    """The API server stores opaque parameters nested thousands deep (within 10 KiB); such a
+    claim fails alone, saying what to fix, and the agent prepares every other claim."""
+    node = gpu_node("l4x4")
+    wait_until(lambda: published_devices(kube_api, node.name), 30, "slices published")
+    post_json(
+        kube_api,
+        resourceapi_path("resourceclaimtemplates", namespace),
+        deep_claim("ResourceClaimTemplate", "deep-gpu"),
+    )
+    pod = gpu_pod("deep", node.name, "deep-gpu")
+    apply(kube_api, namespace, pod[pod.index("apiVersion: v1\nkind: Pod") :])
+    record = node.node.wait_pod_record(namespace, "deep", lambda r: "prepareError" in r, timeout=60)
+    assert "nested too deeply to read" in record["prepareError"], record
+
+    apply(kube_api, namespace, gpu_pod("plain", node.name, "plain-gpu"))
+    plain = node.node.wait_pod_record(
+        namespace, "plain", lambda r: bool(r.get("containers")), timeout=60
+    )
+    assert "prepareError" not in plain
+    assert node.driver.alive()
