@@ -22,6 +22,7 @@ from dra_driver.computedomain.channels import SIMULATED_MAJOR, imex_major
 from dra_driver.computedomain.imexconfig import host_configs
 from dra_driver.computedomain.nodedevices import imex_devices
 from dra_driver.computedomain.nodedriver import ImexDriver
+from dra_driver.computedomain.nodelabel import node_path
 from dra_driver.events import post_event
 from dra_driver.gpu.discovery.base import discover_async
 from dra_driver.gpu.discovery.factory import make_discovery
@@ -65,7 +66,7 @@ def desired_pool(names: ApiNames, node: str, clique: str | None, binding: bool) 
 async def _label_clique(client: KubeClient, node: str, clique: str) -> None:
     patch = {"metadata": {"labels": {CLIQUE_LABEL: clique}}}
     response = await client.request(
-        "PATCH", f"/api/v1/nodes/{node}", body=patch, content_type="application/merge-patch+json"
+        "PATCH", node_path(node), body=patch, content_type="application/merge-patch+json"
     )
     if not response.ok:
         log.error("labelling the node's clique failed", node=node, status=response.status)
