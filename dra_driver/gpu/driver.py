@@ -11,7 +11,7 @@ import structlog
 from dra_driver import metrics
 from dra_driver.gpu.state.device_state import DeviceState
 from dra_driver.gpu.state.planner import CarveError, NoPlacementError
-from dra_driver.kubeletplugin import run_blocking
+from dra_driver.kubeletplugin import InlineRunner, run_blocking
 from dra_driver.kubeletplugin.interfaces import (
     ClaimRef,
     ClaimToPrepare,
@@ -55,8 +55,10 @@ def _conditions(claim: ClaimToPrepare, key: str) -> dict[str, list[str]]:
 class GpuDriver:
     """Implements the kubelet plugin's ``Driver`` protocol over a :class:`DeviceState`.
 
-    Prepare and unprepare fsync files, so they run in a worker thread, never on the loop; a
-    cancelled call still waits for its thread, so the node lock is never released early.
+    Prepare and unprepare fsync files. A batch that only writes files (CDI specs, the
+    journal) runs on the loop while such batches stay short; the rest (MIG devices, sharing
+    steps, and everything once the disk was slow) runs in a worker thread, and a cancelled
+    call still waits for its thread, so the node lock is never released early.
     With a ``reporter``, prepared devices appear in the claims' status and failures as events.
     """
 
@@ -71,11 +73,15 @@ class GpuDriver:
         self.reporter = reporter
         self.on_carve_failed = on_carve_failed
         self.on_no_placement = on_no_placement
+        self._short = InlineRunner()
 
     async def prepare(self, claims: Sequence[ClaimToPrepare]) -> Mapping[str, PrepareResult]:
         """Prepare a batch of claims."""
         started = time.perf_counter()
-        results = await run_blocking(self.state.prepare, claims)
+        if self.state.quick_prepare(claims):
+            results = await self._short.run(self.state.prepare, claims)
+        else:
+            results = await run_blocking(self.state.prepare, claims)
         metrics.observe_batch(metrics.PREPARE_SECONDS, started, dict(results))
         metrics.PREPARED_CLAIMS.set(self.state.prepared_count())
         if self.reporter is not None:
@@ -90,12 +96,11 @@ class GpuDriver:
     def _report_prepared(self, reporter: ClaimStatus, claim: ClaimToPrepare) -> None:
         # Prepared is what every binding condition of this driver waits for.
         binding = _conditions(claim, "bindingConditions")
-        record = self.state.record(claim.ref.uid)
         reporter.set_devices(
             claim.ref,
             [
-                (d.device_name, {"uuid": d.uuid}, binding.get(d.device_name, []), None, d.share_id)
-                for d in (record.devices if record else [])
+                (name, {"uuid": uuid}, binding.get(name, []), None, share_id)
+                for name, uuid, share_id in self.state.device_ids(claim.ref.uid)
             ],
         )
 
@@ -144,7 +149,10 @@ class GpuDriver:
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, UnprepareResult]:
         """Unprepare a batch of claims."""
         started = time.perf_counter()
-        results = await run_blocking(self.state.unprepare, claims)
+        if self.state.quick_unprepare(claims):
+            results = await self._short.run(self.state.unprepare, claims)
+        else:
+            results = await run_blocking(self.state.unprepare, claims)
         metrics.observe_batch(metrics.UNPREPARE_SECONDS, started, dict(results))
         metrics.PREPARED_CLAIMS.set(self.state.prepared_count())
         if self.reporter is not None:

@@ -34,7 +34,7 @@ from dra_driver.kubeletplugin.sockets import (
     SocketPaths,
     socket_paths,
 )
-from dra_driver.kubeletplugin.threads import run_blocking
+from dra_driver.kubeletplugin.threads import InlineRunner, run_blocking
 
 __all__ = [
     "DEFAULT_PLUGINS_DIR",
@@ -47,6 +47,7 @@ __all__ = [
     "Driver",
     "HealthSource",
     "HealthStatus",
+    "InlineRunner",
     "KubeClaimFetcher",
     "Plugin",
     "PluginConfig",

@@ -7,7 +7,8 @@ replaced claim, an API error, or a driver exception affects that claim alone.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,7 @@ from dra_driver.errors import PrepareError
 from dra_driver.kubeletplugin.claims import ClaimFetcher, claim_to_prepare
 from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare, Driver, PreparedDevice
 from dra_driver.kubeletplugin.lock import NodeLock
+from dra_driver.kubeletplugin.threads import OTHER_CALLS
 from dra_driver.kubeletplugin.uid import UID_SHAPE, valid_uid
 
 log = structlog.get_logger(__name__)
@@ -143,6 +145,7 @@ class NodeService:
         self._driver_name = driver_name
         self._node = node_name
         self._pool = pool_name
+        self._in_progress = 0  # prepare and unprepare calls between their start and answer
         self._batches = _Coalescer(
             lock,
             {"prepare": self._driver_prepare, "unprepare": self._driver_unprepare},
@@ -151,11 +154,35 @@ class NodeService:
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareOutcome]:
         """Prepare each claim; the result has one entry per distinct claim UID."""
+        with self._in_progress_call():
+            return await self._prepare(claims)
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        """Unprepare each claim; maps claim UID to an error message (empty on success).
+
+        A UID that is not a Kubernetes UID was never prepared: unpreparing it succeeds.
+        """
+        with self._in_progress_call():
+            return await self._unprepare(claims)
+
+    @contextlib.contextmanager
+    def _in_progress_call(self) -> Iterator[None]:
+        """Count a call of the kubelet while it is in progress (see ``OTHER_CALLS``)."""
+        self._in_progress += 1
+        try:
+            yield
+        finally:
+            self._in_progress -= 1
+
+    async def _prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareOutcome]:
         refs, invalid = _by_uid_shape(claims)
         outcomes = {ref.uid: PrepareOutcome(error=_bad_uid_error(ref.uid)) for ref in invalid}
         for ref in invalid:
             log.error("prepare refused", claim=str(ref), error=outcomes[ref.uid].error)
-        checked = await asyncio.gather(*(self._fetch(ref) for ref in refs))
+        if len(refs) == 1:  # the usual call: its claim is read without a task of its own
+            checked = [await self._fetch(refs[0])]
+        else:
+            checked = await asyncio.gather(*(self._fetch(ref) for ref in refs))
         ready: list[ClaimToPrepare] = []
         for ref, item in zip(refs, checked, strict=True):
             if isinstance(item, ClaimToPrepare):
@@ -168,11 +195,7 @@ class NodeService:
                 outcomes[item.ref.uid] = self._prepare_outcome(item.ref, results.get(item.ref.uid))
         return outcomes
 
-    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
-        """Unprepare each claim; maps claim UID to an error message (empty on success).
-
-        A UID that is not a Kubernetes UID was never prepared: unpreparing it succeeds.
-        """
+    async def _unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         refs, invalid = _by_uid_shape(claims)
         errors = {ref.uid: "" for ref in invalid}
         for ref in invalid:
@@ -226,19 +249,25 @@ class NodeService:
         self, ready: list[ClaimToPrepare]
     ) -> Mapping[str, Sequence[PreparedDevice] | Exception]:
         """One driver call for a batch (under the node lock); failures become per-claim."""
+        others = OTHER_CALLS.set(self._in_progress - 1)
         try:
             return await self._driver.prepare(ready)
         except Exception as exc:
             log.exception("driver prepare failed", node=self._node, claims=len(ready))
             return dict.fromkeys((c.ref.uid for c in ready), exc)
+        finally:
+            OTHER_CALLS.reset(others)
 
     async def _driver_unprepare(self, refs: list[ClaimRef]) -> Mapping[str, Exception | None]:
         """One driver call for a batch (under the node lock); failures become per-claim."""
+        others = OTHER_CALLS.set(self._in_progress - 1)
         try:
             return await self._driver.unprepare(refs)
         except Exception as exc:
             log.exception("driver unprepare failed", node=self._node, claims=len(refs))
             return dict.fromkeys((r.uid for r in refs), exc)
+        finally:
+            OTHER_CALLS.reset(others)
 
     def _prepare_outcome(
         self, ref: ClaimRef, result: Sequence[PreparedDevice] | Exception | None

@@ -1,18 +1,28 @@
-"""Running a driver's blocking work in a thread without outliving the node lock.
+"""Running a driver's blocking work without outliving the node lock or stalling the loop.
 
 Cancelling ``asyncio.to_thread`` abandons the thread, which keeps running: the caller would
 release the node lock while the work goes on, and the next prepare or unprepare could overlap
 it. ``run_blocking`` instead lets the thread finish, then passes the cancellation on.
+
+Work that only writes a file or two takes less time than handing it to a thread and back
+(two wake-ups of a sleeping thread); ``InlineRunner`` runs such work on the loop for as long
+as it stays short.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import ParamSpec, TypeVar
+
+import structlog
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
+
+log = structlog.get_logger(__name__)
 
 
 async def run_blocking(func: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
@@ -29,3 +39,59 @@ async def run_blocking(func: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.k
         if not work.cancelled():
             work.exception()  # the caller is gone; the outcome is only reported by the driver
         raise
+
+
+#: Longest a call run on the loop may take before such calls go to a thread again: a health
+#: stream, a liveness probe and the claim reads of other calls wait while it runs.
+INLINE_LIMIT = 0.02
+
+#: How long short work runs in a thread after a call on the loop took too long (the disk was
+#: slow: an fsync behind an image pull's writes); then the loop tries again.
+THREAD_COOLDOWN = 60.0
+
+
+#: How many other prepare or unprepare calls of the kubelet are in progress while a driver call
+#: runs (the node service sets it around its driver calls). With others in progress, work goes
+#: to a thread even when short: their claim reads go on meanwhile, and they join the next
+#: batch instead of each paying for its own sync.
+OTHER_CALLS: ContextVar[int] = ContextVar("other_calls", default=0)
+
+
+class InlineRunner:
+    """Runs short blocking calls on the loop when nothing else waits for it, and in a worker
+    thread otherwise or once such a call was slow."""
+
+    def __init__(
+        self,
+        limit: float = INLINE_LIMIT,
+        cooldown: float = THREAD_COOLDOWN,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._limit = limit
+        self._cooldown = cooldown
+        self._clock = clock
+        self._threaded_until = float("-inf")
+
+    @property
+    def inline(self) -> bool:
+        """Whether a short call now runs on the loop."""
+        return OTHER_CALLS.get() == 0 and self._clock() >= self._threaded_until
+
+    async def run(self, func: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        """``func(*args, **kwargs)`` on the loop when :attr:`inline`, else in a thread
+        (:func:`run_blocking`)."""
+        if not self.inline:
+            return await run_blocking(func, *args, **kwargs)
+        started = self._clock()
+        try:
+            return func(*args, **kwargs)
+        finally:
+            took = self._clock() - started
+            if took > self._limit:
+                self._threaded_until = started + took + self._cooldown
+                log.warning(
+                    "short driver work was slow: running it in a thread for a while",
+                    took_s=round(took, 3),
+                    limit_s=self._limit,
+                    for_s=self._cooldown,
+                )

@@ -17,6 +17,7 @@ from dra_driver.kubeletplugin import (
     PluginConfig,
     PreparedDevice,
 )
+from dra_driver.kubeletplugin.threads import OTHER_CALLS
 
 DRIVER = "gpu.dra.dev"
 NODE = "node-a"
@@ -80,12 +81,15 @@ class FakeDriver:
     active: int = 0
     overlaps: int = 0
     started: asyncio.Event = field(default_factory=asyncio.Event)
+    #: ``OTHER_CALLS`` as each call saw it: the kubelet's calls in progress besides its batch.
+    others: list[int] = field(default_factory=list)
 
     async def _enter(self, op: str, uids: tuple[str, ...]) -> None:
         self.active += 1
         if self.active > 1:
             self.overlaps += 1
         self.calls.append((op, uids))
+        self.others.append(OTHER_CALLS.get())
         self.started.set()
         try:
             if self.delay:

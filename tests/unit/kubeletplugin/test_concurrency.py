@@ -63,6 +63,18 @@ async def test_waiting_calls_are_merged_into_one_driver_call(
     assert len(driver.calls) == 2
     assert sorted(driver.calls[1][1]) == sorted(r.uid for r in refs[1:])
     assert driver.overlaps == 0
+    # The first ran alone; the batch was told of the calls merged into it.
+    assert driver.others == [0, 14]
+
+
+async def test_a_lone_call_is_told_no_other_call_is_in_progress(
+    v1_stub: v1_grpc.DRAPluginStub, driver: FakeDriver, fetcher: FakeFetcher
+) -> None:
+    ref = fetcher.add(make_claim("a"))
+    await v1_stub.NodePrepareResources(prepare_request(v1_pb2, ref), timeout=10)
+    await v1_stub.NodeUnprepareResources(unprepare_request(v1_pb2, ref), timeout=10)
+    assert [op for op, _ in driver.calls] == ["prepare", "unprepare"]
+    assert driver.others == [0, 0]
 
 
 async def test_two_instances_share_the_node_lock(short_dir: Path, fetcher: FakeFetcher) -> None:

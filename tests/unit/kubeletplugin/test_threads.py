@@ -1,4 +1,5 @@
-"""run_blocking keeps the caller (and so the node lock) until the thread is done."""
+"""run_blocking keeps the caller (and so the node lock) until the thread is done;
+InlineRunner runs short work on the loop unless others wait or the work was slow."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 import pytest
 
 from dra_driver.kubeletplugin.lock import NodeLock
-from dra_driver.kubeletplugin.threads import run_blocking
+from dra_driver.kubeletplugin.threads import OTHER_CALLS, InlineRunner, run_blocking
 
 
 async def test_returns_result() -> None:
@@ -43,3 +44,56 @@ async def test_cancellation_waits_for_thread_and_lock_follows() -> None:
         await task
     assert finished.is_set()
     assert not lock.locked()
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_short_work_runs_on_the_loop_thread() -> None:
+    runner = InlineRunner()
+    assert await runner.run(threading.get_ident) == threading.get_ident()
+
+
+async def test_work_goes_to_a_thread_while_other_calls_are_in_progress() -> None:
+    runner = InlineRunner()
+    others = OTHER_CALLS.set(3)
+    try:
+        assert not runner.inline
+        assert await runner.run(threading.get_ident) != threading.get_ident()
+    finally:
+        OTHER_CALLS.reset(others)
+    assert runner.inline
+
+
+async def test_slow_work_sends_later_work_to_a_thread_for_the_cooldown() -> None:
+    clock = _Clock()
+    runner = InlineRunner(limit=0.02, cooldown=60.0, clock=clock)
+
+    def slow() -> int:
+        clock.now += 0.5  # the disk stalled
+        return threading.get_ident()
+
+    assert await runner.run(slow) == threading.get_ident()  # this one still ran on the loop
+    assert not runner.inline
+    assert await runner.run(threading.get_ident) != threading.get_ident()
+    clock.now += 60.0
+    assert runner.inline
+    assert await runner.run(threading.get_ident) == threading.get_ident()
+
+
+async def test_an_exception_on_the_loop_reaches_the_caller_and_counts_its_time() -> None:
+    clock = _Clock()
+    runner = InlineRunner(limit=0.02, cooldown=60.0, clock=clock)
+
+    def fails() -> None:
+        clock.now += 1.0
+        raise OSError("no space left on device")
+
+    with pytest.raises(OSError, match="no space"):
+        await runner.run(fails)
+    assert not runner.inline

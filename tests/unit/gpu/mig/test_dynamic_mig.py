@@ -318,3 +318,13 @@ def test_a_claim_twice_in_one_batch_is_prepared_once(tmp_path: Path) -> None:
     assert isinstance(out[a], ClaimError) and "bad state" in str(out[a])
     assert isinstance(out[b], ClaimError)  # the GPU cannot leave MIG mode for it either
     assert state.prepared_claims() == {}
+
+
+def test_dynamic_mig_batches_are_never_quick(tmp_path: Path) -> None:
+    """A MIG device is created and destroyed through the driver (seconds on a real GPU):
+    such batches run in a worker thread, never on the event loop."""
+    state = _state(tmp_path)
+    claim = _claim("a", MIG_3G)
+    assert not state.quick_prepare([claim])
+    assert isinstance(state.prepare([claim])["a"], list)
+    assert not state.quick_unprepare([claim.ref])

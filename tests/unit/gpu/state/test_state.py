@@ -236,6 +236,22 @@ def test_syncs_per_claim_and_what_a_restart_finds(
     assert _state(tmp_path).prepared_claims() == {}
 
 
+def test_only_batches_that_write_nothing_but_files_are_quick(tmp_path: Path) -> None:
+    """Quick batches may run on the event loop: a plain claim is; one with a sharing config
+    (a time-slice to set) is not, nor is unpreparing it or a claim not recorded."""
+    state = _state(tmp_path)
+    plain = _claim("a", "gpu-2")
+    sliced = _claim("b", "gpu-3", config=list(CONFIGS["timeslice"]))
+    assert state.quick_prepare([plain])
+    assert not state.quick_prepare([plain, sliced])
+    state.prepare([plain, sliced])
+    assert state.quick_unprepare([plain.ref])
+    assert not state.quick_unprepare([plain.ref, sliced.ref])
+    assert not state.quick_unprepare([ClaimRef("ns", "claim-c", "c")])
+    assert state.device_ids("a") == [("gpu-2", SimulatedDiscovery("mixed", NODE).discover().gpus[2].uuid, None)]
+    assert state.device_ids("c") == []
+
+
 def test_another_agent_sees_the_journal(tmp_path: Path) -> None:
     """A surge update runs two agents on one checkpoint: each takes up the other's batches."""
     first = _state(tmp_path)
