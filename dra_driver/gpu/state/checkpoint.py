@@ -31,7 +31,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -314,9 +314,13 @@ class CheckpointFile:
             self._seen = self._stamp()
         return data if data.boot_id == self.boot_id else None
 
-    def write(self, data: CheckpointData) -> None:
+    def write(self, data: CheckpointData, changed: Collection[str] | None = None) -> None:
         """Record ``data`` durably (raises ``OSError``, the files left as they were) and
-        remember it."""
+        remember it. ``changed``: the only claims whose records may differ from the last
+        read or write (records added or removed are found either way); without it every
+        record is compared. A batch touches its own claims only, and serialising every
+        record per write would make each prepare cost as much as all prepared claims."""
+        stored = self._stored_after(data, changed)
         if self._journal is None or self._journal.full:
             save(self.path, data)
             if self._journal is None:
@@ -324,15 +328,28 @@ class CheckpointFile:
             else:
                 self._journal.reset()
         else:
-            stored = _stored(data)
             changes = [
                 Change(uid, record)
                 for uid, record in stored.items()
-                if self._stored.get(uid) != record
+                if (before := self._stored.get(uid)) is not record and before != record
             ]
             changes += [Change(uid, None) for uid in self._stored if uid not in stored]
             self._journal.append(changes)
-        self._remember(data)
+        self._stored = stored
+        self._seen = self._stamp()
+
+    def _stored_after(
+        self, data: CheckpointData, changed: Collection[str] | None
+    ) -> dict[str, dict[str, Any]]:
+        """Each record of ``data`` as stored; unchanged ones as last remembered."""
+        if changed is None:
+            return _stored(data)
+        return {
+            uid: (
+                self._stored[uid] if uid in self._stored and uid not in changed else _dump(record)
+            )
+            for uid, record in data.claims.items()
+        }
 
     def _remember(self, data: CheckpointData) -> None:
         self._stored = _stored(data)
@@ -366,7 +383,9 @@ def stored_claims(path: Path) -> dict[str, dict[str, Any]]:
 
 def _stored(data: CheckpointData) -> dict[str, dict[str, Any]]:
     """Each claim's record as stored, by UID."""
-    return {
-        uid: rec.model_dump(mode="json", by_alias=True, exclude_none=True)
-        for uid, rec in data.claims.items()
-    }
+    return {uid: _dump(rec) for uid, rec in data.claims.items()}
+
+
+def _dump(record: ClaimRecord) -> dict[str, Any]:
+    """A claim's record as stored."""
+    return record.model_dump(mode="json", by_alias=True, exclude_none=True)

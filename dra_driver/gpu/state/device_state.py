@@ -244,7 +244,7 @@ class DeviceState:
         name) fail with a clear error, and the next call starts again from the file, which a
         failed write leaves as it was: the kubelet's retry then redoes what is not recorded."""
         try:
-            self._file.write(self._data)
+            self._file.write(self._data, changed=claims.keys())
         except OSError as exc:
             log.error(
                 "writing the checkpoint failed", error=str(exc), claims=sorted(claims.values())

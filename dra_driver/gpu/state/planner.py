@@ -90,12 +90,9 @@ def plan_claim(
     configs = parse_allocation_config(claim.config, driver=driver_name, claim=str(ref), apis=apis)
     devices: list[AllocatedDevice] = []
     carve: list[PlacementSpec | None] = []
-    # GPU UUID -> the parts of it in use (None: all of it), this claim's own choices included.
-    used: dict[str, list[Placement | None]] = {}
-    for uid, rec in taken:
-        part = footprint(rec, catalog) if uid != ref.uid and rec.sharing != "admin" else None
-        if part is not None and not memory_share(rec, catalog):
-            used.setdefault(part[0], []).append(part[1])
+    # GPU UUID -> the parts of it in use (None: all of it), this claim's own choices included;
+    # worked out for the first share of a GPU's MIG slices (it costs a look at every record).
+    used: dict[str, list[Placement | None]] | None = None
     for result in claim.results:
         name = str(result.get("device", ""))
         entry = catalog.get(name)
@@ -110,6 +107,8 @@ def plan_claim(
         request = str(result.get("request", ""))
         spec, slices_share = entry.placement, None
         if entry.partitioned and not result.get("adminAccess"):
+            if used is None:
+                used = _in_use(ref, catalog, taken)
             spec = _share_placement(ref, entry, result, used)
             slices_share = str(result["shareID"])
             used.setdefault(entry.gpu.uuid, []).append(spec.placement if spec else None)
@@ -145,6 +144,18 @@ def plan_claim(
         pods=claim.pods,
         carve=tuple(carve),
     )
+
+
+def _in_use(
+    ref: ClaimRef, catalog: Catalog, taken: Sequence[tuple[str, DeviceRecord]]
+) -> dict[str, list[Placement | None]]:
+    """GPU UUID -> the parts of it the other claims' records take (None: all of it)."""
+    used: dict[str, list[Placement | None]] = {}
+    for uid, rec in taken:
+        part = footprint(rec, catalog) if uid != ref.uid and rec.sharing != "admin" else None
+        if part is not None and not memory_share(rec, catalog):
+            used.setdefault(part[0], []).append(part[1])
+    return used
 
 
 def _share_placement(

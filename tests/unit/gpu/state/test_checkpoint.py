@@ -121,3 +121,32 @@ def test_a_version_that_is_not_one_is_corrupt(tmp_path: Path, version: object) -
     _write(path, body)
     with pytest.raises(CorruptCheckpoint, match="is not a version"):
         checkpoint.load(path, BOOT)
+
+
+def _record(name: str, state: ClaimState = ClaimState.PREPARE_COMPLETED) -> checkpoint.ClaimRecord:
+    return checkpoint.ClaimRecord(state=state, namespace="ns", name=name)
+
+
+def test_a_write_told_what_changed_serialises_only_that_and_keeps_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch names its claims: only their records are serialised again (the others as
+    remembered), added and removed records are found anyway, and what a fresh reader finds is
+    what a full comparison would have written."""
+    path = tmp_path / "checkpoint.json"
+    file = checkpoint.CheckpointFile(path, "boot-1")
+    data = checkpoint.CheckpointData(bootID="boot-1", claims={f"u{i}": _record(f"c{i}") for i in range(5)})
+    file.write(data)  # the first write saves a snapshot; the next ones go to the journal
+    dumped: list[str] = []
+    real = checkpoint._dump
+    monkeypatch.setattr(checkpoint, "_dump", lambda rec: (dumped.append(rec.name), real(rec))[1])
+    data.claims["u1"].state = ClaimState.PREPARE_STARTED
+    del data.claims["u2"]
+    data.claims["u9"] = _record("c9")
+    file.write(data, changed={"u1", "u2", "u9"})
+    assert sorted(dumped) == ["c1", "c9"]
+    assert checkpoint.stored_claims(path) == {
+        uid: rec.model_dump(mode="json", by_alias=True, exclude_none=True) for uid, rec in data.claims.items()
+    }
+    restarted = checkpoint.CheckpointFile(path, "boot-1").read()
+    assert restarted.claims == data.claims
