@@ -7,9 +7,8 @@ import asyncio
 import os
 import sys
 from collections.abc import Sequence
-from importlib.metadata import PackageNotFoundError, version
 
-from dra_driver import exitcodes, logs
+from dra_driver import exitcodes, logs, package_version
 from dra_driver.cel_commands import EXPLAIN_CLAIM, MATCH
 from dra_driver.cliparser import Parser, apply_environment
 from dra_driver.command import Command
@@ -355,11 +354,15 @@ COMMANDS: dict[str, Command] = {
 }
 
 
-def _version() -> str:
-    try:
-        return version("dra-driver")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        return "unknown"
+class _VersionAction(argparse.Action):
+    """``--version``: the installed package's version, looked up only when asked for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="show the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        print(f"dra-driver {package_version()}")
+        parser.exit()
 
 
 def build_parser() -> tuple[Parser, dict[str, Parser]]:
@@ -370,7 +373,7 @@ def build_parser() -> tuple[Parser, dict[str, Parser]]:
         "Every flag can also be set as an environment variable DRA_<FLAG_NAME>.",
         epilog=exitcodes.DESCRIPTION,
     )
-    parser.add_argument("--version", action="version", version=f"dra-driver {_version()}")
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=Parser
     )

@@ -19,8 +19,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import yaml
-
 from dra_driver.errors import StartError
 from dra_driver.execcredential import ExecPluginError, ExecRunner, parse_exec_config
 
@@ -229,6 +227,8 @@ class KubeConfig:
     @classmethod
     def load(cls, paths: Sequence[str | Path]) -> KubeConfig:
         """Merge files the way kubectl does: the first file to define a name or value wins."""
+        import yaml  # only here: in a pod the agent reads no file (in-cluster config)
+
         merged = cls()
         for path in paths:
             path = Path(path).expanduser()

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import platform
 import time
-from importlib import metadata
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+from dra_driver import package_version
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -55,19 +56,11 @@ BUILD_INFO = Gauge(
 )
 
 
-def version() -> str:
-    """The installed package version."""
-    try:
-        return metadata.version("dra-driver")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
 def serve(port: int, driver_name: str, address: str = "0.0.0.0") -> None:
     """Start the /metrics endpoint in a background thread."""
-    BUILD_INFO.labels(version=version(), python=platform.python_version(), driver=driver_name).set(
-        1
-    )
+    BUILD_INFO.labels(
+        version=package_version(), python=platform.python_version(), driver=driver_name
+    ).set(1)
     start_http_server(port, addr=address)
 
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import yaml
-
 
 def camel_keys(obj: Any) -> Any:
     """``obj`` with every ``snake_case`` mapping key turned into ``camelCase``."""
@@ -36,6 +34,8 @@ def print_objects(obj: Any, output: str) -> None:
     if output == "json":
         print(json.dumps(as_list(obj) if isinstance(obj, list) else obj, indent=2))
     else:
+        import yaml  # only here: the agent's start-up never prints YAML
+
         print(yaml.safe_dump_all(obj if isinstance(obj, list) else [obj], sort_keys=False), end="")
 
 

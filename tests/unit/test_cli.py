@@ -208,3 +208,20 @@ def test_demo_from_an_installed_wheel_says_so_in_one_line(tmp_path: Path) -> Non
         proc.stderr
         == "dra-driver demo needs a checkout of the project set up with `make install`\n"
     )
+
+
+def test_version_is_the_installed_packages(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out == f"dra-driver {version('dra-driver')}\n"
+
+
+def test_the_run_command_imports_no_yaml() -> None:
+    """YAML costs start-up tens of milliseconds before the kubelet's sockets are bound; in a
+    pod the agent needs none (in-cluster credentials, nothing printed)."""
+    code = "import sys, dra_driver.cli, dra_driver.launch; print('yaml' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
