@@ -24,7 +24,7 @@ AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("claim read from the API server", ("get_claim (",)),
     ("HTTP client (aiohttp)", ("(aiohttp/",)),
     ("JSON encode/decode", ("(json/",)),
-    ("driver transaction (worker thread)", ("device_state.py",)),
+    ("driver transaction (device_state.py)", ("device_state.py",)),
     ("CDI spec write", ("/cdi/",)),
     ("checkpoint and journal", ("checkpoint.py", "journal.py")),
     ("claim status report", ("claimreport.py",)),
