@@ -78,10 +78,8 @@ class GpuDriver:
     async def prepare(self, claims: Sequence[ClaimToPrepare]) -> Mapping[str, PrepareResult]:
         """Prepare a batch of claims."""
         started = time.perf_counter()
-        if self.state.quick_prepare(claims):
-            results = await self._short.run(self.state.prepare, claims)
-        else:
-            results = await run_blocking(self.state.prepare, claims)
+        run = self._short.run if self.state.quick_prepare(claims) else run_blocking
+        results = await run(self.state.prepare, claims)
         metrics.observe_batch(metrics.PREPARE_SECONDS, started, dict(results))
         metrics.PREPARED_CLAIMS.set(self.state.prepared_count())
         if self.reporter is not None:
@@ -149,10 +147,8 @@ class GpuDriver:
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, UnprepareResult]:
         """Unprepare a batch of claims."""
         started = time.perf_counter()
-        if self.state.quick_unprepare(claims):
-            results = await self._short.run(self.state.unprepare, claims)
-        else:
-            results = await run_blocking(self.state.unprepare, claims)
+        run = self._short.run if self.state.quick_unprepare(claims) else run_blocking
+        results = await run(self.state.unprepare, claims)
         metrics.observe_batch(metrics.UNPREPARE_SECONDS, started, dict(results))
         metrics.PREPARED_CLAIMS.set(self.state.prepared_count())
         if self.reporter is not None:

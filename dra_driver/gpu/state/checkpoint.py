@@ -301,7 +301,7 @@ class CheckpointFile:
                 reason = str(exc).splitlines()[0]
                 log.warning("journal record unreadable: replay ends here", reason=reason)
                 break
-        self._remember(data)
+        self._remember(_stored(data))
         return data
 
     def reread(self) -> CheckpointData | None:
@@ -335,8 +335,7 @@ class CheckpointFile:
             ]
             changes += [Change(uid, None) for uid in self._stored if uid not in stored]
             self._journal.append(changes)
-        self._stored = stored
-        self._seen = self._stamp()
+        self._remember(stored)
 
     def _stored_after(
         self, data: CheckpointData, changed: Collection[str] | None
@@ -351,8 +350,8 @@ class CheckpointFile:
             for uid, record in data.claims.items()
         }
 
-    def _remember(self, data: CheckpointData) -> None:
-        self._stored = _stored(data)
+    def _remember(self, stored: dict[str, dict[str, Any]]) -> None:
+        self._stored = stored
         self._seen = self._stamp()
 
     def distrust(self) -> None:
