@@ -4,7 +4,10 @@ Writes happen in the background so they never add to prepare latency. Device sta
 through server-side apply on the status subresource with this driver as field manager: the
 API server merges our entries by (driver, pool, device) and leaves other drivers' entries
 alone, so there is no read-modify-write and no conflict to retry. Later updates of one claim
-replace earlier ones that have not been written yet.
+replace earlier ones that have not been written yet, and an update the API server already
+holds (the claim is still at the version our last write of the same devices left it, as when
+the kubelet prepares a claim again after a restart, or a pod's claim is prepared again right
+after its unprepare) is not written at all.
 """
 
 from __future__ import annotations
@@ -100,19 +103,46 @@ class ClaimReporter:
         self._driver = driver
         self._pool = pool
         self._pending: dict[str, tuple[ClaimRef, list[DeviceStatus]]] = {}
+        #: Per claim UID, the resourceVersion our last write left and the devices it wrote;
+        #: only while those devices stand (a clear, a failed write or a 404 drops the entry),
+        #: so it holds at most the claims prepared on this node.
+        self._written: dict[str, tuple[str, list[DeviceStatus]]] = {}
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
 
-    def set_devices(self, ref: ClaimRef, devices: Sequence[tuple[Any, ...]]) -> None:
+    def set_devices(
+        self,
+        ref: ClaimRef,
+        devices: Sequence[tuple[Any, ...]],
+        resource_version: str | None = None,
+    ) -> None:
         """Publish the claim's prepared devices, (device name, data[, binding conditions[,
         failure[, shareID]]]) each (an empty list clears them); a driver passes plain tuples
-        and needs nothing from this module."""
+        and needs nothing from this module.
+
+        ``resource_version`` is the claim's version as the caller read it, after any write
+        of ours it could have seen: when it is the version our last write of these same
+        devices left, the API server holds them and nothing is written (a clear still
+        queued is dropped).
+        """
         queued = self._pending.get(ref.uid)
         if not devices and queued is not None and queued[1]:
             # Cleared before its devices were written: the API server never saw them.
             del self._pending[ref.uid]
             return
-        self._pending[ref.uid] = (ref, [DeviceStatus(*d) for d in devices])
+        statuses = [DeviceStatus(*d) for d in devices]
+        if (
+            statuses
+            and resource_version
+            and self._written.get(ref.uid)
+            == (
+                resource_version,
+                statuses,
+            )
+        ):
+            self._pending.pop(ref.uid, None)
+            return
+        self._pending[ref.uid] = (ref, statuses)
         self._wake.set()
 
     def binding_failed(
@@ -155,12 +185,16 @@ class ClaimReporter:
             await self._wake.wait()
             await asyncio.sleep(self._delay)
             self._wake.clear()
-            while self._pending:
-                uid = next(iter(self._pending))
-                ref, devices = self._pending.pop(uid)
-                await self._apply(ref, devices)
+            # This round's updates; those queued while it writes wait a delay for the next,
+            # so a claim unprepared and prepared again meanwhile is still one update.
+            for uid in list(self._pending):
+                queued = self._pending.pop(uid, None)
+                if queued is not None:
+                    await self._apply(*queued)
 
     async def _apply(self, ref: ClaimRef, devices: list[DeviceStatus]) -> None:
+        # Whatever stood is changing: until this write's answer, nothing may be skipped.
+        self._written.pop(ref.uid, None)
         for attempt in range(MAX_ATTEMPTS):
             if ref.uid in self._pending:
                 return  # superseded while we were backing off
@@ -176,8 +210,13 @@ class ClaimReporter:
                 text = response.body.decode("utf-8", "replace")
             except Exception as exc:  # connection trouble: retry below
                 status, text = 0, str(exc)
-            if 200 <= status < 300 or status == 404:
-                return  # 404: the claim is gone, nothing to report on
+            if 200 <= status < 300:
+                version = _resource_version(text)
+                if devices and version:
+                    self._written[ref.uid] = (version, devices)
+                return
+            if status == 404:
+                return  # the claim is gone, nothing to report on
             if status in (400, 403, 422):
                 log.error(
                     "claim status rejected", claim=str(ref), status=status, error=_message(text)
@@ -185,6 +224,15 @@ class ClaimReporter:
                 return
             await asyncio.sleep(min(10.0, 0.2 * 2**attempt) * random.uniform(0.5, 1.0))
         log.warning("giving up on claim status", claim=str(ref), attempts=MAX_ATTEMPTS)
+
+
+def _resource_version(text: str) -> str | None:
+    """The resourceVersion of the claim the API server answered a write with."""
+    try:
+        version = json.loads(text)["metadata"]["resourceVersion"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return version if isinstance(version, str) else None
 
 
 def _message(text: str) -> str:

@@ -25,9 +25,15 @@ log = structlog.get_logger(__name__)
 class ClaimStatus(Protocol):
     """Where prepare outcomes go (the claim status writer, :mod:`dra_driver.claimreport`)."""
 
-    def set_devices(self, ref: ClaimRef, devices: Sequence[tuple[Any, ...]]) -> None:
+    def set_devices(
+        self,
+        ref: ClaimRef,
+        devices: Sequence[tuple[Any, ...]],
+        resource_version: str | None = None,
+    ) -> None:
         """The claim's prepared devices, (device name, data, binding conditions, failure,
-        shareID) each; empty clears them."""
+        shareID) each; empty clears them. ``resource_version``: the claim's version as
+        read for this prepare (the writer skips what the API server already holds)."""
         ...
 
     def binding_failed(
@@ -100,6 +106,7 @@ class GpuDriver:
                 (name, {"uuid": uuid}, binding.get(name, []), None, share_id)
                 for name, uuid, share_id in self.state.device_ids(claim.ref.uid)
             ],
+            (claim.claim.get("metadata") or {}).get("resourceVersion"),
         )
 
     async def prepare_before_binding(self, claim: ClaimToPrepare) -> None:

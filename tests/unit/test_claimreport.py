@@ -7,10 +7,20 @@ from dra_driver.kubeletplugin.interfaces import ClaimRef
 
 
 def test_status_body() -> None:
-    body = status_body(ClaimRef("ns", "c", "u1"), "gpu.dra.dev", "node-1", [DeviceStatus("gpu-0", {"uuid": "GPU-1"})], "2026-01-01T00:00:00Z")
+    body = status_body(
+        ClaimRef("ns", "c", "u1"),
+        "gpu.dra.dev",
+        "node-1",
+        [DeviceStatus("gpu-0", {"uuid": "GPU-1"})],
+        "2026-01-01T00:00:00Z",
+    )
     assert body["metadata"] == {"name": "c", "namespace": "ns", "uid": "u1"}
     (device,) = body["status"]["devices"]
-    assert (device["driver"], device["pool"], device["device"]) == ("gpu.dra.dev", "node-1", "gpu-0")
+    assert (device["driver"], device["pool"], device["device"]) == (
+        "gpu.dra.dev",
+        "node-1",
+        "gpu-0",
+    )
     assert device["data"] == {"uuid": "GPU-1"}
     assert device["conditions"][0] | {"message": ""} == {
         "type": "Ready",
@@ -98,8 +108,104 @@ def test_a_share_of_a_device_is_reported_under_its_share_id() -> None:
     # The API server accepts the status of a device allocated several times only with the
     # allocation's shareID ("must be an allocated device in the claim" otherwise).
     ref = ClaimRef("ns", "c", "u")
-    shares = [DeviceStatus("gpu-0", {}, ("MIGDeviceReady",), None, "s-1"), DeviceStatus("gpu-1", {})]
+    shares = [
+        DeviceStatus("gpu-0", {}, ("MIGDeviceReady",), None, "s-1"),
+        DeviceStatus("gpu-1", {}),
+    ]
     devices = status_body(ref, "d", "p", shares, "t")["status"]["devices"]
     assert devices[0]["shareID"] == "s-1"
     assert "MIGDeviceReady" in [c["type"] for c in devices[0]["conditions"]]
     assert "shareID" not in devices[1]
+
+
+async def test_devices_the_api_server_already_holds_are_not_written_again() -> None:
+    import asyncio
+    import json
+
+    from aiohttp import web
+
+    from dra_driver.claimreport import ClaimReporter
+    from tests.unit.kubeserver import plain_client, serve
+
+    path = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c/status"
+    version = 6
+
+    async def apply(_: web.Request) -> web.Response:
+        nonlocal version
+        version += 1  # every write moves the claim to a new version
+        return web.json_response({"metadata": {"resourceVersion": str(version)}})
+
+    async def writes() -> list[bytes]:
+        await asyncio.sleep(0.15)  # the delay, and the write
+        return [s["body"] for s in server.seen]
+
+    ref = ClaimRef("ns", "c", "u1")
+    gpu0 = [DeviceStatus("gpu-0", {"uuid": "GPU-1"})]
+    async with serve() as server, plain_client(server) as client:
+        server.routes[("PATCH", path)] = apply
+        reporter = ClaimReporter(client, "gpu.dra.dev", "node-1", delay=0.02)
+        task = asyncio.create_task(reporter.run())
+        reporter.set_devices(ref, gpu0, "6")
+        assert len(await writes()) == 1  # the claim is now at "7"
+        # Unprepared, then prepared again from a read at "7" before the clear went out: the
+        # API server holds these devices, so neither the clear nor the devices are written.
+        reporter.set_devices(ref, [])
+        reporter.set_devices(ref, gpu0, "7")
+        assert reporter.pending == 0
+        # Prepared again at "7" (a kubelet restart): nothing to write.
+        reporter.set_devices(ref, gpu0, "7")
+        assert len(await writes()) == 1
+        # Other devices, or a claim something else changed since: written.
+        reporter.set_devices(ref, [DeviceStatus("gpu-1", {"uuid": "GPU-2"})], "7")
+        assert len(await writes()) == 2  # now at "8", with gpu-1
+        version = 9  # another writer changed the claim
+        reporter.set_devices(ref, [DeviceStatus("gpu-1", {"uuid": "GPU-2"})], "9")
+        assert len(await writes()) == 3  # "10"
+        # Cleared: a read from before the clear ("10") no longer proves the devices are there.
+        reporter.set_devices(ref, [])
+        assert len(await writes()) == 4  # "11", no devices
+        reporter.set_devices(ref, [DeviceStatus("gpu-1", {"uuid": "GPU-2"})], "10")
+        bodies = await writes()
+        task.cancel()
+    assert len(bodies) == 5
+    assert [len(json.loads(b)["status"]["devices"]) for b in bodies] == [1, 1, 1, 0, 1]
+
+
+async def test_updates_queued_during_a_round_wait_for_the_next() -> None:
+    # Under steady churn the writer must not fall into writing every update as it comes:
+    # what is queued while a round writes waits a delay, so it can still be coalesced.
+    import asyncio
+
+    from aiohttp import web
+
+    from dra_driver.claimreport import ClaimReporter
+    from tests.unit.kubeserver import plain_client, serve
+
+    release = asyncio.Event()
+
+    async def slow_apply(_: web.Request) -> web.Response:
+        await release.wait()
+        return web.json_response({"metadata": {"resourceVersion": "1"}})
+
+    base = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims"
+    async with serve() as server, plain_client(server) as client:
+        server.routes[("PATCH", f"{base}/a/status")] = slow_apply
+        server.json("PATCH", f"{base}/b/status", 200, {})
+        reporter = ClaimReporter(client, "gpu.dra.dev", "node-1", delay=0.6)
+        task = asyncio.create_task(reporter.run())
+        reporter.set_devices(ClaimRef("ns", "a", "ua"), [DeviceStatus("gpu-0", {})])
+        for _ in range(100):
+            if server.seen:
+                break
+            await asyncio.sleep(0.01)
+        reporter.set_devices(ClaimRef("ns", "b", "ub"), [DeviceStatus("gpu-1", {})])
+        release.set()
+        await asyncio.sleep(0.3)  # the next round starts 0.6 s after this one ends
+        assert [s["path"] for s in server.seen] == [f"{base}/a/status"]
+        assert reporter.pending == 1
+        for _ in range(200):
+            if len(server.seen) == 2:
+                break
+            await asyncio.sleep(0.01)
+        task.cancel()
+    assert server.seen[1]["path"] == f"{base}/b/status"

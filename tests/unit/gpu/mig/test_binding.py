@@ -164,7 +164,9 @@ class _Reporter:
         self.failed: dict[str, tuple[list[tuple[Any, ...]], str]] = {}
         self.events: list[str] = []
 
-    def set_devices(self, ref: ClaimRef, devices: Sequence[tuple[Any, ...]]) -> None:
+    def set_devices(
+        self, ref: ClaimRef, devices: Sequence[tuple[Any, ...]], version: str | None = None
+    ) -> None:
         self.devices[ref.uid] = list(devices)
 
     def binding_failed(
