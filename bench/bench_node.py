@@ -49,6 +49,7 @@ from contenders import (
     Contender,
     SyscallCounter,
     api_connections,
+    compile_sources,
     cpu_seconds,
     exit_on_sigterm,
     floor,
@@ -498,6 +499,7 @@ def start_all(cluster: LocalCluster, api: Api, contenders: Sequence[Contender]) 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {"machine": machine(), "quick": args.quick}
+    compile_sources()
     work = Path(tempfile.mkdtemp(prefix="bench-node-"))
     profile = work / "gpus.yaml"
     profile.write_text(yaml.safe_dump(many_gpus_profile(GPUS)))

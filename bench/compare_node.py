@@ -27,12 +27,10 @@ from typing import Any
 
 import yaml
 from bench_node import GPUS, NAMESPACE, Api, many_gpus_profile, prepare_cycles, start_all
-from contenders import Contender, cpu_seconds, exit_on_sigterm
+from contenders import REPO, Contender, compile_sources, cpu_seconds, exit_on_sigterm
 
 from devenv.localcluster import LocalCluster, NodeHandle
 from devenv.simnode import driver_argv
-
-REPO = Path(__file__).resolve().parent.parent
 
 #: Driver names of the two agents (each publishes its own pool of the node).
 DRIVERS = {"base": "gpu.dra.dev", "work": "gpu-work.dra.dev"}
@@ -135,6 +133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     exit_on_sigterm()
     with worktree(args.base) as base_tree:
+        for tree in (REPO, base_tree):
+            compile_sources(tree)
         results: Any = measure(args, base_tree)
     print("\n".join(report(results)))
     return 0

@@ -21,6 +21,8 @@ from pathlib import Path
 from devenv.localcluster import LocalCluster, ManagedProcess, NodeHandle
 from devenv.simnode import driver_argv
 
+REPO = Path(__file__).resolve().parent.parent
+
 OURS_DRIVER = "gpu.dra.dev"
 REFERENCE_DRIVER = "gpu.example.com"
 FLOOR_DRIVER = "floor.example.com"
@@ -128,17 +130,41 @@ def floor(cluster: LocalCluster, node: NodeHandle, devices: int) -> Contender:
 
 
 def _our_version() -> str:
+    """The checkout's commit, ``-dirty`` when files other than the benchmark's own results
+    (``bench/results/``, ``docs/performance.md``, written as ``make bench`` goes) differ."""
+    git = ["git", "-C", str(REPO)]
     try:
-        out = subprocess.run(
-            ["git", "describe", "--always", "--dirty"],
+        commit = subprocess.run(
+            [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        changed = subprocess.run(
+            [
+                *git,
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ".",
+                ":(exclude)bench/results",
+                ":(exclude)docs/performance.md",
+            ],
             capture_output=True,
             text=True,
             check=True,
-            cwd=Path(__file__).parent,
-        )
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-    return out.stdout.strip()
+    return f"{commit}-dirty" if changed else commit
+
+
+def compile_sources(root: Path = REPO) -> None:
+    """Compile the agent's modules under ``root`` to bytecode, as installing its wheel does.
+
+    The benchmark runs the agent from a checkout; where PYTHONDONTWRITEBYTECODE is set (or
+    the checkout is fresh) it would otherwise compile every module at each start, which the
+    image never does, and start-up would measure the compiler.
+    """
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(root / "dra_driver")], check=True)
 
 
 # ------------------------------------------------------------------------------ process probes
