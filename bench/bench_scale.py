@@ -2,17 +2,18 @@
 
 Worker processes, one per core, host the slice publishers of N simulated nodes
 (``SliceController``, as each node agent runs it; no kubelet needed; ``publishers.py``)
-against a local control plane, for five layouts of a dgx-h100 node: ``minimal`` (one device
-per GPU, no attributes, no counters), ``static`` (what the agent publishes by default),
-``dynamic`` (``--dynamic-mig``: every MIG placement, with shared counters), ``dynamic-1g``
-(``--dynamic-mig --mig-profiles=1g.10gb``: the whole GPUs and their 1g.10gb placements only,
-which serve the same workloads) and ``dynamic-capacity`` (``--dynamic-mig
---mig-layout=capacity``: each GPU one device, shared by MIG slices). Per layout and node
-count it measures the time until every device is visible, the publishers' CPU time, the
-bytes a watcher of all slices receives meanwhile (what every scheduler and controller
-watching slices is sent), the API server's resident memory before and after, and then the
-scheduler (``scheduling.py``): pods with a 1-GPU claim until every GPU is taken, and on the
-dynamic layouts pods with a 1g.10gb MIG claim until every GPU is carved full (or a cap).
+against a local control plane, a fresh one for every row, for five layouts of a dgx-h100
+node: ``minimal`` (one device per GPU, no attributes, no counters), ``static`` (what the
+agent publishes by default), ``dynamic`` (``--dynamic-mig``: every MIG placement, with
+shared counters), ``dynamic-1g`` (``--dynamic-mig --mig-profiles=1g.10gb``: the whole GPUs
+and their 1g.10gb placements only, which serve the same workloads) and ``dynamic-capacity``
+(``--dynamic-mig --mig-layout=capacity``: each GPU one device, shared by MIG slices). Per
+layout and node count it measures the time until every device is visible, the publishers'
+CPU time, the bytes a watcher of all slices receives meanwhile (what every scheduler and
+controller watching slices is sent), the API server's resident memory before and after, and
+then the scheduler (``scheduling.py``): pods with a 1-GPU claim until every GPU is taken,
+and on the dynamic layouts pods with a 1g.10gb MIG claim until every GPU is carved full (or
+a cap).
 
 Run: ``.venv/bin/python bench/bench_scale.py [--nodes 10 100 500] [--layouts ...]
 [--json FILE]``; at the end it prints each layout's pods/s against ``static``'s.
@@ -246,11 +247,6 @@ async def measure(
         scheduled.append(result)
         await clean_up(client, namespace, workload)
     await asyncio.to_thread(workers.stop)
-    await client.request(
-        "DELETE", SLICES, query={"fieldSelector": f"spec.driver={driver}"}, timeout=600
-    )
-    for p in pools:
-        await client.request("DELETE", f"/api/v1/nodes/{p.node_name}")
     return {
         "layout": layout,
         "nodes": nodes,
@@ -266,8 +262,26 @@ async def measure(
     }
 
 
+async def measure_alone(layout: str, nodes: int) -> dict[str, Any]:
+    """Measure one layout at one node count on a control plane of its own: what an earlier
+    row left in the API server (gigabytes after every placement at 500 nodes) must not slow
+    the next row down."""
+    with LocalCluster(
+        verbosity=1,
+        scheduler_extra_args=SCHEDULER_ARGS,
+        controller_manager_extra_args=CONTROLLER_MANAGER_ARGS,
+    ) as cluster:
+        proc = cluster.processes["kube-apiserver"]
+        assert proc.pid is not None
+        clients = [await KubeClient.create(str(cluster.kubeconfig)) for _ in range(CLIENTS)]
+        try:
+            return await measure(clients, proc.pid, str(cluster.kubeconfig), layout, nodes)
+        finally:
+            for c in clients:
+                await c.close()
+
+
 async def run_all(
-    cluster: LocalCluster,
     counts: Sequence[int],
     layouts: Sequence[str],
     out: list[dict[str, Any]],
@@ -275,19 +289,12 @@ async def run_all(
 ) -> list[dict[str, Any]]:
     """Measure every (count, layout); each result is added to ``out`` and saved at once,
     so an interrupted run keeps what it measured."""
-    proc = cluster.processes["kube-apiserver"]
-    assert proc.pid is not None
-    clients = [await KubeClient.create(str(cluster.kubeconfig)) for _ in range(CLIENTS)]
-    try:
-        for nodes in counts:
-            for layout in layouts:
-                result = await measure(clients, proc.pid, str(cluster.kubeconfig), layout, nodes)
-                print(result, file=sys.stderr, flush=True)
-                out.append(result)
-                save()
-    finally:
-        for c in clients:
-            await c.close()
+    for nodes in counts:
+        for layout in layouts:
+            result = await measure_alone(layout, nodes)
+            print(result, file=sys.stderr, flush=True)
+            out.append(result)
+            save()
     return out
 
 
@@ -334,12 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.json:
             args.json.write_text(json.dumps(results, indent=2) + "\n")
 
-    with LocalCluster(
-        verbosity=1,
-        scheduler_extra_args=SCHEDULER_ARGS,
-        controller_manager_extra_args=CONTROLLER_MANAGER_ARGS,
-    ) as cluster:
-        asyncio.run(run_all(cluster, args.nodes, args.layouts, results, save))
+    asyncio.run(run_all(args.nodes, args.layouts, results, save))
     print(json.dumps(results, indent=2))
     print("\n".join(ratios(results)), file=sys.stderr)
     return 0
