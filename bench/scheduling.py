@@ -246,17 +246,20 @@ async def _watch_bindings(
 async def clean_up(client: KubeClient, namespace: str, workload: Workload) -> None:
     """Remove a workload's pods (at once: no kubelet will confirm), claims and class, and
     wait until the claims are gone, so the next workload finds every device free."""
-    # Deleting thousands of objects in one collection call takes the API server a while.
-    await client.request(
-        "DELETE",
-        f"/api/v1/namespaces/{namespace}/pods",
-        query={"gracePeriodSeconds": "0"},
-        timeout=600,
-    )
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    deadline = time.monotonic() + 900
+    # The API server ends a collection delete at its request timeout (a minute), which
+    # thousands of bound pods can outlast on a slow machine: delete until none is left.
+    while True:
+        await client.request("DELETE", pods, query={"gracePeriodSeconds": "0"}, timeout=600)
+        left = _check(await client.request("GET", pods, query={"limit": "1"}), "list pods")
+        if not left["items"]:
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"pods of {workload.name} in {namespace} not deleted")
     claims = f"{RESOURCE}/namespaces/{namespace}/resourceclaims"
     await client.request("DELETE", claims, timeout=600)
     await client.request("DELETE", f"{RESOURCE}/deviceclasses/{namespace}-{workload.name}")
-    deadline = time.monotonic() + 900
     while _check(await client.request("GET", claims), "list claims")["items"]:
         if time.monotonic() > deadline:
             raise TimeoutError(f"claims of {workload.name} in {namespace} not deleted")
