@@ -2,9 +2,9 @@
 # (66-70 min on a fresh clone with SCALE_NODES="100 500", measured: the node agent against the
 # reference about 7 minutes, of which the publisher's steady state is watched for 5; then
 # the scheduler's allocator per node layout, a minute; then the scale benchmark publishes and
-# schedules on 10, 100 and 500 simulated nodes, five layouts each, and the agent's publisher
-# is compared with the upstream Go controller on the same pools). SCALE_NODES picks other
-# counts.
+# schedules on 10, 100 and 500 simulated nodes, five layouts each, each row on a control
+# plane of its own, and the agent's publisher is compared with the upstream Go controller on
+# the same pools). SCALE_NODES picks other counts.
 # `make bench BENCH_FLAGS=--quick` is a 2-minute run for iterating; its figures are not the
 # recorded ones.
 BENCH_FLAGS ?=

@@ -498,8 +498,9 @@ def render_scale(
         "## The cluster at scale",
         "",
         "`bench/bench_scale.py`: worker processes, one per core, host the slice publishers of "
-        "N simulated dgx-h100 nodes (the agent's `SliceController`, no kubelet) against one "
-        "local control plane; "
+        "N simulated dgx-h100 nodes (the agent's `SliceController`, no kubelet) against a "
+        "local control plane of their own for every row, so that no row waits on what an "
+        "earlier one left in the API server; "
         "`minimal` is one bare device per GPU, `static` what the agent publishes by default, "
         "`dynamic` what it publishes with `--dynamic-mig` (every MIG placement, shared "
         "counters), `dynamic-1g` the same with `--mig-profiles=1g.10gb` (whole GPUs and their "
@@ -508,9 +509,8 @@ def render_scale(
         "publishers' start until every device is "
         "visible, the bytes "
         "a watch on all ResourceSlices receives meanwhile (what the scheduler and every other "
-        "slice watcher is sent), and the API server's resident memory before and 2 s after (it "
-        "also holds what earlier rows published and deleted, until its garbage collection "
-        "runs). Publisher CPU: what the worker processes used from the start of publishing "
+        "slice watcher is sent), and the API server's resident memory before and 2 s after. "
+        "Publisher CPU: what the worker processes used from the start of publishing "
         "until everything was visible, and per node.",
         "",
         "| nodes | layout | devices | slices | publish all | publisher CPU | watch bytes | "
