@@ -1,10 +1,11 @@
-# Benchmarks: numbers, not pass/fail. `make bench` runs them and regenerates docs/performance.md
-# (66-95 min on a fresh clone with SCALE_NODES="100 500", with the machine's speed, measured:
-# the node agent against the reference about 7 minutes, of which the publisher's steady state is watched for 5; then
-# the scheduler's allocator per node layout, a minute; then the scale benchmark publishes and
-# schedules on 10, 100 and 500 simulated nodes, five layouts each, each row on a control
-# plane of its own, and the agent's publisher is compared with the upstream Go controller on
-# the same pools). SCALE_NODES picks other counts.
+# Benchmarks: numbers, not pass/fail. `make bench` runs them and regenerates
+# docs/performance.md (66-95 min on a fresh clone with SCALE_NODES="100 500", with the
+# machine's speed, measured: the node agent against the reference about 7 minutes, of which
+# the publisher's steady state is watched for 5; then the scheduler's allocator per node
+# layout, a minute; then the scale benchmark publishes and schedules on 10, 100 and 500
+# simulated nodes, five layouts each, each row on a control plane of its own, and the
+# agent's publisher is compared with the upstream Go controller on the same pools).
+# SCALE_NODES picks other counts.
 # `make bench BENCH_FLAGS=--quick` is a 2-minute run for iterating; its figures are not the
 # recorded ones.
 BENCH_FLAGS ?=
