@@ -4,13 +4,17 @@ InlineRunner runs short work on the loop unless others wait or the work was slow
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from dra_driver.kubeletplugin.lock import NodeLock
-from dra_driver.kubeletplugin.threads import OTHER_CALLS, InlineRunner, run_blocking
+from dra_driver.kubeletplugin.threads import OTHER_CALLS, CpuWait, InlineRunner, run_blocking
 
 
 async def test_returns_result() -> None:
@@ -72,7 +76,7 @@ async def test_work_goes_to_a_thread_while_other_calls_are_in_progress() -> None
 
 async def test_slow_work_sends_later_work_to_a_thread_for_the_cooldown() -> None:
     clock = _Clock()
-    runner = InlineRunner(limit=0.02, cooldown=60.0, clock=clock)
+    runner = InlineRunner(limit=0.02, cooldown=60.0, clock=clock, cpu_wait=lambda: 0.0)
 
     def slow() -> int:
         clock.now += 0.5  # the disk stalled
@@ -86,9 +90,52 @@ async def test_slow_work_sends_later_work_to_a_thread_for_the_cooldown() -> None
     assert await runner.run(threading.get_ident) == threading.get_ident()
 
 
+async def test_work_slow_only_from_waiting_for_a_cpu_stays_on_the_loop() -> None:
+    clock = _Clock()
+    waited = [3.0]
+    runner = InlineRunner(limit=0.02, cooldown=60.0, clock=clock, cpu_wait=lambda: waited[0])
+
+    def preempted() -> int:
+        clock.now += 0.5
+        waited[0] += 0.49  # other processes had the CPU: the work itself took 10 ms
+        return threading.get_ident()
+
+    assert await runner.run(preempted) == threading.get_ident()
+    assert runner.inline
+    assert await runner.run(threading.get_ident) == threading.get_ident()
+
+
+@pytest.mark.skipif(
+    not Path("/proc/thread-self/schedstat").exists(), reason="no per-thread schedstat here"
+)
+def test_cpu_wait_grows_while_other_processes_have_the_cpus() -> None:
+    wait = CpuWait()
+    first = wait()
+    spin = "import time\nend = time.monotonic() + 0.5\nwhile time.monotonic() < end: pass"
+    burners = [
+        subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2 * (os.cpu_count() or 1))
+    ]
+    try:
+        end = time.monotonic() + 0.5
+        while time.monotonic() < end:
+            pass
+    finally:
+        for b in burners:
+            b.wait()
+    assert wait() > first
+
+
+def test_cpu_wait_is_zero_without_schedstat(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_: object) -> int:
+        raise FileNotFoundError("no /proc")
+
+    monkeypatch.setattr(os, "open", refuse)
+    assert CpuWait()() == 0.0
+
+
 async def test_an_exception_on_the_loop_reaches_the_caller_and_counts_its_time() -> None:
     clock = _Clock()
-    runner = InlineRunner(limit=0.02, cooldown=60.0, clock=clock)
+    runner = InlineRunner(limit=0.02, cooldown=60.0, clock=clock, cpu_wait=lambda: 0.0)
 
     def fails() -> None:
         clock.now += 1.0
