@@ -79,8 +79,13 @@ def write_atomic(
     # encoding a tenth of a prepare's CPU; readers (containerd, jq) do not care.
     payload = json.dumps(data).encode()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _replace(path, payload, fault, sync)
+        try:
+            _replace(path, payload, fault, sync)
+        except FileNotFoundError:
+            # The directory is missing (removed, or never made): made on demand, so the
+            # usual write costs no mkdir.
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _replace(path, payload, fault, sync)
         if sync and sync_dir:
             _fsync_dir(path.parent)
     except OSError as exc:
