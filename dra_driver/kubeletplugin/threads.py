@@ -49,7 +49,11 @@ async def run_blocking(func: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.k
 INLINE_LIMIT = 0.02
 
 #: How long short work runs in a thread after a call on the loop took too long (the disk was
-#: slow: an fsync behind an image pull's writes); then the loop tries again.
+#: slow: an fsync behind an image pull's writes); then the loop tries again. A slow call
+#: within :data:`THREAD_COOLDOWN` of the end of the last such time doubles it, up to that: one slow
+#: fsync (behind another process's journal commit) costs a second of threads, which take a
+#: third more CPU per call, while a disk that stays slow stalls the loop at most once a minute.
+FIRST_COOLDOWN = 1.0
 THREAD_COOLDOWN = 60.0
 
 
@@ -95,10 +99,15 @@ class InlineRunner:
         cooldown: float = THREAD_COOLDOWN,
         clock: Callable[[], float] = time.monotonic,
         cpu_wait: Callable[[], float] | None = None,
+        first_cooldown: float = FIRST_COOLDOWN,
     ) -> None:
-        """``cpu_wait``: seconds the thread has waited for a CPU so far (:class:`CpuWait`)."""
+        """``cpu_wait``: seconds the thread has waited for a CPU so far (:class:`CpuWait`).
+        The time in threads after a slow call starts at ``first_cooldown`` and doubles up to
+        ``cooldown`` while slow calls keep coming (see :data:`FIRST_COOLDOWN`)."""
         self._limit = limit
-        self._cooldown = cooldown
+        self._first_cooldown = min(first_cooldown, cooldown)
+        self._max_cooldown = cooldown
+        self._cooldown = self._first_cooldown
         self._clock = clock
         self._cpu_wait = cpu_wait if cpu_wait is not None else CpuWait()
         self._threaded_until = float("-inf")
@@ -122,11 +131,19 @@ class InlineRunner:
                 # A thread would wait for the CPU as long: only the rest is the work's own.
                 cpu_wait = self._cpu_wait() - waited
                 if took - cpu_wait > self._limit:
-                    self._threaded_until = started + took + self._cooldown
-                    log.warning(
-                        "short driver work was slow: running it in a thread for a while",
-                        took_s=round(took, 3),
-                        cpu_wait_s=round(cpu_wait, 3),
-                        limit_s=self._limit,
-                        for_s=self._cooldown,
-                    )
+                    self._slow(started + took, took, cpu_wait)
+
+    def _slow(self, now: float, took: float, cpu_wait: float) -> None:
+        """Send short work to threads for a while after a slow call ended at ``now``."""
+        if now - self._threaded_until > self._max_cooldown:
+            self._cooldown = self._first_cooldown  # the last slow call is long past
+        else:
+            self._cooldown = min(2 * self._cooldown, self._max_cooldown)
+        self._threaded_until = now + self._cooldown
+        log.warning(
+            "short driver work was slow: running it in a thread for a while",
+            took_s=round(took, 3),
+            cpu_wait_s=round(cpu_wait, 3),
+            limit_s=self._limit,
+            for_s=self._cooldown,
+        )

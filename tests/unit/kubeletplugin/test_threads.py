@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -74,20 +75,52 @@ async def test_work_goes_to_a_thread_while_other_calls_are_in_progress() -> None
     assert runner.inline
 
 
+def _stall(clock: _Clock, seconds: float = 0.5) -> Callable[[], int]:
+    def slow() -> int:
+        clock.now += seconds  # the disk stalled
+        return threading.get_ident()
+
+    return slow
+
+
 async def test_slow_work_sends_later_work_to_a_thread_for_the_cooldown() -> None:
     clock = _Clock()
     runner = InlineRunner(limit=0.02, cooldown=60.0, clock=clock, cpu_wait=lambda: 0.0)
 
-    def slow() -> int:
-        clock.now += 0.5  # the disk stalled
-        return threading.get_ident()
-
-    assert await runner.run(slow) == threading.get_ident()  # this one still ran on the loop
+    assert await runner.run(_stall(clock)) == threading.get_ident()  # still ran on the loop
     assert not runner.inline
     assert await runner.run(threading.get_ident) != threading.get_ident()
-    clock.now += 60.0
+    clock.now += 0.9
+    assert not runner.inline
+    clock.now += 0.1  # one slow call: a second in threads
     assert runner.inline
     assert await runner.run(threading.get_ident) == threading.get_ident()
+
+
+async def test_slow_calls_in_a_row_double_the_time_in_threads_up_to_the_cooldown() -> None:
+    clock = _Clock()
+    runner = InlineRunner(limit=0.02, cooldown=60.0, clock=clock, cpu_wait=lambda: 0.0)
+    periods = []
+    for _ in range(9):
+        await runner.run(_stall(clock))
+        ended = clock.now
+        while not runner.inline:
+            clock.now += 0.25
+        periods.append(clock.now - ended)
+    assert periods == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0, 60.0]
+
+
+async def test_a_slow_call_long_after_the_last_starts_again_at_a_second() -> None:
+    clock = _Clock()
+    runner = InlineRunner(limit=0.02, cooldown=60.0, clock=clock, cpu_wait=lambda: 0.0)
+    for _ in range(3):  # 1, 2 and 4 s in threads
+        await runner.run(_stall(clock))
+        clock.now += 4.0
+    assert runner.inline
+    clock.now += 61.0  # fast calls for over a minute
+    await runner.run(_stall(clock))
+    clock.now += 1.0
+    assert runner.inline
 
 
 async def test_work_slow_only_from_waiting_for_a_cpu_stays_on_the_loop() -> None:
