@@ -15,8 +15,14 @@ then the scheduler (``scheduling.py``): pods with a 1-GPU claim until every GPU 
 and on the dynamic layouts pods with a 1g.10gb MIG claim until every GPU is carved full (or
 a cap).
 
+For every workload it also records the CPU time the scheduler and the API server used while
+it ran (per bound pod: what a layout costs the control plane, whichever process limits the
+rate on this machine); ``--scheduler-profile DIR`` saves a CPU profile of the scheduler
+(pprof, 20 s from 5 s into each workload) to read with ``go tool pprof -top -cum FILE``.
+
 Run: ``.venv/bin/python bench/bench_scale.py [--nodes 10 100 500] [--layouts ...]
-[--json FILE]``; at the end it prints each layout's pods/s against ``static``'s.
+[--json FILE] [--scheduler-profile DIR]``; at the end it prints each layout's pods/s against
+``static``'s.
 """
 
 from __future__ import annotations
@@ -25,9 +31,12 @@ import argparse
 import asyncio
 import json
 import os
+import ssl
 import sys
 import time
-from collections.abc import Callable, Sequence
+import urllib.request
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +58,9 @@ from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare
 from dra_driver.resourceslice.pool import DesiredPool, SliceContent
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from contenders import exit_on_sigterm
+from contenders import cpu_seconds, exit_on_sigterm
 from publishers import Publishers
-from scheduling import Workload, clean_up, make_schedulable, run_workload
+from scheduling import Outcome, Workload, clean_up, make_schedulable, run_workload
 
 PROFILE = "dgx-h100"
 JSON = dict[str, Any]
@@ -201,8 +210,56 @@ def carvable(claims: Sequence[JSON], layout: str) -> str:
     return f"{carved} of {total}"
 
 
+@dataclass
+class ControlPlane:
+    """The processes a row measures, and how to ask the scheduler for a CPU profile."""
+
+    apiserver: int
+    scheduler: int
+    scheduler_url: str
+    token: str
+    profile_dir: Path | None = None
+
+    def cpu(self) -> tuple[float, float]:
+        """CPU seconds the scheduler and the API server used so far."""
+        return cpu_seconds(self.scheduler), cpu_seconds(self.apiserver)
+
+    async def profile(self, name: str, delay_s: float = 5.0, seconds: int = 20) -> None:
+        """Save ``seconds`` of the scheduler's CPU profile as ``name``.pb.gz, ``delay_s`` from now
+        (the claims are created first; the pods then)."""
+        if self.profile_dir is None:
+            return
+        await asyncio.sleep(delay_s)
+        request = urllib.request.Request(
+            f"{self.scheduler_url}/debug/pprof/profile?seconds={seconds}",
+            headers={"Authorization": f"Bearer {self.token}"},
+        )
+        # The scheduler's serving certificate is self-signed; the connection is loopback.
+        insecure = ssl._create_unverified_context()
+
+        def fetch() -> bytes:
+            with urllib.request.urlopen(request, context=insecure, timeout=seconds + 30) as resp:
+                return bytes(resp.read())
+
+        self.profile_dir.mkdir(parents=True, exist_ok=True)
+        (self.profile_dir / f"{name}.pb.gz").write_bytes(await asyncio.to_thread(fetch))
+
+
+async def measured(plane: ControlPlane, name: str, run: Awaitable[Outcome]) -> dict[str, Any]:
+    """``run``'s summary with the control plane's CPU time per bound pod while it ran."""
+    before = plane.cpu()
+    profiling = asyncio.create_task(plane.profile(name))
+    result = (await run).summary()
+    scheduler, apiserver = (after - b for after, b in zip(plane.cpu(), before, strict=True))
+    await profiling
+    bound = result["bound"] or 1
+    result["scheduler_ms_per_pod"] = round(1000 * scheduler / bound, 2)
+    result["apiserver_ms_per_pod"] = round(1000 * apiserver / bound, 2)
+    return result
+
+
 async def measure(
-    clients: Sequence[KubeClient], apiserver: int, kubeconfig: str, layout: str, nodes: int
+    clients: Sequence[KubeClient], plane: ControlPlane, kubeconfig: str, layout: str, nodes: int
 ) -> dict[str, Any]:
     client = clients[0]
     driver = f"{layout}-{nodes}.scale.dev"
@@ -214,7 +271,7 @@ async def measure(
     for p in pools:  # a publisher waits for its Node object
         await client.request("POST", "/api/v1/nodes", body={"metadata": {"name": p.node_name}})
         await make_schedulable(client, p.node_name)
-    rss_before = rss_kib(apiserver)
+    rss_before = rss_kib(plane.apiserver)
     watched = [0]
     watch = asyncio.create_task(count_watch_bytes(clients[-1], watched))
     await asyncio.sleep(0.5)
@@ -231,11 +288,14 @@ async def measure(
     await asyncio.sleep(2)
     watch.cancel()
     await asyncio.gather(watch, return_exceptions=True)
-    rss_after = rss_kib(apiserver)
+    rss_after = rss_kib(plane.apiserver)
     scheduled = []
     for workload in workloads(layout, driver, nodes):
-        outcome = await run_workload(clients, driver, namespace, workload, WORKLOAD_CAP_S)
-        result = outcome.summary()
+        result = await measured(
+            plane,
+            f"{layout}-{nodes}-{workload.name}",
+            run_workload(clients, driver, namespace, workload, WORKLOAD_CAP_S),
+        )
         if layout in ("dynamic", "dynamic-capacity"):
             claims = await client.request(
                 "GET",
@@ -262,7 +322,7 @@ async def measure(
     }
 
 
-async def measure_alone(layout: str, nodes: int) -> dict[str, Any]:
+async def measure_alone(layout: str, nodes: int, profile_dir: Path | None) -> dict[str, Any]:
     """Measure one layout at one node count on a control plane of its own: what an earlier
     row left in the API server (gigabytes after every placement at 500 nodes) must not slow
     the next row down."""
@@ -271,11 +331,19 @@ async def measure_alone(layout: str, nodes: int) -> dict[str, Any]:
         scheduler_extra_args=SCHEDULER_ARGS,
         controller_manager_extra_args=CONTROLLER_MANAGER_ARGS,
     ) as cluster:
-        proc = cluster.processes["kube-apiserver"]
-        assert proc.pid is not None
+        apiserver = cluster.processes["kube-apiserver"].pid
+        scheduler = cluster.processes["kube-scheduler"].pid
+        assert apiserver is not None and scheduler is not None and cluster.ports is not None
+        plane = ControlPlane(
+            apiserver,
+            scheduler,
+            f"https://127.0.0.1:{cluster.ports.scheduler}",
+            cluster.token,
+            profile_dir,
+        )
         clients = [await KubeClient.create(str(cluster.kubeconfig)) for _ in range(CLIENTS)]
         try:
-            return await measure(clients, proc.pid, str(cluster.kubeconfig), layout, nodes)
+            return await measure(clients, plane, str(cluster.kubeconfig), layout, nodes)
         finally:
             for c in clients:
                 await c.close()
@@ -286,12 +354,13 @@ async def run_all(
     layouts: Sequence[str],
     out: list[dict[str, Any]],
     save: Callable[[], None],
+    profile_dir: Path | None = None,
 ) -> list[dict[str, Any]]:
     """Measure every (count, layout); each result is added to ``out`` and saved at once,
     so an interrupted run keeps what it measured."""
     for nodes in counts:
         for layout in layouts:
-            result = await measure_alone(layout, nodes)
+            result = await measure_alone(layout, nodes, profile_dir)
             print(result, file=sys.stderr, flush=True)
             out.append(result)
             save()
@@ -330,6 +399,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--layouts", nargs="+", choices=list(LAYOUTS), default=list(LAYOUTS))
     parser.add_argument("--json", type=Path)
     parser.add_argument("--append", action="store_true", help="add to the rows already in --json")
+    parser.add_argument(
+        "--scheduler-profile", type=Path, help="save a CPU profile of the scheduler per workload"
+    )
     args = parser.parse_args(argv)
     logs.configure("json", "warning")
     exit_on_sigterm()
@@ -341,7 +413,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.json:
             args.json.write_text(json.dumps(results, indent=2) + "\n")
 
-    asyncio.run(run_all(args.nodes, args.layouts, results, save))
+    asyncio.run(run_all(args.nodes, args.layouts, results, save, args.scheduler_profile))
     print(json.dumps(results, indent=2))
     print("\n".join(ratios(results)), file=sys.stderr)
     return 0

@@ -547,11 +547,14 @@ def render_scale(
             "that shows it bound. vs static: pods/s against whole-GPU pods on `static` in the "
             "same run (the goal for dynamic MIG: at least 50%). Carved: the allocations the "
             "node agents could honour, each claim's MIG device planned as the agent plans it "
-            "(`plan_claim`, claims in creation order).",
+            "(`plan_claim`, claims in creation order). CPU/pod: the CPU time the scheduler and "
+            "the API server used while the workload ran, per bound pod (what the layout costs "
+            "them, whichever of them limits the rate on this machine).",
             "",
             "| nodes | layout | claims | pods bound | pods/s | vs static | steady pods/s | "
-            "creates/s | latency p50 | latency p99 | carved |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "creates/s | latency p50 | latency p99 | carved | scheduler CPU/pod | "
+            "API server CPU/pod |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         static = {
             r["nodes"]: r["scheduling"][0]["pods_per_s"]
@@ -565,7 +568,8 @@ def render_scale(
             out.append(
                 f"| {r['nodes']} | {r['layout']} | {s['workload']} | {bound} | "
                 f"{s['pods_per_s']} | {share} | {s['steady_pods_per_s']} | {s['creates_per_s']} | "
-                f"{s['latency_p50_s']} s | {s['latency_p99_s']} s | {s.get('carved', '-')} |"
+                f"{s['latency_p50_s']} s | {s['latency_p99_s']} s | {s.get('carved', '-')} | "
+                f"{_ms(s.get('scheduler_ms_per_pod'))} | {_ms(s.get('apiserver_ms_per_pod'))} |"
             )
     if allocator:
         out += ["", render_allocator(allocator)]
@@ -574,6 +578,10 @@ def render_scale(
     if SCALE_FINDINGS.exists():
         out += ["", SCALE_FINDINGS.read_text().strip(), ""]
     return "\n".join(out)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value} ms"
 
 
 def render_publish(rows: list[dict[str, Any]]) -> str:
