@@ -12,6 +12,7 @@ from typing import Any
 import structlog
 
 from dra_driver import metrics
+from dra_driver.bindsettings import SocketSettings
 from dra_driver.cdi.spec import NO_EDITS, ContainerEdits
 from dra_driver.claimreport import ClaimReporter
 from dra_driver.events import post_event
@@ -205,7 +206,7 @@ class NodeAgent:
         )
         # Calls the kubelet made since the plugin was bound are served from here on.
         self.parts = parts or LateParts()
-        self.plugin = plugin or kubelet_plugin(settings, self.parts)
+        self.plugin = plugin or kubelet_plugin(SocketSettings.of(settings), self.parts)
         self.parts.attach(
             Parts(
                 self.plugin_driver,

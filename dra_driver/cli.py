@@ -1,409 +1,54 @@
-"""The ``dra-driver`` command: the node agent and the tools around it."""
+"""The ``dra-driver`` command: the node agent and the tools around it.
+
+``run`` binds the kubelet's sockets before it loads the settings model and the rest of the
+agent (:mod:`dra_driver.bindsettings`), so this module imports as little as it can; every
+other command goes through the full parser in :mod:`dra_driver.commands`.
+"""
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from dra_driver import exitcodes, logs, package_version
-from dra_driver.cel_commands import EXPLAIN_CLAIM, MATCH
-from dra_driver.cliparser import Parser, apply_environment
-from dra_driver.command import Command
+from dra_driver import exitcodes, logs
+from dra_driver.bindsettings import read_socket_settings
 from dra_driver.errors import StartError
-from dra_driver.output import camel_keys, print_objects
-from dra_driver.settings import Settings, SettingsError, add_arguments, from_namespace
 
-# Each command imports what it needs when it runs: `run` binds the kubelet's sockets before it
-# loads the rest of the agent, so this module keeps its own imports small.
-
-_DISCOVERY = ("backend", "profile", "node_name")
-_LOGGING = ("log_format", "log_level")
+if TYPE_CHECKING:
+    from dra_driver.settings import Settings
 
 
-def _discover(settings: Settings, _: argparse.Namespace) -> int:
-    from dra_driver.gpu.discovery.factory import make_discovery
-    from dra_driver.gpu.discovery.table import inventory_table
+def _settings(args: Sequence[str]) -> Settings:
+    from dra_driver.commands import parse
 
-    inventory = make_discovery(
-        settings.backend, node_name=settings.node_name or "node", profile=settings.profile
-    ).discover()
-    if settings.output == "table":
-        print(inventory_table(inventory))
-    else:
-        print_objects(camel_keys(inventory.model_dump(mode="json")), settings.output)
-    return 0
+    return parse(args).settings
 
 
-def _slices(settings: Settings, _: argparse.Namespace) -> int:
-    from dra_driver.gpu.discovery.factory import make_discovery
-    from dra_driver.gpu.publish.catalog import build_catalog
-    from dra_driver.gpu.publish.profiles import published_inventory
-    from dra_driver.gpu.sharing.selection import parse_selection
-    from dra_driver.gpu.sharing.shared_gpus import shared_uuids
-    from dra_driver.resourceslice.pool import render_pool
+def _dispatch(args: Sequence[str]) -> int:
+    early = read_socket_settings(args, os.environ)
+    if early is not None:
+        logs.configure(early.log_format, early.log_level)
+        from dra_driver.launch import run_bound_first
 
-    if not settings.node_name:
-        raise SettingsError("--node-name (DRA_NODE_NAME) is required")
-    inventory = make_discovery(
-        settings.backend, node_name=settings.node_name, profile=settings.profile
-    ).discover()
-    inventory = published_inventory(inventory, settings.dynamic_mig, settings.mig_profiles)
-    catalog = build_catalog(
-        inventory,
-        dynamic=settings.dynamic_mig,
-        shared=shared_uuids(inventory, parse_selection(settings.shared_gpus)),
-        layout=settings.mig_layout,
-    )
-    slices = render_pool(
-        catalog.pool(
-            settings.node_name,
-            settings.driver_name,
-            list_attributes=settings.list_attributes,
-            legacy_nvidia=settings.compat == "nvidia",
-        )
-    )
-    if settings.output == "table":
-        from dra_driver.resourceslice.table import slices_table
+        return run_bound_first(early, lambda: _settings(args))
+    from dra_driver.commands import parse
 
-        print(slices_table(slices, settings.driver_name))
-    else:
-        print_objects(slices, settings.output)
-    return 0
-
-
-def _run(settings: Settings, _: argparse.Namespace) -> int:
-    from dra_driver.launch import run_agent
-
-    return asyncio.run(run_agent(settings))
-
-
-def _cleanup(settings: Settings, _: argparse.Namespace) -> int:
-    from dra_driver.kube import KubeClient
-    from dra_driver.resourceslice.cleanup import delete_pool_slices
-
-    if not settings.node_name:
-        raise SettingsError("--node-name (DRA_NODE_NAME) is required")
-
-    async def cleanup() -> int:
-        client = await KubeClient.create(settings.kubeconfig, context=settings.context)
-        try:
-            return await delete_pool_slices(client, settings.node_name, settings.driver_name)
-        finally:
-            await client.close()
-
-    count = asyncio.run(cleanup())
-    print(
-        f"deleted {count} ResourceSlice(s) of driver {settings.driver_name} on {settings.node_name}"
-    )
-    return 0
-
-
-def _compute_domain_plugin(settings: Settings, _: argparse.Namespace) -> int:
-    from dra_driver.computedomain.nodelaunch import run_compute_domain_plugin
-
-    return asyncio.run(run_compute_domain_plugin(settings))
-
-
-def _compute_domain_controller(settings: Settings, _: argparse.Namespace) -> int:
-    from dra_driver.computedomain.launch import run_controller_process
-
-    return asyncio.run(run_controller_process(settings))
-
-
-def _imex_daemon(settings: Settings, ns: argparse.Namespace) -> int:
-    if ns.check:
-        # The readiness probe, every 2 s: only the check's own small module.
-        from dra_driver.computedomain.imexconfig import run_check
-
-        return run_check(settings.driver_root, ns.imex_dir)
-    from dra_driver.computedomain.daemon import run_process
-
-    return asyncio.run(run_process(settings, ns))
-
-
-def _imex_daemon_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--check",
-        action="store_true",
-        help="the pod's probe: exit 0 when this pod's IMEX daemon is READY, else 1",
-    )
-    for flag, text in (
-        ("--domain-uid", "the compute domain's UID (env DRA_DOMAIN_UID)"),
-        ("--domain", "the compute domain as namespace/name, for logs (env DRA_DOMAIN)"),
-        ("--pod-ip", "this pod's IP, the daemon's address (env DRA_POD_IP, else POD_IP)"),
-        (
-            "--pod-namespace",
-            "the namespace of the domain's daemon pods (env DRA_POD_NAMESPACE, else POD_NAMESPACE)",
-        ),
-        (
-            "--imex-dir",
-            "writable directory for the daemon's files (default /run/imex; env DRA_IMEX_DIR)",
-        ),
-    ):
-        parser.add_argument(flag, help=text)
-    parser.add_argument(
-        "--imex-port", type=int, help="the IMEX peer port (default 50000; env DRA_IMEX_PORT)"
-    )
-
-
-_AGENT = (
-    *_DISCOVERY,
-    "compat",
-    "driver_name",
-    "kubeconfig",
-    "cdi_root",
-    "plugins_dir",
-    "registry_dir",
-    "pod_uid",
-    "driver_root",
-    "host_driver_root",
-    "metrics_port",
-    "health_port",
-    "ignored_xids",
-    "health_recheck_interval",
-    "dynamic_mig",
-    "mig_binding_conditions",
-    "mig_failure_hold",
-    "mig_layout",
-    "node_overhead",
-    "list_attributes",
-    "mig_profiles",
-    "shared_gpus",
-    *_LOGGING,
-)
-
-
-def _demo(settings: Settings, ns: argparse.Namespace) -> int:
-    # The demo lives in the development environment and needs the checkout around it (the
-    # control plane's Go module, the examples); a wheel may carry devenv/ without them.
-    try:
-        from devenv.demo import run_demo
-        from devenv.localcluster import repo_root
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("devenv", "devenv.demo", "devenv.localcluster"):
-            raise
-        checkout = False
-    else:
-        checkout = (repo_root() / "testenv" / "go.mod").is_file()
-    if not checkout:
-        print(
-            "dra-driver demo needs a checkout of the project set up with `make install`",
-            file=sys.stderr,
-        )
-        return exitcodes.ERROR
-    return run_demo(keep=ns.keep)
-
-
-def _demo_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--keep", action="store_true", help="leave the control plane's files for inspection"
-    )
-
-
-def _inject_health(settings: Settings, ns: argparse.Namespace) -> int:
-    from dra_driver.gpu.health.injected import INJECT_FILE, inject
-
-    path = settings.plugins_dir / settings.driver_name / INJECT_FILE
-    if not path.parent.is_dir():
-        raise SettingsError(
-            f"{path.parent} does not exist: is the agent running with this --plugins-dir?"
-        )
-    condition = None if ns.clear else ({"lost": True} if ns.lost else {"xid": ns.xid})
-    inject(path, ns.device, condition)
-    print(f"{ns.device}: {'cleared' if condition is None else condition} ({path})")
-    return 0
-
-
-def _inject_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("device", help="device name (gpu-0, a MIG device name) or UUID")
-    what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--xid", type=int, help="report this Xid error")
-    what.add_argument("--lost", action="store_true", help="report the GPU as lost")
-    what.add_argument(
-        "--clear",
-        action="store_true",
-        help="the device is fine again (the agent's next re-check untaints it)",
-    )
-
-
-def _hw_check(settings: Settings, ns: argparse.Namespace) -> int:
-    from dra_driver.gpu.hwcheck import render_table, report_json
-    from dra_driver.gpu.hwcheck_probe import host_sharing, run_checks
-
-    report = run_checks(
-        settings.driver_root,
-        carve=ns.carve,
-        mps=ns.mps,
-        sharing=host_sharing(settings.host_driver_root),
-    )
-    if settings.output == "table":
-        print("\n".join(render_table(report)))
-    else:
-        print_objects(report_json(report), settings.output)
-    return exitcodes.ERROR if report.failed else exitcodes.OK
-
-
-def _hw_check_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--carve",
-        action="store_true",
-        help="create and destroy one MIG device of the smallest profile on the first GPU "
-        "in MIG mode with room (changes the GPU while it runs)",
-    )
-    parser.add_argument(
-        "--mps",
-        action="store_true",
-        help="start one MPS control daemon on the first GPU and stop it",
-    )
-
-
-COMMANDS: dict[str, Command] = {
-    "discover": Command(
-        "print the node's GPU inventory", (*_DISCOVERY, "output", *_LOGGING), _discover
-    ),
-    "slices": Command(
-        "print the ResourceSlices the driver would publish for this node",
-        (
-            *_DISCOVERY,
-            "compat",
-            "driver_name",
-            "dynamic_mig",
-            "mig_layout",
-            "mig_profiles",
-            "shared_gpus",
-            "list_attributes",
-            "output",
-            *_LOGGING,
-        ),
-        _slices,
-        defaults={"output": "yaml"},
-    ),
-    "run": Command(
-        "run the node agent: serve the kubelet and publish ResourceSlices", _AGENT, _run
-    ),
-    "cleanup": Command(
-        "delete one node's ResourceSlices of this driver (after an uninstall)",
-        ("node_name", "compat", "driver_name", "kubeconfig", "context", *_LOGGING),
-        _cleanup,
-    ),
-    "compute-domain-plugin": Command(
-        "serve the node's IMEX channel and daemon devices (ComputeDomains) to the kubelet",
-        (
-            *_DISCOVERY,
-            "compat",
-            "kubeconfig",
-            "context",
-            "cdi_root",
-            "plugins_dir",
-            "registry_dir",
-            "pod_uid",
-            "driver_root",
-            "imex_binding_conditions",
-            *_LOGGING,
-        ),
-        _compute_domain_plugin,
-    ),
-    "compute-domain-controller": Command(
-        "run the ComputeDomain controller: IMEX daemons, channel templates, domain status",
-        (
-            "compat",
-            "kubeconfig",
-            "context",
-            "namespace",
-            "imex_image",
-            "imex_pull_policy",
-            "imex_pull_secrets",
-            "host_driver_root",
-            *_LOGGING,
-        ),
-        _compute_domain_controller,
-    ),
-    "imex-daemon": Command(
-        "run a compute domain's IMEX daemon on this node (in the pods of the domain's "
-        "DaemonSet), or --check whether it is ready",
-        ("compat", "kubeconfig", "driver_root", "node_name", *_LOGGING),
-        _imex_daemon,
-        arguments=_imex_daemon_arguments,
-    ),
-    "match": MATCH,
-    "explain-claim": EXPLAIN_CLAIM,
-    "inject-health": Command(
-        "simulated nodes: make a device report an Xid error, get lost, or recover",
-        ("plugins_dir", "driver_name", *_LOGGING),
-        _inject_health,
-        arguments=_inject_arguments,
-    ),
-    "hw-check": Command(
-        "pre-flight checks of this node's NVIDIA driver and GPUs: one line per check, "
-        "exit status 1 when one fails",
-        ("driver_root", "host_driver_root", "output", *_LOGGING),
-        _hw_check,
-        defaults={"log_level": "warning"},
-        arguments=_hw_check_arguments,
-    ),
-    "demo": Command(
-        "local control plane + two simulated GPU nodes + the driver + example pods",
-        _LOGGING,
-        _demo,
-        defaults={"log_level": "warning"},
-        arguments=_demo_arguments,
-    ),
-}
-
-
-class _VersionAction(argparse.Action):
-    """``--version``: the installed package's version, looked up only when asked for."""
-
-    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
-        super().__init__(option_strings, dest, nargs=0, help="show the version and exit")
-
-    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
-        print(f"dra-driver {package_version()}")
-        parser.exit()
-
-
-def build_parser() -> tuple[Parser, dict[str, Parser]]:
-    """The argument parser, and the sub-parser of each command."""
-    parser = Parser(
-        prog="dra-driver",
-        description="Kubernetes DRA driver for NVIDIA GPUs. "
-        "Every flag can also be set as an environment variable DRA_<FLAG_NAME>.",
-        epilog=exitcodes.DESCRIPTION,
-    )
-    parser.add_argument("--version", action=_VersionAction)
-    sub = parser.add_subparsers(
-        dest="command", required=True, metavar="COMMAND", parser_class=Parser
-    )
-    commands: dict[str, Parser] = {}
-    for name, command in COMMANDS.items():
-        command_parser = sub.add_parser(
-            name, help=command.help, description=command.help, epilog=exitcodes.DESCRIPTION
-        )
-        add_arguments(command_parser, command.fields, **command.defaults)
-        if command.arguments is not None:
-            command.arguments(command_parser)
-        commands[name] = command_parser
-    return parser, commands
+    parsed = parse(args)
+    logs.configure(parsed.settings.log_format, parsed.settings.log_level)
+    return parsed.command.run(parsed.settings, parsed.namespace)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dra-driver`` console script."""
-    parser, commands = build_parser()
-    ns, extra = parser.parse_known_args(argv)
-    if extra:
-        # Reported by the subcommand's parser: its usage, and a suggestion from its flags.
-        commands[ns.command].error(f"unrecognized arguments: {' '.join(extra)}")
-    command = COMMANDS[ns.command]
+    args = list(sys.argv[1:] if argv is None else argv)
+    # A failure after the command line parsed: the command is its first word.
+    name = args[0] if args else ""
     try:
-        apply_environment(commands[ns.command], ns)
-        settings = from_namespace(ns, command.fields)
-        logs.configure(settings.log_format, settings.log_level)
-        return command.run(settings, ns)
+        return _dispatch(args)
     except StartError as exc:
-        print(f"dra-driver {ns.command}: error: {exc}", file=sys.stderr)
+        print(f"dra-driver {name}: error: {exc}", file=sys.stderr)
         return exitcodes.ERROR
     except BrokenPipeError:
         # The reader went away (`| head`): nothing more to say, and nobody to say it to.
@@ -413,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         # A directory it cannot create, a port in use: the agent cannot do its job at all.
         where = f" ({exc.filename})" if exc.filename else ""
-        print(f"dra-driver {ns.command}: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        print(f"dra-driver {name}: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return exitcodes.ERROR
     except KeyboardInterrupt:
         return 130

@@ -16,8 +16,9 @@ import sys
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
+from dra_driver.bindsettings import ENV_PREFIX
 from dra_driver.exitcodes import USAGE
-from dra_driver.settings import ENV_PREFIX, Settings, SettingsError, parse_bool
+from dra_driver.settings import Settings, SettingsError, parse_bool
 
 _UNRECOGNIZED = re.compile(r"unrecognized arguments: (.*)")
 

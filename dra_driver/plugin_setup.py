@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from dra_driver.bindsettings import SocketSettings
 from dra_driver.kubeletplugin.late import LateParts
 from dra_driver.kubeletplugin.plugin import Plugin, PluginConfig
-from dra_driver.settings import Settings
 
 
-def kubelet_plugin(settings: Settings, parts: LateParts) -> Plugin:
+def kubelet_plugin(settings: SocketSettings, parts: LateParts) -> Plugin:
     """The agent's kubelet plugin, served by ``parts`` once they are attached."""
     return Plugin(
         PluginConfig(

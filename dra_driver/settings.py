@@ -15,11 +15,22 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from dra_driver.bindsettings import (
+    DEFAULT_CDI_ROOT,
+    DEFAULT_DRIVER_NAME,
+    DEFAULT_PLUGINS_DIR,
+    DEFAULT_REGISTRY_DIR,
+    DRIVER_NAME_PATTERN,
+    MAX_DRIVER_NAME,
+    MAX_NODE_NAME,
+    NVIDIA_DRIVER_NAME,
+    LogFormat,
+    LogLevel,
+    compat_driver_name,
+    env_name,
+    flag_name,
+)
 from dra_driver.errors import StartError
-
-ENV_PREFIX = "DRA_"
-#: The NVIDIA DRA driver's name, which ``--compat nvidia`` publishes as.
-NVIDIA_DRIVER_NAME = "gpu.nvidia.com"
 
 
 class SettingsError(StartError):
@@ -32,9 +43,9 @@ class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     driver_name: str = Field(
-        "gpu.dra.dev",
-        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
-        max_length=63,
+        DEFAULT_DRIVER_NAME,
+        pattern=DRIVER_NAME_PATTERN,
+        max_length=MAX_DRIVER_NAME,
         description="DRA driver name (a DNS subdomain); also the attribute domain",
     )
     compat: Literal["", "nvidia"] = Field(
@@ -44,7 +55,7 @@ class Settings(BaseModel):
     )
     node_name: str = Field(
         "",
-        max_length=253,
+        max_length=MAX_NODE_NAME,
         description="this node's name; the pool name (set from the downward API)",
     )
     backend: Literal["nvml", "simulated"] = Field(
@@ -89,21 +100,17 @@ class Settings(BaseModel):
         description="image pull secrets of the IMEX daemon pods, comma-separated names of "
         "Secrets in the controller's namespace (empty: none)",
     )
-    log_format: Literal["json", "console"] = Field(
+    log_format: LogFormat = Field(
         "console", description="log format: json (one event per line) or console"
     )
-    log_level: Literal["debug", "info", "warning", "error"] = Field(
-        "info", description="minimum log level"
-    )
-    cdi_root: Path = Field(
-        Path("/var/run/cdi"), description="directory for the per-claim CDI specs"
-    )
+    log_level: LogLevel = Field("info", description="minimum log level")
+    cdi_root: Path = Field(DEFAULT_CDI_ROOT, description="directory for the per-claim CDI specs")
     plugins_dir: Path = Field(
-        Path("/var/lib/kubelet/plugins"),
+        DEFAULT_PLUGINS_DIR,
         description="kubelet plugins directory (DRA socket and checkpoint live below it)",
     )
     registry_dir: Path = Field(
-        Path("/var/lib/kubelet/plugins_registry"),
+        DEFAULT_REGISTRY_DIR,
         description="kubelet plugin registration directory",
     )
     pod_uid: str = Field(
@@ -193,12 +200,11 @@ class Settings(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _compat_driver_name(cls, values: Any) -> Any:
-        """``--compat nvidia`` names the driver as the NVIDIA driver does, unless told
-        otherwise (the default name counts as not told)."""
-        if isinstance(values, dict) and values.get("compat") == "nvidia":
-            default = cls.model_fields["driver_name"].default
-            if values.get("driver_name", default) == default:
-                values = {**values, "driver_name": NVIDIA_DRIVER_NAME}
+        """See :func:`compat_driver_name`."""
+        if isinstance(values, dict) and "compat" in values:
+            given = values.get("driver_name", DEFAULT_DRIVER_NAME)
+            if isinstance(given, str):
+                values = {**values, "driver_name": compat_driver_name(values["compat"], given)}
         return values
 
     @model_validator(mode="after")
@@ -209,16 +215,6 @@ class Settings(BaseModel):
                 f"driver's classes and configs use; drop --driver-name {self.driver_name}"
             )
         return self
-
-
-def env_name(field: str) -> str:
-    """The environment variable behind a settings field."""
-    return ENV_PREFIX + field.upper()
-
-
-def flag_name(field: str) -> str:
-    """The command-line flag behind a settings field."""
-    return "--" + field.replace("_", "-")
 
 
 #: Short forms, as kubectl spells them.

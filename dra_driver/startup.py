@@ -8,14 +8,14 @@ binds the kubelet's sockets, which it does before loading the rest of itself.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from dra_driver.bindsettings import directory_problem, flag_name
 from dra_driver.gpu.publish.overhead import OverheadError, parse_overhead
 from dra_driver.gpu.publish.profiles import ProfileListError, parse_profiles
 from dra_driver.gpu.sharing.selection import SelectionError, parse_selection
 from dra_driver.gpu.state import CHECKPOINT_FILE
-from dra_driver.settings import Settings, SettingsError, flag_name
+from dra_driver.settings import Settings, SettingsError
 
 
 def state_dir(settings: Settings) -> Path:
@@ -28,7 +28,9 @@ def check_settings(settings: Settings) -> None:
     if not settings.node_name:
         raise SettingsError("--node-name (DRA_NODE_NAME) is required")
     for field in ("cdi_root", "plugins_dir", "registry_dir"):
-        _check_directory(getattr(settings, field), flag_name(field))
+        problem = directory_problem(getattr(settings, field), flag_name(field))
+        if problem:
+            raise SettingsError(problem)
     try:
         parse_selection(settings.shared_gpus)
         parse_profiles(settings.mig_profiles)
@@ -38,18 +40,3 @@ def check_settings(settings: Settings) -> None:
     checkpoint = state_dir(settings) / CHECKPOINT_FILE
     if checkpoint.is_dir():
         raise SettingsError(f"checkpoint {checkpoint} is a directory; move it away")
-
-
-def _check_directory(path: Path, flag: str) -> None:
-    """The directory exists, or can be created: its nearest existing ancestor is a directory."""
-    if not path.is_absolute():
-        raise SettingsError(f"{flag}: {path} is not an absolute path")
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        if existing.is_symlink():
-            raise SettingsError(f"{flag}: {existing} is a dangling symlink")
-        existing = existing.parent
-    if not existing.is_dir():
-        raise SettingsError(f"{flag}: {existing} is not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise SettingsError(f"{flag}: {existing} is not writable")

@@ -31,6 +31,7 @@ from urllib.parse import unquote
 import pytest
 import yaml
 
+from dra_driver.bindsettings import env_name
 from dra_driver.computedomain import planner
 from dra_driver.computedomain.api import NVIDIA, OWN, ApiNames, read_domain
 from dra_driver.computedomain.controller import DomainController, run_controller
@@ -44,7 +45,7 @@ from dra_driver.computedomain.objects import (
     workload_template,
 )
 from dra_driver.kube import APPLY_PATCH, Response
-from dra_driver.settings import Settings, env_name
+from dra_driver.settings import Settings
 from tests.unit.test_helm_chart import kind, render, template
 from tests.unit.test_manifests import (
     BASE,
@@ -252,7 +253,7 @@ def test_controller_deployment(mode: str) -> None:
 def command_settings(command: str, container: Obj, downward: dict[str, str]) -> Settings:
     """The settings ``dra-driver <command>`` resolves from the container's environment (the
     downward API's values given), as its entry point does."""
-    from dra_driver.cli import COMMANDS, build_parser
+    from dra_driver.commands import COMMANDS, build_parser
     from dra_driver.settings import from_namespace
 
     environ: dict[str, str] = {}

@@ -272,7 +272,8 @@ def test_daemonset_downward_api_and_env() -> None:
 
 def test_daemonset_env_names_known_settings() -> None:
     """The env vars the agent reads today are spelt like its settings fields."""
-    from dra_driver.settings import Settings, env_name
+    from dra_driver.bindsettings import env_name
+    from dra_driver.settings import Settings
 
     known = {env_name(f) for f in Settings.model_fields}
     env = {e["name"] for e in _container()["env"]}

@@ -1,8 +1,10 @@
-"""The agent checks its settings and reaches the API server before it changes the node."""
+"""The agent checks its settings and reaches the API server before it changes the node
+(the kubelet's sockets aside, which it binds first)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import signal
 import socket
@@ -14,11 +16,15 @@ from pathlib import Path
 
 import pytest
 
+from dra_driver.bindsettings import read_socket_settings
 from dra_driver.cli import main
+from dra_driver.commands import parse
+from dra_driver.errors import StartError
 from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
 from dra_driver.gpu.mig.factory import make_mig_backend
 from dra_driver.kube import KubeClient
 from dra_driver.kubeconfig import Connection
+from dra_driver.launch import run_bound_first
 from dra_driver.reach import ApiUnreachableError, reach_api_server
 from tests.unit.kubeserver import plain_client, serve
 
@@ -96,11 +102,18 @@ def test_relative_directory_is_refused(tmp_path: Path, capsys: pytest.CaptureFix
     assert "--cdi-root: cdi is not an absolute path" in _one_line_error(capsys)
 
 
-def test_bad_shared_gpus_is_one_line_before_anything_changes(
+def test_bad_shared_gpus_ends_the_start_after_the_bind_and_leaves_no_socket(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # Only the socket settings are checked before the bind; the rest fails after it, and the
+    # sockets go again before the one-line error.
     assert main([*_args(tmp_path), "--shared-gpus=index:x"]) == 1
-    assert "indices are whole numbers" in _one_line_error(capsys)
+    err = capsys.readouterr().err
+    assert "kubelet plugin started" in err and "Traceback" not in err
+    assert err.splitlines()[-1] == (
+        "dra-driver run: error: shared GPUs: 'index:x': indices are whole numbers"
+    )
+    assert not list(tmp_path.glob("**/*.sock"))
     assert not list(tmp_path.glob("**/checkpoint.json"))
 
 
@@ -198,3 +211,16 @@ async def _start_and_stop(
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+def test_readings_that_differ_end_the_start_and_leave_no_socket(tmp_path: Path) -> None:
+    # Guards against the quick reading of the socket settings drifting from the full one:
+    # the agent must never serve on sockets its settings do not name.
+    argv = _args(tmp_path)
+    early = read_socket_settings(argv, {})
+    assert early is not None
+    with pytest.raises(StartError, match="differ from the full settings"):
+        run_bound_first(
+            dataclasses.replace(early, node_name="another-node"), lambda: parse(argv).settings
+        )
+    assert not list(tmp_path.rglob("*.sock"))
