@@ -420,7 +420,7 @@ class SliceController:
     def _after_write(self, sent: JSON, stored: JSON, dropped: dict[str, str]) -> None:
         name = str(meta(stored).get("name", ""))
         self._log.debug("wrote slice", slice=name, rv=meta(stored).get("resourceVersion"))
-        self._store.remember(stored)
+        self._store.remember_written(stored, seen=self._reflector.current)
         for path in find_dropped(sent.get("spec") or {}, stored.get("spec") or {}):
             if path not in self._dropped:
                 dropped.setdefault(path, name)

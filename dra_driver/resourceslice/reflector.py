@@ -60,8 +60,14 @@ class Reflector:
         self._backoff_cap = backoff_cap
         self._watch_timeout = watch_timeout
         self._reached = reached or asyncio.Event()
-        #: resourceVersion of the last event handed over ("" before the first).
+        #: resourceVersion of the last listing or event handed over ("" before the first).
         self._handed_over = ""
+
+    @property
+    def current(self) -> str:
+        """The resourceVersion the consumer's view is current to: that of the last listing or
+        event handed over ("" before the first)."""
+        return self._handed_over
 
     async def relist(self) -> str:
         """List, hand the objects over, and return the version to watch from.
@@ -84,6 +90,7 @@ class Reflector:
             )
             return version
         self._on_listed(list(listing.get("items") or []))
+        self._handed_over = version
         return version
 
     async def run(self) -> None:
@@ -142,7 +149,9 @@ class Reflector:
             version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
             if kind != "BOOKMARK":
                 self._on_event(kind, obj)
-                self._handed_over = version
+                # A watch still catching up with a newer listing does not move it back.
+                if not is_older(version, self._handed_over):
+                    self._handed_over = version
         if events == 0 and asyncio.get_running_loop().time() - started < 1.0:
             # A watch that ends at once without a word is a proxy or server misbehaving; going
             # straight back would spin, so treat it like a lost connection.

@@ -2,7 +2,9 @@
 
 Watch events can arrive after the answer to our own write, so an older version of a slice
 never replaces a newer one, and a late DELETED event of an earlier incarnation never removes
-the slice that replaced it.
+the slice that replaced it. The answer to a write can also arrive after the watch already
+showed that slice deleted (or a listing showed it gone): such an answer is not stored, or the
+controller would believe in a slice that no longer exists.
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ def is_older(candidate: str, current: str) -> bool:
     if candidate.isdigit() and current.isdigit():
         return int(candidate) < int(current)
     return False
+
+
+def has_seen(seen: str, version: str) -> bool:
+    """True if a view current to resourceVersion ``seen`` is known to include ``version``."""
+    return version.isdigit() and seen.isdigit() and int(version) <= int(seen)
 
 
 @dataclass
@@ -74,6 +81,18 @@ class SliceStore:
             ):
                 return
         self.objects[name] = obj
+
+    def remember_written(self, obj: JSON, seen: str) -> None:
+        """Store the server's answer to our own write, unless the view (current to the
+        resourceVersion ``seen``, from the watch or a listing) already moved past that answer
+        and does not hold the object: it was deleted meanwhile, and its DELETED event is
+        already handled."""
+        m = meta(obj)
+        current = self.objects.get(str(m.get("name", "")))
+        held = current is not None and meta(current).get("uid") == m.get("uid")
+        if not held and has_seen(seen, str(m.get("resourceVersion", ""))):
+            return
+        self.remember(obj)
 
     def forget(self, obj: Mapping[str, Any]) -> None:
         """Drop a deleted slice, unless the store holds a newer incarnation of that name."""

@@ -63,6 +63,7 @@ from dra_driver.resourceslice.controller import SliceController
 from dra_driver.resourceslice.planner import plan
 from dra_driver.resourceslice.pool import DesiredPool, NodeOwner, render_pool
 from dra_driver.resourceslice.rawapi import SLICES_PATH, ApiError
+from dra_driver.resourceslice.store import is_older
 from dra_driver.supervise import Heartbeats, supervise
 from tests.unit.fakeapi import CLAIMS, NODES, SLICES, ApiStatus, Cluster, Faults, serving
 from tests.unit.interleave import (
@@ -849,17 +850,72 @@ async def test_a_relist_answered_after_newer_watch_events_does_not_bring_back_st
 
             assert await until(told, 5, step=0.005), "the watch did not tell of the delete"
             release.set()
-            owner = NodeOwner(NODE, node["metadata"]["uid"])
-
-            async def converged() -> bool:
-                assert not task.done(), task
-                return plan(ours(cluster.list(SLICES)), pool, owner).empty
-
-            assert await until(converged, 5, step=0.02), (
-                "the deleted slice never came back: the server has "
-                f"{sorted(o['metadata']['name'] for o in ours(cluster.list(SLICES)))}, the "
-                f"controller believes {sorted(o['metadata']['name'] for o in controller.slices)}"
-            )
+            await deleted_slice_comes_back(cluster, controller, pool, node, task)
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_create_answered_after_the_watch_showed_it_deleted_is_created_again() -> None:
+    """The answer to a create can be handled after the watch already told of that slice's
+    ADDED and DELETED events (someone deleted it at once). The answer must not bring the
+    slice back into the controller's view: it would believe the pool published while the
+    server has no slice."""
+    cluster = Cluster(random.Random(0))
+    node = cluster.create(NODES, {"metadata": {"name": NODE}})
+    pool = pool_of([device(0)])
+    once = [True]
+
+    async with serving(cluster) as server, plain_client(server) as client:
+        controller = SliceController(client, driver=DRIVER, node_name=NODE, debounce=0.01)
+
+        async def create(request: web.Request) -> web.StreamResponse:
+            response = await cluster.handle(request)
+            if once:
+                once.clear()
+                # The kubelet deletes the new slice; the answer waits for the watch's news.
+                name = ours(cluster.list(SLICES))[0]["metadata"]["name"]
+                gone = cluster.delete(SLICES, "", name)["metadata"]["resourceVersion"]
+
+                async def told() -> bool:
+                    return not is_older(controller_seen(controller), gone)
+
+                assert await until(told, 5, step=0.005), "the watch did not tell of the delete"
+            return response
+
+        server.routes[("POST", SLICES_PATH)] = create
+        task = asyncio.create_task(controller.run())
+        try:
+            await controller.set_pool(pool)
+            await deleted_slice_comes_back(cluster, controller, pool, node, task)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+def controller_seen(controller: SliceController) -> str:
+    """The resourceVersion the controller's watch has handed over."""
+    return controller._reflector.current
+
+
+async def deleted_slice_comes_back(
+    cluster: Cluster, controller: SliceController, pool: DesiredPool, node: JSON, task: Any
+) -> None:
+    """Assert the controller publishes ``pool`` again and knows the server's slices."""
+    owner = NodeOwner(NODE, node["metadata"]["uid"])
+
+    async def converged() -> bool:
+        assert not task.done(), task
+        server = {o["metadata"]["name"] for o in ours(cluster.list(SLICES))}
+        seen = {o["metadata"]["name"] for o in controller.slices}
+        return (
+            controller.synced
+            and server == seen
+            and plan(ours(cluster.list(SLICES)), pool, owner).empty
+        )
+
+    assert await until(converged, 5, step=0.02), (
+        "the deleted slice never came back: the server has "
+        f"{sorted(o['metadata']['name'] for o in ours(cluster.list(SLICES)))}, the "
+        f"controller believes {sorted(o['metadata']['name'] for o in controller.slices)}"
+    )

@@ -63,6 +63,51 @@ def test_late_delete_of_an_older_incarnation_is_ignored(store: SliceStore) -> No
     assert store.objects == {}
 
 
+def test_a_write_answered_after_the_watch_showed_it_deleted_is_not_stored(
+    store: SliceStore,
+) -> None:
+    # The create is answered with rv 98; before the answer is handled, the watch hands over
+    # its ADDED event and the DELETED event of someone else's delete (rv 99).
+    store.remember(obj("s", "98"))
+    store.forget(obj("s", "99"))
+    store.remember_written(obj("s", "98"), seen="99")
+    assert names(store) == []
+
+
+def test_a_write_answered_after_a_listing_without_it_is_not_stored(store: SliceStore) -> None:
+    store.replace([obj("other", "90", uid="u2")])
+    store.remember_written(obj("s", "98"), seen="100")
+    assert names(store) == ["other"]
+
+
+def test_a_write_answered_after_a_recreation_keeps_the_recreated_slice(
+    store: SliceStore,
+) -> None:
+    store.remember(obj("s", "101", uid="theirs"))
+    store.remember_written(obj("s", "98", uid="ours"), seen="101")
+    assert [o["metadata"]["uid"] for o in store.objects.values()] == ["theirs"]
+
+
+@pytest.mark.parametrize(
+    ("held", "seen", "stored"),
+    [
+        (None, "97", "98"),  # the watch has not reached the write yet: store it
+        (None, "", "98"),  # nothing listed yet
+        (None, "abc", "98"),  # versions that are not integers tell nothing
+        ("95", "98", "98"),  # the watch already showed this very version
+        ("95", "97", "98"),  # an update answered before its event
+        ("99", "99", "99"),  # a newer version already held stays
+    ],
+)
+def test_a_write_answer_is_stored_unless_the_view_moved_past_it(
+    store: SliceStore, held: str | None, seen: str, stored: str
+) -> None:
+    if held is not None:
+        store.remember(obj("s", held))
+    store.remember_written(obj("s", "98"), seen=seen)
+    assert store.objects["s"]["metadata"]["resourceVersion"] == stored
+
+
 def test_foreign_slices_are_not_stored(store: SliceStore) -> None:
     store.remember(obj("a", "1", node="other"))
     store.remember(obj("b", "1", driver="other"))
