@@ -1,11 +1,14 @@
 """Benchmark: the agent's slice publisher against the upstream Go one, on the same pools.
 
-For each node count and layout of ``bench_scale.py`` the same pools are published twice
-against one local control plane: by the agent's ``SliceController`` in worker processes (one
-per core, ``publishers.py``) and by the upstream ``resourceslice`` controller that Go kubelet
-plugins use (``testenv/cmd/slicepub``, one controller per node in one process). Each is
-started once its process is ready; measured are the time until every device is visible, the
-CPU time the publishers used, and the writes and written bytes they sent.
+For each node count and layout of ``bench_scale.py`` the same pools are published twice,
+each time on a local control plane of its own: by the agent's ``SliceController`` in worker
+processes (one per core, ``publishers.py``) and by the upstream ``resourceslice`` controller
+that Go kubelet plugins use (``testenv/cmd/slicepub``, one controller per node in one
+process). Each is started once its process is ready; measured are the time until every
+device is visible, the CPU time the publishers used, and the writes and written bytes they
+sent. A fresh control plane per run keeps what an earlier run left (gigabytes of deleted
+placement slices at 500 nodes) from slowing or ending a later one; a run that fails anyway
+is recorded with its error, and the others still run.
 
 Run: ``.venv/bin/python bench/bench_publish.py [--nodes 100 500] [--layouts ...] [--json F]``.
 """
@@ -30,7 +33,7 @@ from dra_driver import logs
 from dra_driver.kube import KubeClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_scale import LAYOUTS, SLICES, all_published, published
+from bench_scale import LAYOUTS, all_published
 from contenders import cpu_seconds, exit_on_sigterm
 from publishers import Publishers
 
@@ -96,14 +99,6 @@ class GoPublisher:
         return {k: int(v) for k, v in json.loads(line).items()}
 
 
-async def _gone(client: KubeClient, driver: str) -> None:
-    await client.request(
-        "DELETE", SLICES, query={"fieldSelector": f"spec.driver={driver}"}, timeout=600
-    )
-    while (await published(client, driver))[0]:  # noqa: ASYNC110 (polling the API server)
-        await asyncio.sleep(1)
-
-
 async def _publish_once(
     client: KubeClient, kubeconfig: str, driver: str, layout: str, nodes: Sequence[str], go: bool
 ) -> JSON:
@@ -114,16 +109,16 @@ async def _publish_once(
     else:
         workers = os.cpu_count() or 1
         pub = await asyncio.to_thread(Publishers, kubeconfig, driver, layout, nodes, workers)
-    t0 = time.monotonic()
-    pub.go()
-    await all_published(client, driver, devices, f"{layout} x {len(nodes)}")
-    elapsed = time.monotonic() - t0
-    cpu = pub.cpu_seconds() - pub.started
-    # Settled: a resync would only read; what was written is what publishing took.
-    sent = await asyncio.to_thread(pub.stop)
-    await _gone(client, driver)
+    try:
+        t0 = time.monotonic()
+        pub.go()
+        await all_published(client, driver, devices, f"{layout} x {len(nodes)}")
+        elapsed = time.monotonic() - t0
+        cpu = pub.cpu_seconds() - pub.started
+    finally:
+        # Settled: a resync would only read; what was written is what publishing took.
+        sent = await asyncio.to_thread(pub.stop)
     return {
-        "publisher": "go" if go else "ours",
         "publish_all_s": round(elapsed, 2),
         "cpu_s": round(cpu, 2),
         "writes": sent.get("writes"),
@@ -131,35 +126,30 @@ async def _publish_once(
     }
 
 
-async def measure(client: KubeClient, kubeconfig: str, layout: str, count: int) -> list[JSON]:
+async def measure(kubeconfig: str, layout: str, count: int, go: bool) -> JSON:
+    """One publisher's run of one layout on ``count`` nodes (a control plane of its own)."""
     driver = f"pub-{layout}-{count}.scale.dev"
     nodes = [f"pub-{layout}-{count}-{i}" for i in range(count)]
-    for node in nodes:  # publishers wait for their Node object; Go owners need its UID
-        await client.request("POST", "/api/v1/nodes", body={"metadata": {"name": node}})
-    rows = []
-    for go in (False, True):
-        row = await _publish_once(client, kubeconfig, driver, layout, nodes, go)
-        row.update(nodes=count, layout=layout)
-        print(row, file=sys.stderr, flush=True)
-        rows.append(row)
-    for node in nodes:
-        await client.request("DELETE", f"/api/v1/nodes/{node}")
-    return rows
-
-
-async def run_all(
-    cluster: LocalCluster, counts: Sequence[int], layouts: Sequence[str]
-) -> list[JSON]:
-    client = await KubeClient.create(str(cluster.kubeconfig))
+    client = await KubeClient.create(kubeconfig)
     try:
-        return [
-            row
-            for count in counts
-            for layout in layouts
-            for row in await measure(client, str(cluster.kubeconfig), layout, count)
-        ]
+        for node in nodes:  # publishers wait for their Node object; Go owners need its UID
+            await client.request("POST", "/api/v1/nodes", body={"metadata": {"name": node}})
+        return await _publish_once(client, kubeconfig, driver, layout, nodes, go)
     finally:
         await client.close()
+
+
+def run_row(layout: str, count: int, go: bool) -> JSON:
+    """Measure one row; a failure is the row's ``error``, not the end of the benchmark."""
+    row: JSON = {"publisher": "go" if go else "ours"}
+    try:
+        with LocalCluster(verbosity=1) as cluster:
+            row.update(asyncio.run(measure(str(cluster.kubeconfig), layout, count, go)))
+    except Exception as exc:  # whatever ended it is the row's result
+        row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+    row.update(nodes=count, layout=layout)
+    print(row, file=sys.stderr, flush=True)
+    return row
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -173,8 +163,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.configure("json", "warning")
     exit_on_sigterm()
     build_binary()
-    with LocalCluster(verbosity=1) as cluster:
-        rows = asyncio.run(run_all(cluster, args.nodes, args.layouts))
+    rows = [
+        run_row(layout, count, go)
+        for count in args.nodes
+        for layout in args.layouts
+        for go in (False, True)
+    ]
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     print(json.dumps(rows, indent=2))

@@ -589,8 +589,9 @@ def render_publish(rows: list[dict[str, Any]]) -> str:
     out = [
         "### The agent's publisher against the upstream Go controller",
         "",
-        "`bench/bench_publish.py` publishes the same pools twice against one control plane: "
-        "with the agent's `SliceController` in worker processes (one per core) and with the "
+        "`bench/bench_publish.py` publishes the same pools twice, each time on a control "
+        "plane of its own: with the agent's `SliceController` in worker processes (one per "
+        "core) and with the "
         "upstream `resourceslice` controller Go kubelet plugins use (`testenv/cmd/slicepub`, "
         "one controller per node, started side by side in one process, client limits "
         "lifted). Each starts once its process is ready; time until every device is "
@@ -600,8 +601,12 @@ def render_publish(rows: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        head = f"| {r['nodes']} | {r['layout']} | {r['publisher']} |"
+        if "error" in r:
+            out.append(f"{head} failed: {r['error']} | | | |")
+            continue
         out.append(
-            f"| {r['nodes']} | {r['layout']} | {r['publisher']} | {r['publish_all_s']} s | "
+            f"{head} {r['publish_all_s']} s | "
             f"{r['cpu_s']} s | {r['writes']} | {r['write_mib']} MiB |"
         )
     return "\n".join(out)
