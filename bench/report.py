@@ -580,6 +580,11 @@ def render_scale(
     return "\n".join(out)
 
 
+def _cell(text: str) -> str:
+    """``text`` as one table cell: on one line, its pipes escaped."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value} ms"
 
@@ -603,7 +608,7 @@ def render_publish(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         head = f"| {r['nodes']} | {r['layout']} | {r['publisher']} |"
         if "error" in r:
-            out.append(f"{head} failed: {r['error']} | | | |")
+            out.append(f"{head} failed: {_cell(str(r['error']))} | | | |")
             continue
         out.append(
             f"{head} {r['publish_all_s']} s | "
