@@ -18,7 +18,7 @@ import argparse
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal, Protocol, cast, get_args
 
@@ -140,15 +140,7 @@ class SocketSettings:
     @classmethod
     def of(cls, settings: _HasSocketSettings) -> SocketSettings:
         """The same fields of the full settings."""
-        return cls(
-            driver_name=settings.driver_name,
-            node_name=settings.node_name,
-            registry_dir=settings.registry_dir,
-            plugins_dir=settings.plugins_dir,
-            pod_uid=settings.pod_uid,
-            log_format=settings.log_format,
-            log_level=settings.log_level,
-        )
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})
 
 
 class _Unsure(DriverError):
