@@ -906,13 +906,10 @@ async def deleted_slice_comes_back(
 
     async def converged() -> bool:
         assert not task.done(), task
-        server = {o["metadata"]["name"] for o in ours(cluster.list(SLICES))}
+        listed = ours(cluster.list(SLICES))
+        server = {o["metadata"]["name"] for o in listed}
         seen = {o["metadata"]["name"] for o in controller.slices}
-        return (
-            controller.synced
-            and server == seen
-            and plan(ours(cluster.list(SLICES)), pool, owner).empty
-        )
+        return controller.synced and server == seen and plan(listed, pool, owner).empty
 
     assert await until(converged, 5, step=0.02), (
         "the deleted slice never came back: the server has "
