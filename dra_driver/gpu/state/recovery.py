@@ -66,6 +66,8 @@ def start(
         data = rebuild(
             evidence, catalog=catalog, carver=carver, node_name=node_name, boot_id=file.boot_id
         )
+    # A reboot that leaves no claim to drop still changes the boot the records belong to.
+    rebooted = data.boot_id != file.boot_id
     dropped = recover(
         data,
         file.boot_id,
@@ -75,7 +77,10 @@ def start(
         keep_daemons=daemons_in_specs(evidence, sharing.mps_root),
     )
     evidence = evidence.without(dropped)
-    if dropped or not file.path.exists():
+    if dropped or rebooted or not file.path.exists():
+        # The file must name this boot: a later write that fails is undone by reading the
+        # file again, and a file of another boot is never read back (memory would stay
+        # ahead of the disk, answering a retry prepared for a claim nothing records).
         file.write(data)
     kept: list[str] = []
     if carver.enabled:

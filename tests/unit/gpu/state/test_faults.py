@@ -16,9 +16,11 @@ import pytest
 from dra_driver import faults
 from dra_driver.gpu.config import ConfigError
 from dra_driver.gpu.mig.simulated import SIMULATED_STATE_FILE, SimulatedMig
+from dra_driver.gpu.state.checkpoint import stored_claims
 from dra_driver.gpu.state.device_state import ClaimError, DeviceState
 from dra_driver.gpu.state.evidence import Allocated, ClaimInUse, Evidence
 from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare
+from tests.unit.faultfs import FaultFS
 from tests.unit.gpu.mig.test_dynamic_mig import (
     DRIVER,
     MIG_3G,
@@ -415,3 +417,33 @@ def test_a_claim_whose_unprepare_was_cut_short_is_prepared_again_with_its_spec(
     assert restarted.spec_path(uid).exists()
     if dynamic:
         assert len(_instances(tmp_path)) == 1
+
+
+# -- a failed write after a reboot ---------------------------------------------------------
+
+
+def test_a_claim_not_recorded_after_a_reboot_is_not_answered_prepared_from_memory(
+    tmp_path: Path, faultfs: FaultFS
+) -> None:
+    """After a reboot the checkpoint on disk is the last boot's until something is written. A
+    first write that fails must leave the agent believing the disk, not the memory it had
+    moved ahead: else the kubelet's retry is answered prepared from memory while no record
+    of the claim exists (found by the claim-state model)."""
+    uid = "0d0d0d0d-0000-4000-8000-00000000000d"
+    _static(tmp_path)  # the boot before: a checkpoint without claims
+    state = DeviceState(
+        inventory=_inventory("mixed"),
+        driver_name=DRIVER,
+        node_name=NODE,
+        cdi_root=tmp_path / "cdi",
+        state_dir=tmp_path / "plugin",
+        boot_id="boot-2",
+        evidence=API_DOWN,
+    )
+    faultfs.arm("write", 2, "ENOSPC", every=True)  # the disk fills after the CDI spec
+    failed = state.prepare([_claim(uid, "gpu-2")])[uid]
+    assert isinstance(failed, ClaimError) and "cannot record" in str(failed)
+    faultfs.clear()  # space again: the kubelet retries
+    retried = state.prepare([_claim(uid, "gpu-2")])[uid]
+    assert isinstance(retried, list)
+    assert stored_claims(_checkpoint(tmp_path))[uid]["state"] == "PrepareCompleted"
