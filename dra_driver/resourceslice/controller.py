@@ -34,7 +34,7 @@ from dra_driver.resourceslice.dropped import (
     refused_paths,
     undeclared_paths,
 )
-from dra_driver.resourceslice.planner import Plan, plan
+from dra_driver.resourceslice.planner import ContentCache, Plan, plan
 from dra_driver.resourceslice.pool import DesiredPool, NodeOwner, inline_counters
 from dra_driver.resourceslice.publisher import Publisher
 from dra_driver.resourceslice.rawapi import CONNECTION_ERRORS, ApiError, RawApi
@@ -101,6 +101,7 @@ class SliceController:
         self._publisher = publisher
         self._yielded_to: Publisher | None = None
         self._selector = field_selector(node_name, driver)
+        self._contents = ContentCache()
         self._log = log.bind(node=node_name, driver=driver)
         self._reporter = ApiErrorReporter(self._log)
 
@@ -279,6 +280,7 @@ class SliceController:
             self._owner,
             self._dropped,
             self._publisher,
+            self._contents,
         )
 
     async def _reconcile_once(self, backoff: Backoff) -> bool:

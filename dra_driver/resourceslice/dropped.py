@@ -178,6 +178,8 @@ def find_dropped(sent_spec: Mapping[str, Any], stored_spec: Mapping[str, Any]) -
     count. Paths use ``[]`` for list elements and ``*`` for keys of attribute, capacity and
     counter maps, e.g. ``devices[].capacity.*.requestPolicy``.
     """
+    if sent_spec == stored_spec:
+        return frozenset()  # stored as sent (the usual answer): nothing can be missing
     found: set[str] = set()
     _walk(normalize_spec(sent_spec), normalize_spec(stored_spec), "", "", found)
     return frozenset(found)

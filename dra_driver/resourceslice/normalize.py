@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Mapping
 from fractions import Fraction
+from functools import lru_cache
 from typing import Any
 
 from dra_driver import quantity
@@ -23,13 +24,18 @@ NAMED_MAPS = frozenset({"attributes", "capacity", "counters"})
 _QUANTITY_SUBTREES = frozenset({"capacity", "counters"})
 
 
-def parse_quantity(text: str) -> Fraction | None:
+@lru_cache(maxsize=4096)
+def parse_quantity(text: str) -> int | Fraction | None:
     """The exact value of a Kubernetes quantity string (rounded as the API server rounds it,
-    see :mod:`dra_driver.quantity`), or None if it is not one."""
+    see :mod:`dra_driver.quantity`), or None if it is not one: an int when it is whole (most
+    are, and ints compare in C, a Fraction in Python), else a Fraction; both compare by value.
+    Cached: a pool repeats the same few quantities on every device."""
     try:
-        return Fraction(quantity.parse_quantity(text).nanos, quantity.NANOS)
+        nanos = quantity.parse_quantity(text).nanos
     except quantity.QuantityError:
         return None
+    whole, rest = divmod(nanos, quantity.NANOS)
+    return whole if not rest else Fraction(nanos, quantity.NANOS)
 
 
 def _is_empty(value: Any, *, keep_false: bool) -> bool:
@@ -40,11 +46,24 @@ def _is_empty(value: Any, *, keep_false: bool) -> bool:
     return isinstance(value, (dict, list)) and not value
 
 
+#: Leaf types as JSON decodes them: checked by exact type first, because a large pool has
+#: hundreds of thousands of leaves and an ``isinstance`` against ``Mapping`` is an ABC check.
+_SCALARS = (str, int, float, bool, type(None))
+
+
 def _normalize(value: Any, key: str, in_quantities: bool, in_attributes: bool) -> Any:
-    if isinstance(value, Mapping):
+    kind = type(value)
+    if kind in _SCALARS:
+        if in_quantities and kind is str:
+            parsed = parse_quantity(value)
+            if parsed is not None:
+                return parsed
+        return value
+    if kind is dict or isinstance(value, Mapping):
         out: JSON = {}
+        skip_time = key == "taints"
         for k, v in value.items():
-            if key == "taints" and k == "timeAdded":
+            if skip_time and k == "timeAdded":
                 # The server stamps the time a taint was added; it is not ours to compare.
                 continue
             child = _normalize(
@@ -56,7 +75,7 @@ def _normalize(value: Any, key: str, in_quantities: bool, in_attributes: bool) -
             if not _is_empty(child, keep_false=in_attributes):
                 out[k] = child
         return out
-    if isinstance(value, list):
+    if kind is list or isinstance(value, list):
         return [_normalize(v, key, in_quantities, in_attributes) for v in value]
     if in_quantities and isinstance(value, str):
         parsed = parse_quantity(value)
@@ -68,9 +87,9 @@ def _normalize(value: Any, key: str, in_quantities: bool, in_attributes: bool) -
 def normalize_spec(spec: Mapping[str, Any]) -> JSON:
     """Return a canonical copy of a ResourceSlice spec for equality comparison.
 
-    Quantities become exact numbers (Fractions, rounded as the API server rounds), empty and
-    false optional fields disappear (except boolean attribute values, which carry meaning), and
-    taint timestamps are ignored.
+    Quantities become exact numbers (ints, or Fractions for fractional ones, rounded as the
+    API server rounds), empty and false optional fields disappear (except boolean attribute
+    values, which carry meaning), and taint timestamps are ignored.
     """
     result = _normalize(spec, "", False, False)
     assert isinstance(result, dict)
@@ -108,6 +127,9 @@ def strip_paths(spec: Mapping[str, Any], paths: Iterable[str]) -> JSON:
     A path is dot-separated; ``name[]`` descends into every element of a list and ``*`` into
     every value of a map, e.g. ``devices[].capacity.*.requestPolicy``.
     """
+    paths = list(paths)
+    if not paths:
+        return dict(spec)  # nothing to strip: a copy of the top level is deep enough
     out = copy.deepcopy(dict(spec))
     for path in paths:
         _strip(out, path.split("."))

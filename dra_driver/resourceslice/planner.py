@@ -82,14 +82,80 @@ def _generation(obj: Mapping[str, Any]) -> int:
     return value if isinstance(value, int) else 0
 
 
-def _content(spec: Mapping[str, Any], ignored: Iterable[str]) -> JSON:
-    """Normalised spec without the generation bookkeeping: what a slice *says*."""
-    stripped = strip_paths(spec, ignored)
-    pool = dict(stripped.get("pool") or {})
+def _without_bookkeeping(spec: Mapping[str, Any]) -> JSON:
+    """A shallow copy of ``spec`` without the pool's generation and slice count."""
+    out = dict(spec)
+    pool = dict(out.get("pool") or {})
     pool.pop("generation", None)
     pool.pop("resourceSliceCount", None)
-    stripped["pool"] = pool
-    return normalize_spec(stripped)
+    out["pool"] = pool
+    return out
+
+
+def _content(spec: Mapping[str, Any], ignored: Iterable[str]) -> JSON:
+    """Normalised spec without the generation bookkeeping: what a slice *says*."""
+    return normalize_spec(strip_paths(_without_bookkeeping(spec), ignored))
+
+
+class ContentCache:
+    """The contents :func:`plan` compares, kept from one plan to the next.
+
+    Normalising a pool of a few hundred devices (every MIG placement of a GPU) takes tens of
+    milliseconds, and a controller plans the same pool against the same stored slices again
+    and again (each watch event, each resync). A stored slice's content is kept under its uid
+    and resourceVersion, which the API server changes with every change of the object; the
+    desired pool's under the pool itself. A plan keeps only what it used, so the cache holds
+    one pool's worth.
+    """
+
+    def __init__(self) -> None:
+        self._stored: dict[tuple[str, str, frozenset[str]], JSON] = {}
+        self._previous: dict[tuple[str, str, frozenset[str]], JSON] = {}
+        self._wanted: tuple[DesiredPool, frozenset[str], list[JSON]] | None = None
+        self._rendered: list[JSON] = []  # the wanted specs as rendered, without bookkeeping
+
+    def start(self) -> None:
+        """Begin a plan: what the last one did not use is dropped at the end of this one."""
+        self._previous, self._stored = self._stored, {}
+
+    def wanted(self, desired: DesiredPool, ignored: frozenset[str]) -> list[JSON]:
+        """The content of each slice of ``desired``."""
+        if self._wanted is not None and self._wanted[:2] == (desired, ignored):
+            return self._wanted[2]
+        rendered = [render_slice(desired, i, 1)["spec"] for i in range(len(desired.slices))]
+        content = [_content(spec, ignored) for spec in rendered]
+        self._wanted = (desired, ignored, content)
+        self._rendered = [_without_bookkeeping(spec) for spec in rendered]
+        return content
+
+    def stored(self, obj: Mapping[str, Any], ignored: frozenset[str]) -> JSON:
+        """The content of a stored slice."""
+        meta = obj.get("metadata") or {}
+        uid, version = meta.get("uid"), meta.get("resourceVersion")
+        if not (isinstance(uid, str) and uid and isinstance(version, str) and version):
+            return _content(_spec(obj), ignored)  # not as stored: nothing to key it by
+        key = (uid, version, ignored)
+        found = self._stored.get(key)
+        if found is None:
+            found = self._previous.get(key)
+            if found is None:
+                found = self._as_rendered(obj, ignored)
+                if found is None:
+                    found = _content(_spec(obj), ignored)
+            self._stored[key] = found
+        return found
+
+    def _as_rendered(self, obj: Mapping[str, Any], ignored: frozenset[str]) -> JSON | None:
+        """The content of ``obj`` when its spec is one of the wanted specs exactly as
+        rendered (the usual answer to our own write), taken without normalising it again;
+        None otherwise."""
+        if self._wanted is None or self._wanted[1] != ignored:
+            return None
+        raw = _without_bookkeeping(_spec(obj))
+        for rendered, content in zip(self._rendered, self._wanted[2], strict=True):
+            if rendered == raw:
+                return content
+        return None
 
 
 def _owned_by(obj: Mapping[str, Any], owner: NodeOwner) -> bool:
@@ -150,6 +216,7 @@ def _match(
     desired: DesiredPool,
     wanted_content: Sequence[JSON],
     ignored: frozenset[str],
+    cache: ContentCache,
 ) -> dict[int, Mapping[str, Any]]:
     """Assign stored slices to desired indices; unassigned stored slices are leftovers."""
     canonical = {
@@ -172,7 +239,7 @@ def _match(
         if index in assigned:
             continue
         for pos in by_generation:
-            if pos not in used and _content(_spec(ours[pos]), ignored) == content:
+            if pos not in used and cache.stored(ours[pos], ignored) == content:
                 assigned[index] = ours[pos]
                 used.add(pos)
                 break
@@ -185,6 +252,7 @@ def plan(
     owner: NodeOwner | None,
     ignored_fields: Iterable[str] = (),
     publisher: Publisher | None = None,
+    cache: ContentCache | None = None,
 ) -> Plan:
     """Compute the writes that make ``existing`` match ``desired``.
 
@@ -194,8 +262,12 @@ def plan(
     :mod:`dra_driver.resourceslice.dropped`); they are left out of every comparison so a pool
     the server cannot store exactly does not cause endless updates. ``publisher``, when given,
     is recorded on every slice written, and the plan yields to any newer publisher.
+    ``cache`` keeps what was compared for the next plan of the same pool (see
+    :class:`ContentCache`); the plan is the same with or without it.
     """
     ignored = frozenset(ignored_fields)
+    cache = cache if cache is not None else ContentCache()
+    cache.start()
     ours = sorted((obj for obj in existing if _is_ours(obj, desired)), key=_name)
     if publisher is not None:
         newer = [
@@ -209,9 +281,8 @@ def plan(
     current = max((_generation(obj) for obj in same_pool), default=0)
     count = len(desired.slices)
 
-    rendered = [render_slice(desired, i, 1, owner, publisher) for i in range(count)]
-    wanted_content = [_content(obj["spec"], ignored) for obj in rendered]
-    assigned = _match(ours, desired, wanted_content, ignored)
+    wanted_content = cache.wanted(desired, ignored)
+    assigned = _match(ours, desired, wanted_content, ignored, cache)
     leftovers = sorted(_name(obj) for obj in ours if all(obj is not a for a in assigned.values()))
 
     def consistent(obj: Mapping[str, Any]) -> bool:
@@ -220,7 +291,7 @@ def plan(
     changed = [
         i
         for i in range(count)
-        if i not in assigned or _content(_spec(assigned[i]), ignored) != wanted_content[i]
+        if i not in assigned or cache.stored(assigned[i], ignored) != wanted_content[i]
     ]
     others_consistent = all(consistent(obj) for i, obj in assigned.items() if i not in changed)
     # Adding or removing slices changes resourceSliceCount, which every slice carries.

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dra_driver.resourceslice.planner import Plan, plan
+from dra_driver.resourceslice import planner
+from dra_driver.resourceslice.planner import ContentCache, Plan, plan
 from dra_driver.resourceslice.pool import (
     DesiredPool,
     NodeOwner,
@@ -300,10 +301,25 @@ CASES = [
 ]
 
 
+def same_plan(a: Plan, b: Plan) -> bool:
+    return (a.creates, a.updates, a.deletes, a.generation, a.yielded_to) == (
+        b.creates,
+        b.updates,
+        b.deletes,
+        b.generation,
+        b.yielded_to,
+    )
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_plan(case: Case) -> None:
     existing = case.existing()
     result = plan(existing, case.desired, case.owner, case.ignored)
+    # A cache that planned this state and another pool before changes nothing.
+    cache = ContentCache()
+    plan(existing, case.desired, case.owner, case.ignored, cache=cache)
+    plan(existing, THREE, case.owner, frozenset({"devices[].capacity"}), cache=cache)
+    assert same_plan(plan(existing, case.desired, case.owner, case.ignored, cache=cache), result)
     assert names(result.creates) == case.creates
     assert names(result.updates) == case.updates
     assert result.deletes == case.deletes
@@ -356,11 +372,70 @@ def apply(state: dict[str, JSON], result: Plan) -> None:
 def converge(existing: list[JSON], desired: DesiredPool) -> tuple[dict[str, JSON], int]:
     state = {o["metadata"]["name"]: o for o in existing}
     rounds = 0
-    while not (result := plan(list(state.values()), desired, OWNER)).empty:
+    cache = ContentCache()  # one for every round, as a controller keeps it
+    while not (result := plan(list(state.values()), desired, OWNER, cache=cache)).empty:
+        assert same_plan(result, plan(list(state.values()), desired, OWNER))
         apply(state, result)
         rounds += 1
         assert rounds <= 2, "the planner does not converge"
     return state, result.generation
+
+
+def _counting_contents(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The first device of every spec the planner normalises from now on."""
+    computed: list[str] = []
+    content = planner._content
+
+    def counting(spec: Any, ignored: Any) -> JSON:
+        computed.append(spec.get("devices", [{}])[0].get("name", ""))
+        return content(spec, ignored)
+
+    monkeypatch.setattr(planner, "_content", counting)
+    return computed
+
+
+# The server re-serialises this quantity (as "80Gi"), so its slices differ from ours as sent.
+RESERIALISED = pool_of([device(0, "81920Mi")], [device(1, "81920Mi")], [device(2, "81920Mi")])
+
+
+def test_the_cache_compares_a_stored_slice_again_only_once_it_changed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    computed = _counting_contents(monkeypatch)
+    cache = ContentCache()
+    objs = published(RESERIALISED)
+    assert plan(objs, RESERIALISED, OWNER, cache=cache).empty
+    assert sorted(computed) == ["gpu-0", "gpu-0", "gpu-1", "gpu-1", "gpu-2", "gpu-2"]
+    computed.clear()
+    assert plan(objs, RESERIALISED, OWNER, cache=cache).empty
+    assert computed == []  # the pool and every stored slice as before
+    changed = stored(objs[1])  # the same slice at a new resourceVersion
+    changed["spec"]["devices"][0]["capacity"]["memory"]["value"] = "40Gi"
+    result = plan([objs[0], changed, objs[2]], RESERIALISED, OWNER, cache=cache)
+    assert names(result.updates) == [sname(1)]
+    assert computed == ["gpu-1"]
+    computed.clear()
+    other = published(pool_of([device(5, "81920Mi")]))
+    plan(other, RESERIALISED, OWNER, cache=cache)
+    computed.clear()
+    # What the last plan did not compare was dropped: the first slices are new to it again.
+    assert plan(objs, RESERIALISED, OWNER, cache=cache).empty
+    assert sorted(computed) == ["gpu-0", "gpu-1", "gpu-2"]
+
+
+def test_a_slice_stored_as_rendered_is_not_normalised_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    computed = _counting_contents(monkeypatch)
+    cache = ContentCache()
+    assert plan(published(THREE), THREE, OWNER, cache=cache).empty
+    assert sorted(computed) == ["gpu-0", "gpu-1", "gpu-2"]  # the wanted slices only
+    computed.clear()
+    # Stored as rendered but for another pool's content: compared as what it holds.
+    objs = published(THREE)
+    objs[2]["spec"]["devices"][0]["attributes"]["model"] = {"string": "A100"}
+    assert names(plan(objs, THREE, OWNER, cache=cache).updates) == [sname(2)]
+    assert computed == ["gpu-2"]
 
 
 sizes = st.lists(st.integers(min_value=0, max_value=3), min_size=0, max_size=4)
