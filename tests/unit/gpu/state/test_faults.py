@@ -38,7 +38,9 @@ def _state(tmp_path: Path, evidence: Evidence = NOTHING_IN_USE) -> DeviceState:
     return _dynamic_state(tmp_path, evidence=evidence)
 
 
-def _static(tmp_path: Path, evidence: Evidence = API_DOWN) -> DeviceState:
+def _static(
+    tmp_path: Path, evidence: Evidence = API_DOWN, boot_id: str = "boot-1"
+) -> DeviceState:
     """A node without dynamic MIG (the mixed profile: GPUs and MIG devices)."""
     return DeviceState(
         inventory=_inventory("mixed"),
@@ -46,7 +48,7 @@ def _static(tmp_path: Path, evidence: Evidence = API_DOWN) -> DeviceState:
         node_name=NODE,
         cdi_root=tmp_path / "cdi",
         state_dir=tmp_path / "plugin",
-        boot_id="boot-1",
+        boot_id=boot_id,
         evidence=evidence,
     )
 
@@ -431,15 +433,7 @@ def test_a_claim_not_recorded_after_a_reboot_is_not_answered_prepared_from_memor
     of the claim exists (found by the claim-state model)."""
     uid = "0d0d0d0d-0000-4000-8000-00000000000d"
     _static(tmp_path)  # the boot before: a checkpoint without claims
-    state = DeviceState(
-        inventory=_inventory("mixed"),
-        driver_name=DRIVER,
-        node_name=NODE,
-        cdi_root=tmp_path / "cdi",
-        state_dir=tmp_path / "plugin",
-        boot_id="boot-2",
-        evidence=API_DOWN,
-    )
+    state = _static(tmp_path, boot_id="boot-2")  # after the reboot
     faultfs.arm("write", 2, "ENOSPC", every=True)  # the disk fills after the CDI spec
     failed = state.prepare([_claim(uid, "gpu-2")])[uid]
     assert isinstance(failed, ClaimError) and "cannot record" in str(failed)
