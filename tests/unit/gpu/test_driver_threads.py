@@ -10,7 +10,6 @@ from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
 from dra_driver.gpu.driver import GpuDriver
 from dra_driver.gpu.state.device_state import DeviceState
 from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare
-from dra_driver.kubeletplugin.threads import OTHER_CALLS
 from tests.unit.gpu.state.claim_model import CONFIGS
 
 NODE = "node-1"
@@ -55,16 +54,6 @@ async def test_a_lone_plain_claim_is_prepared_and_unprepared_on_the_loop(tmp_pat
     assert isinstance((await driver.prepare([claim]))["a"], list)
     assert await driver.unprepare([claim.ref]) == {"a": None}
     assert state.threads == [threading.get_ident()] * 2
-
-
-async def test_with_other_calls_waiting_a_plain_claim_goes_to_a_thread(tmp_path: Path) -> None:
-    driver, state = _driver(tmp_path)
-    others = OTHER_CALLS.set(1)
-    try:
-        assert isinstance((await driver.prepare([_claim("a", "gpu-2")]))["a"], list)
-    finally:
-        OTHER_CALLS.reset(others)
-    assert state.threads != [threading.get_ident()]
 
 
 async def test_a_claim_with_a_sharing_step_goes_to_a_thread(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 """run_blocking keeps the caller (and so the node lock) until the thread is done;
-InlineRunner runs short work on the loop unless others wait or the work was slow."""
+InlineRunner runs short work on the loop unless others wait on a slow disk or the work was
+blocked too long."""
 
 from __future__ import annotations
 
@@ -15,7 +16,14 @@ from pathlib import Path
 import pytest
 
 from dra_driver.kubeletplugin.lock import NodeLock
-from dra_driver.kubeletplugin.threads import OTHER_CALLS, CpuWait, InlineRunner, run_blocking
+from dra_driver.kubeletplugin.threads import (
+    HANDOFF_WORTH,
+    OTHER_CALLS,
+    PROBE_EVERY,
+    InlineRunner,
+    RunnableTime,
+    run_blocking,
+)
 
 
 async def test_returns_result() -> None:
@@ -64,15 +72,59 @@ async def test_short_work_runs_on_the_loop_thread() -> None:
     assert await runner.run(threading.get_ident) == threading.get_ident()
 
 
-async def test_work_goes_to_a_thread_while_other_calls_are_in_progress() -> None:
-    runner = InlineRunner()
-    others = OTHER_CALLS.set(3)
+def _blocking(clock: _Clock, seconds: float) -> Callable[[], int]:
+    def sync() -> int:
+        clock.now += seconds  # blocked in an fsync that long
+        return threading.get_ident()
+
+    return sync
+
+
+async def _ran_inline(runner: InlineRunner, work: Callable[[], int]) -> bool:
+    return await runner.run(work) == threading.get_ident()
+
+
+async def test_with_others_in_progress_work_stays_on_the_loop_while_the_disk_is_fast() -> None:
+    clock = _Clock()
+    runner = InlineRunner(clock=clock, runnable=lambda: 0.0)
+    others = OTHER_CALLS.set(15)
     try:
-        assert not runner.inline
-        assert await runner.run(threading.get_ident) != threading.get_ident()
+        for _ in range(3 * PROBE_EVERY):
+            assert await _ran_inline(runner, _blocking(clock, HANDOFF_WORTH / 2))
     finally:
         OTHER_CALLS.reset(others)
-    assert runner.inline
+
+
+async def test_with_others_in_progress_a_slow_disk_sends_work_to_a_thread_but_probes() -> None:
+    clock = _Clock()
+    runner = InlineRunner(clock=clock, runnable=lambda: 0.0)
+    slow_sync = _blocking(clock, 4 * HANDOFF_WORTH)
+    for _ in range(8):  # lone calls on the loop learn how long a sync blocks
+        assert await _ran_inline(runner, slow_sync)
+    others = OTHER_CALLS.set(15)
+    try:
+        where = [await _ran_inline(runner, slow_sync) for _ in range(2 * PROBE_EVERY)]
+    finally:
+        OTHER_CALLS.reset(others)
+    # One call in PROBE_EVERY still runs on the loop, to notice a disk fast again.
+    assert where == 2 * ([False] * (PROBE_EVERY - 1) + [True])
+    assert await _ran_inline(runner, slow_sync)  # a lone call is never handed off
+
+
+async def test_a_disk_fast_again_brings_work_back_to_the_loop() -> None:
+    clock = _Clock()
+    runner = InlineRunner(clock=clock, runnable=lambda: 0.0)
+    for _ in range(8):
+        await runner.run(_blocking(clock, 4 * HANDOFF_WORTH))
+    fast_sync = _blocking(clock, HANDOFF_WORTH / 10)
+    others = OTHER_CALLS.set(15)
+    try:
+        where = [await _ran_inline(runner, fast_sync) for _ in range(8 * PROBE_EVERY)]
+    finally:
+        OTHER_CALLS.reset(others)
+    # Each probe on the loop moves the estimate; a few probes later no call is handed off.
+    assert not where[0]
+    assert all(where[-PROBE_EVERY:])
 
 
 def _stall(clock: _Clock, seconds: float = 0.5) -> Callable[[], int]:
@@ -85,7 +137,7 @@ def _stall(clock: _Clock, seconds: float = 0.5) -> Callable[[], int]:
 
 async def test_slow_work_sends_later_work_to_a_thread_for_the_cooldown() -> None:
     clock = _Clock()
-    runner = InlineRunner(limit=0.02, cooldown=60.0, clock=clock, cpu_wait=lambda: 0.0)
+    runner = InlineRunner(limit=0.02, cooldown=60.0, clock=clock, runnable=lambda: 0.0)
 
     assert await runner.run(_stall(clock)) == threading.get_ident()  # still ran on the loop
     assert not runner.inline
@@ -99,7 +151,7 @@ async def test_slow_work_sends_later_work_to_a_thread_for_the_cooldown() -> None
 
 async def test_slow_calls_in_a_row_double_the_time_in_threads_up_to_the_cooldown() -> None:
     clock = _Clock()
-    runner = InlineRunner(limit=0.02, cooldown=60.0, clock=clock, cpu_wait=lambda: 0.0)
+    runner = InlineRunner(limit=0.02, cooldown=60.0, clock=clock, runnable=lambda: 0.0)
     periods = []
     for _ in range(9):
         await runner.run(_stall(clock))
@@ -112,7 +164,7 @@ async def test_slow_calls_in_a_row_double_the_time_in_threads_up_to_the_cooldown
 
 async def test_a_slow_call_long_after_the_last_starts_again_at_a_second() -> None:
     clock = _Clock()
-    runner = InlineRunner(limit=0.02, cooldown=60.0, clock=clock, cpu_wait=lambda: 0.0)
+    runner = InlineRunner(limit=0.02, cooldown=60.0, clock=clock, runnable=lambda: 0.0)
     for _ in range(3):  # 1, 2 and 4 s in threads
         await runner.run(_stall(clock))
         clock.now += 4.0
@@ -123,14 +175,16 @@ async def test_a_slow_call_long_after_the_last_starts_again_at_a_second() -> Non
     assert runner.inline
 
 
-async def test_work_slow_only_from_waiting_for_a_cpu_stays_on_the_loop() -> None:
+async def test_work_slow_only_from_its_cpu_time_or_waiting_for_a_cpu_stays_on_the_loop() -> None:
     clock = _Clock()
-    waited = [3.0]
-    runner = InlineRunner(limit=0.02, cooldown=60.0, clock=clock, cpu_wait=lambda: waited[0])
+    runnable = [3.0]
+    runner = InlineRunner(limit=0.02, cooldown=60.0, clock=clock, runnable=lambda: runnable[0])
 
     def preempted() -> int:
         clock.now += 0.5
-        waited[0] += 0.49  # other processes had the CPU: the work itself took 10 ms
+        # 0.2 s of its own CPU (a batch of many claims), 0.29 s waiting for a CPU (other
+        # processes had it): blocked for 10 ms, within the limit.
+        runnable[0] += 0.49
         return threading.get_ident()
 
     assert await runner.run(preempted) == threading.get_ident()
@@ -141,9 +195,9 @@ async def test_work_slow_only_from_waiting_for_a_cpu_stays_on_the_loop() -> None
 @pytest.mark.skipif(
     not Path("/proc/thread-self/schedstat").exists(), reason="no per-thread schedstat here"
 )
-def test_cpu_wait_grows_while_other_processes_have_the_cpus() -> None:
-    wait = CpuWait()
-    first = wait()
+def test_runnable_time_grows_while_the_thread_runs_or_waits_for_a_cpu() -> None:
+    runnable = RunnableTime()
+    first = runnable()
     spin = "import time\nend = time.monotonic() + 0.5\nwhile time.monotonic() < end: pass"
     burners = [
         subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2 * (os.cpu_count() or 1))
@@ -155,20 +209,32 @@ def test_cpu_wait_grows_while_other_processes_have_the_cpus() -> None:
     finally:
         for b in burners:
             b.wait()
-    assert wait() > first
+    # The thread spun for 0.5 s of wall time, on a CPU or waiting for one throughout.
+    assert runnable() - first > 0.45
 
 
-def test_cpu_wait_is_zero_without_schedstat(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.skipif(
+    not Path("/proc/thread-self/schedstat").exists(), reason="no per-thread schedstat here"
+)
+def test_runnable_time_stands_still_while_the_thread_is_blocked() -> None:
+    runnable = RunnableTime()
+    first = runnable()
+    time.sleep(0.3)
+    assert runnable() - first < 0.1
+
+
+def test_without_schedstat_runnable_time_is_the_cpu_time(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*_: object) -> int:
         raise FileNotFoundError("no /proc")
 
     monkeypatch.setattr(os, "open", refuse)
-    assert CpuWait()() == 0.0
+    monkeypatch.setattr(time, "thread_time", lambda: 1.25)
+    assert RunnableTime()() == 1.25
 
 
 async def test_an_exception_on_the_loop_reaches_the_caller_and_counts_its_time() -> None:
     clock = _Clock()
-    runner = InlineRunner(limit=0.02, cooldown=60.0, clock=clock, cpu_wait=lambda: 0.0)
+    runner = InlineRunner(limit=0.02, cooldown=60.0, clock=clock, runnable=lambda: 0.0)
 
     def fails() -> None:
         clock.now += 1.0
