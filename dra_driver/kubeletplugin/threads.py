@@ -61,8 +61,8 @@ THREAD_COOLDOWN = 60.0
 #: Blocked time of a call on the loop above which, with other calls of the kubelet in
 #: progress, a thread is worth its hand-off: the loop reads their claims meanwhile and they
 #: join the next batch. Measured at 16 and 64 concurrent plain claims: with a 0.25 ms
-#: fdatasync the loop gave 1.1-1.3x the claims/s of the thread; with 0.75 ms, 1.0x and 0.8x;
-#: with 1.75 ms, 0.7x and 0.6x.
+#: fdatasync the loop gave 1.08-1.13x and 0.97-1.05x the claims/s of the thread (two runs of
+#: 12 rounds); with 0.75 ms, 0.94x and 0.81x; with 1.75 ms, 0.72x and 0.62x.
 HANDOFF_WORTH = 0.0005
 
 #: With other calls in progress and a disk slower than :data:`HANDOFF_WORTH`, every this
