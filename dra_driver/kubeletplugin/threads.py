@@ -52,9 +52,12 @@ INLINE_LIMIT = 0.02
 
 #: How long short work runs in a thread after a call on the loop took too long (the disk was
 #: slow: an fsync behind an image pull's writes); then the loop tries again. A slow call
-#: within :data:`THREAD_COOLDOWN` of the end of the last such time doubles it, up to that: one slow
-#: fsync (behind another process's journal commit) costs a second of threads, which take a
-#: third more CPU per call, while a disk that stays slow stalls the loop at most once a minute.
+#: that comes before the loop has run as long as that time in threads doubles it, up to
+#: :data:`THREAD_COOLDOWN`; one after a longer run of fast calls starts again at a second.
+#: So a disk that stays slow stalls the loop at most once a minute, while the odd slow fsync
+#: (behind another process's journal commit; every 10-30 s on a busy VM, measured) costs a
+#: second of threads each, which take a third more CPU per call, instead of adding up to a
+#: minute.
 FIRST_COOLDOWN = 1.0
 THREAD_COOLDOWN = 60.0
 
@@ -164,8 +167,9 @@ class InlineRunner:
 
     def _slow(self, now: float, took: float, ran: float) -> None:
         """Send short work to threads for a while after a slow call ended at ``now``."""
-        if now - self._threaded_until > self._max_cooldown:
-            self._cooldown = self._first_cooldown  # the last slow call is long past
+        if now - self._threaded_until > self._cooldown:
+            # The loop ran fast for longer than the last time in threads: a stray slow call.
+            self._cooldown = self._first_cooldown
         else:
             self._cooldown = min(2 * self._cooldown, self._max_cooldown)
         self._threaded_until = now + self._cooldown
