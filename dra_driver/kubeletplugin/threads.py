@@ -55,9 +55,9 @@ INLINE_LIMIT = 0.02
 #: that comes before the loop has run as long as that time in threads doubles it, up to
 #: :data:`THREAD_COOLDOWN`; one after a longer run of fast calls starts again at a second.
 #: So a disk that stays slow stalls the loop at most once a minute, while the odd slow fsync
-#: (behind another process's journal commit; every 10-30 s on a busy VM, measured) costs a
-#: second of threads each, which take a third more CPU per call, instead of adding up to a
-#: minute.
+#: (behind another process's journal commit; seconds to tens of seconds apart on a busy VM,
+#: measured) costs a second of threads each, which take a third more CPU per call, instead of
+#: adding up to a minute.
 FIRST_COOLDOWN = 1.0
 THREAD_COOLDOWN = 60.0
 
