@@ -45,10 +45,17 @@ async def run_blocking(func: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.k
         raise
 
 
-#: Longest a call run on the loop may be blocked (on the disk) before such calls go to a
-#: thread again: a health stream, a liveness probe and the claim reads of other calls wait
-#: while it runs.
+#: Longest a call run on the loop while other calls of the kubelet are in progress may be
+#: blocked (on the disk) before such calls go to a thread again: the claim reads of the
+#: other calls wait while it runs.
 INLINE_LIMIT = 0.02
+
+#: The same for a call with no other call in progress (the usual prepare: one pod at a
+#: time). Only the loop's background work waits for it: a health stream, the liveness probe
+#: (its timeout is seconds) and status reports. A thread would give these a few
+#: milliseconds back at the price of about a third more CPU per call, so only a disk that
+#: stalls for this long sends lone calls to threads.
+LONE_LIMIT = 0.25
 
 #: How long short work runs in a thread after a call on the loop took too long (the disk was
 #: slow: an fsync behind an image pull's writes); then the loop tries again. A slow call
@@ -113,7 +120,7 @@ class RunnableTime:
 class InlineRunner:
     """Runs short blocking calls on the loop, and in a worker thread while others wait and
     the calls block for long (see :data:`HANDOFF_WORTH`) or for a while after one was
-    blocked too long (see :data:`INLINE_LIMIT`)."""
+    blocked too long (see :data:`INLINE_LIMIT` and :data:`LONE_LIMIT`)."""
 
     def __init__(
         self,
@@ -122,11 +129,15 @@ class InlineRunner:
         clock: Callable[[], float] = time.monotonic,
         runnable: Callable[[], float] | None = None,
         first_cooldown: float = FIRST_COOLDOWN,
+        lone_limit: float = LONE_LIMIT,
     ) -> None:
         """``runnable``: seconds the thread has been runnable so far (:class:`RunnableTime`).
-        The time in threads after a slow call starts at ``first_cooldown`` and doubles up to
-        ``cooldown`` while slow calls keep coming (see :data:`FIRST_COOLDOWN`)."""
+        A call is slow when blocked longer than ``limit``, or ``lone_limit`` without other
+        calls in progress. The time in threads after a slow call starts at
+        ``first_cooldown`` and doubles up to ``cooldown`` while slow calls keep coming (see
+        :data:`FIRST_COOLDOWN`)."""
         self._limit = limit
+        self._lone_limit = max(lone_limit, limit)
         self._first_cooldown = min(first_cooldown, cooldown)
         self._max_cooldown = cooldown
         self._cooldown = self._first_cooldown
@@ -152,6 +163,7 @@ class InlineRunner:
             self._handed_off += 1
             return await run_blocking(func, *args, **kwargs)
         self._handed_off = 0
+        limit = self._limit if OTHER_CALLS.get() else self._lone_limit
         started, runnable = self._clock(), self._runnable()
         try:
             return func(*args, **kwargs)
@@ -162,10 +174,10 @@ class InlineRunner:
             ran = self._runnable() - runnable
             blocked = max(0.0, took - ran)
             self._blocked += BLOCKED_WEIGHT * (blocked - self._blocked)
-            if blocked > self._limit:
-                self._slow(started + took, took, ran)
+            if blocked > limit:
+                self._slow(started + took, took, ran, limit)
 
-    def _slow(self, now: float, took: float, ran: float) -> None:
+    def _slow(self, now: float, took: float, ran: float, limit: float) -> None:
         """Send short work to threads for a while after a slow call ended at ``now``."""
         if now - self._threaded_until > self._cooldown:
             # The loop ran fast for longer than the last time in threads: a stray slow call.
@@ -177,6 +189,6 @@ class InlineRunner:
             "short driver work was slow: running it in a thread for a while",
             took_s=round(took, 3),
             runnable_s=round(ran, 3),
-            limit_s=self._limit,
+            limit_s=limit,
             for_s=self._cooldown,
         )

@@ -18,6 +18,7 @@ import pytest
 from dra_driver.kubeletplugin.lock import NodeLock
 from dra_driver.kubeletplugin.threads import (
     HANDOFF_WORTH,
+    LONE_LIMIT,
     OTHER_CALLS,
     PROBE_EVERY,
     InlineRunner,
@@ -147,6 +148,29 @@ async def test_slow_work_sends_later_work_to_a_thread_for_the_cooldown() -> None
     clock.now += 0.1  # one slow call: a second in threads
     assert runner.inline
     assert await runner.run(threading.get_ident) == threading.get_ident()
+
+
+async def test_a_lone_call_stays_on_the_loop_unless_the_disk_stalls_for_long() -> None:
+    # Nothing but the loop's background work waits for a lone call: a slow fsync of 0.1 s
+    # is not worth a thread's CPU; a stall past LONE_LIMIT is.
+    clock = _Clock()
+    runner = InlineRunner(limit=0.02, cooldown=60.0, clock=clock, runnable=lambda: 0.0)
+    for _ in range(3):
+        assert await _ran_inline(runner, _stall(clock, 0.1))
+        assert runner.inline
+    assert await _ran_inline(runner, _stall(clock, LONE_LIMIT + 0.01))
+    assert not runner.inline
+
+
+async def test_with_others_in_progress_a_shorter_stall_sends_work_to_a_thread() -> None:
+    clock = _Clock()
+    runner = InlineRunner(limit=0.02, cooldown=60.0, clock=clock, runnable=lambda: 0.0)
+    others = OTHER_CALLS.set(1)
+    try:
+        assert await _ran_inline(runner, _stall(clock, 0.1))
+        assert not runner.inline
+    finally:
+        OTHER_CALLS.reset(others)
 
 
 async def _times_in_threads(stalls: int, fast_for: Callable[[float], float]) -> list[float]:
