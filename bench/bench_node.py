@@ -13,7 +13,7 @@ simulated``), given ``--reference-bin`` the Go reference kubelet plugin, and the
   status subresource, so every prepare reads its claim from the API server; fsyncs stay on;
 * start-up: process start until the registration socket exists, and until the slices are
   published;
-* memory: process tree RSS and PSS idle and during 10,000 prepare/unprepare cycles, open
+* memory: process tree RSS and PSS idle and during 20,000 prepare/unprepare cycles, open
   descriptors, API-server connections idle and after a burst; CPU per claim; fsyncs per
   prepare+unprepare (strace);
 * the reference once more at its shipped client defaults (5 QPS, burst 10);
@@ -374,15 +374,19 @@ def measure_costs(
     contenders: Sequence[Contender],
     claims: dict[str, list[tuple[str, str]]],
     cycles: int,
+    cpu_cycles: int,
     work: Path,
 ) -> dict[str, dict[str, Any]]:
-    """CPU per claim and fsyncs per prepare+unprepare, one claim at a time.
+    """CPU per claim (over ``cpu_cycles``) and fsyncs per prepare+unprepare (over
+    ``cycles``), one claim at a time.
 
-    The CPU is measured in interleaved rounds (a tenth of ``cycles`` each), like the
+    The CPU is measured in interleaved rounds (a tenth of ``cpu_cycles`` each), like the
     latencies: measured one contender after the other, the ratio moved by more than a tenth
-    between runs of the same code. The syscall count comes after, under strace."""
+    between runs of the same code. A round must be long against the kernel's CPU accounting
+    tick (10 ms): 30 cycles per round put each round's figure on a grid of 0.33 ms per
+    claim. The syscall count comes after, under strace."""
     rounds = 10
-    per_round = max(1, cycles // rounds)
+    per_round = max(1, cpu_cycles // rounds)
     cpu: dict[str, list[float]] = {c.label: [] for c in contenders}
     for c in interleaved(contenders, rounds):
         before = cpu_seconds(c.pid)
@@ -528,7 +532,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     migs = work / "mig.yaml"
     migs.write_text(yaml.safe_dump(mig_profile(MIG_GPUS)))
     (metrics_port,) = pick_free_ports(1)
-    rounds = 1 if args.quick else 2
+    # Interleaved rounds per concurrency: with two, one busy moment of the machine moved a
+    # ratio by a fifth; a round at concurrency 1 takes about two seconds.
+    rounds = 1 if args.quick else 6
 
     with LocalCluster(verbosity=1) as cluster:
         api = Api(cluster)
@@ -560,14 +566,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         results["latency"] = measure_latency(contenders, claims, rounds, args.quick)
         done = {label: sum(r["cycles"] for r in rs) for label, rs in results["latency"].items()}
         results["memory_cycles"] = measure_soak(
-            contenders, claims, done, 2000 if args.quick else 10_000, port
+            contenders, claims, done, 2000 if args.quick else 20_000, port
         )
         # Before the costs: their syscall count runs the agents under strace, which makes
         # every short call slow, and the agent then works in threads for a minute.
         results["profile"] = measure_profile(
             mine, claims["ours"], 200 if args.quick else 1000, work
         )
-        results["costs"] = measure_costs(contenders, claims, 100 if args.quick else 300, work)
+        results["costs"] = measure_costs(
+            contenders, claims, 100 if args.quick else 300, 300 if args.quick else 1500, work
+        )
         if ref is not None:
             results["reference_defaults"] = measure_reference_defaults(
                 cluster, api, ref, claims["reference"], args.quick
