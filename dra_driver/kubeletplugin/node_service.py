@@ -79,9 +79,13 @@ class _Waiter:
 class _Coalescer:
     """Runs driver calls one at a time under the node lock, merging calls that queue up.
 
-    Each driver call fsyncs the checkpoint twice, whatever the batch size; while one call runs,
-    the calls waiting behind it are merged into one batch. Only a run of consecutive calls of
-    the same kind is merged, so prepares and unprepares still happen in the order they queued.
+    Each driver call fsyncs the checkpoint once or twice, whatever the batch size; while one
+    call runs, the calls waiting behind it are merged into one batch. A call of the kind
+    ``overtakes`` (unprepare) also joins a batch ahead of calls of the other kind queued
+    before it, unless one of them names the same claim; the other kind (prepare) never runs
+    ahead of a call queued before it. So freeing devices may come earlier than asked, taking
+    them never does (a prepare of a device an earlier unprepare frees would fail), and every
+    claim's calls run in the order they came.
     If the call that runs a batch is cancelled (its caller's deadline), the others of the batch
     find their result unset when they get the lock and run their own claims.
     """
@@ -91,10 +95,12 @@ class _Coalescer:
         lock: NodeLock,
         calls: Mapping[str, Callable[[list[Any]], Awaitable[_Results]]],
         key: Mapping[str, Callable[[Any], str]],
+        overtakes: str,
     ) -> None:
         self._lock = lock
         self._calls = calls
         self._key = key
+        self._overtakes = overtakes
         self._queue: list[_Waiter] = []
 
     async def run(self, kind: str, items: Sequence[Any]) -> _Results:
@@ -104,13 +110,7 @@ class _Coalescer:
             async with self._lock.hold():
                 if me.result.done():
                     return me.result.result()
-                batch = [me]
-                for other in self._queue:
-                    if other is me or other.result.done():
-                        continue
-                    if other.kind != kind:
-                        break
-                    batch.append(other)
+                batch = self._batch(me)
                 self._queue = [w for w in self._queue if w not in batch]
                 merged: dict[str, Any] = {}
                 for waiter in batch:
@@ -124,6 +124,21 @@ class _Coalescer:
         finally:
             if me in self._queue:
                 self._queue.remove(me)
+
+    def _batch(self, me: _Waiter) -> list[_Waiter]:
+        """``me`` and the queued calls that run with it (see the class)."""
+        batch = [me]
+        passed: set[str] = set()  # claims of the other kind's calls the batch runs ahead of
+        for other in self._queue:
+            if other is me or other.result.done():
+                continue
+            if other.kind != me.kind:
+                if me.kind != self._overtakes:
+                    break
+                passed.update(self._key[other.kind](item) for item in other.items)
+            elif not passed or passed.isdisjoint(self._key[me.kind](i) for i in other.items):
+                batch.append(other)
+        return batch
 
 
 class NodeService:
@@ -150,6 +165,7 @@ class NodeService:
             lock,
             {"prepare": self._driver_prepare, "unprepare": self._driver_unprepare},
             {"prepare": lambda c: c.ref.uid, "unprepare": lambda r: r.uid},
+            overtakes="unprepare",
         )
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareOutcome]:
