@@ -568,8 +568,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         results["memory_cycles"] = measure_soak(
             contenders, claims, done, 2000 if args.quick else 20_000, port
         )
-        # Before the costs: their syscall count runs the agents under strace, which makes
-        # every short call slow, and the agent then works in threads for a minute.
+        # Before the costs: their syscall count runs the agents under strace, which slows
+        # every call; the profile is of the agent as it runs untraced.
         results["profile"] = measure_profile(
             mine, claims["ours"], 200 if args.quick else 1000, work
         )
