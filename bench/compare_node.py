@@ -6,7 +6,8 @@ tree and the agent of ``--base`` (checked out in a temporary worktree) serve the
 simulated node of one control plane under different driver names, and the benchmark's client
 alternates between them every ``--cycles`` prepare+unprepare cycles, so both see the same
 load. Reported per concurrency: the median over rounds of each one's CPU per cycle, prepare
-and unprepare p50 and claims/s, and the ratio work tree / base of each round's CPU.
+and unprepare p50 and claims/s, the p99s of all rounds' samples pooled, and the ratio work
+tree / base of each round's CPU.
 
 Run: ``.venv/bin/python bench/compare_node.py --base HEAD~1 [--rounds 12] [--concurrency 1 16
 64] [--cycles 192]``. Numbers, not pass/fail; not part of ``make bench``.
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from bench_node import GPUS, NAMESPACE, Api, many_gpus_profile, prepare_cycles, start_all
+from bench_node import GPUS, NAMESPACE, Api, many_gpus_profile, pct, prepare_cycles, start_all
 from contenders import REPO, Contender, compile_sources, cpu_seconds, exit_on_sigterm
 
 from devenv.localcluster import LocalCluster, NodeHandle
@@ -63,12 +64,12 @@ def agent(
     return Contender(label, DRIVERS[label], node, argv)
 
 
-def measure(
-    args: argparse.Namespace, base_tree: Path
-) -> dict[int, dict[str, list[tuple[float, ...]]]]:
-    """Per concurrency and agent: (CPU ms per cycle, prepare p50 ms, unprepare p50 ms,
-    claims/s) of each round."""
-    rounds: dict[int, dict[str, list[tuple[float, ...]]]] = {}
+Rounds = dict[int, dict[str, list[dict[str, Any]]]]
+
+
+def measure(args: argparse.Namespace, base_tree: Path) -> Rounds:
+    """Per concurrency and agent: each round's CPU ms per cycle, claims/s and latencies."""
+    rounds: Rounds = {}
     work = Path(tempfile.mkdtemp(prefix="compare-node-"))
     profile = work / "gpus.yaml"
     profile.write_text(yaml.safe_dump(many_gpus_profile(GPUS)))
@@ -93,30 +94,36 @@ def measure(
                         prepare_cycles(a.dra_socket, claims[a.label], concurrency, args.cycles)
                     )
                     done = len(out["prepare"])
-                    rounds.setdefault(concurrency, {}).setdefault(a.label, []).append(
-                        (
-                            (cpu_seconds(a.pid) - before) * 1000 / done,
-                            statistics.median(out["prepare"]) * 1000,
-                            statistics.median(out["unprepare"]) * 1000,
-                            done / out["seconds"],
-                        )
-                    )
+                    out["cpu_ms"] = (cpu_seconds(a.pid) - before) * 1000 / done
+                    out["rate"] = done / out["seconds"]
+                    rounds.setdefault(concurrency, {}).setdefault(a.label, []).append(out)
     return rounds
 
 
-def report(rounds: dict[int, dict[str, list[tuple[float, ...]]]]) -> list[str]:
+def report(rounds: Rounds) -> list[str]:
     """One line per concurrency and agent, and the per-round CPU ratios."""
     lines = []
     for concurrency, by_agent in rounds.items():
         for label in ("base", "work"):
-            cpu, prep, unprep, rate = (
-                statistics.median(x) for x in zip(*by_agent[label], strict=True)
+            runs = by_agent[label]
+            cpu, rate = (statistics.median(r[key] for r in runs) for key in ("cpu_ms", "rate"))
+            prep, unprep = (
+                statistics.median(statistics.median(r[key]) for r in runs) * 1000
+                for key in ("prepare", "unprepare")
+            )
+            prep99, unprep99 = (
+                pct([x for r in runs for x in r[key]], 99) * 1000
+                for key in ("prepare", "unprepare")
             )
             lines.append(
                 f"concurrency {concurrency:>2} {label}: CPU {cpu:.2f} ms/cycle, prepare p50 "
-                f"{prep:.2f} ms, unprepare p50 {unprep:.2f} ms, {rate:.1f} claims/s"
+                f"{prep:.2f} p99 {prep99:.2f} ms, unprepare p50 {unprep:.2f} p99 "
+                f"{unprep99:.2f} ms, {rate:.1f} claims/s"
             )
-        ratios = [w[0] / b[0] for b, w in zip(by_agent["base"], by_agent["work"], strict=True)]
+        ratios = [
+            w["cpu_ms"] / b["cpu_ms"]
+            for b, w in zip(by_agent["base"], by_agent["work"], strict=True)
+        ]
         shown = ", ".join(f"{x:.2f}" for x in ratios)
         lines.append(
             f"   work / base CPU per round: median {statistics.median(ratios):.2f} ({shown})"
@@ -135,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with worktree(args.base) as base_tree:
         for tree in (REPO, base_tree):
             compile_sources(tree)
-        results: Any = measure(args, base_tree)
+        results = measure(args, base_tree)
     print("\n".join(report(results)))
     return 0
 
