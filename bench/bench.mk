@@ -1,6 +1,6 @@
 # Benchmarks: numbers, not pass/fail. `make bench` runs them and regenerates
 # docs/performance.md (60-95 min on a fresh clone with SCALE_NODES="100 500", with the
-# machine's speed, measured: the node agent against the reference 11-12 minutes, of which
+# machine's speed, measured: the node agent against the reference 11-13 minutes, of which
 # the publisher's steady state is watched for 5; then the scheduler's allocator per node
 # layout, a minute; then the scale benchmark publishes and schedules on 10, 100 and 500
 # simulated nodes, five layouts each, each row on a control plane of its own, and the
