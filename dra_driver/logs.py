@@ -47,18 +47,20 @@ class UtcStamper:
     costliest step of an event, and prepare and unprepare log one event each."""
 
     def __init__(self) -> None:
-        self._second = -1
-        self._prefix = ""
+        # The second and its text in one tuple, replaced in one step: worker threads log
+        # too, and must never pair one second with another's text.
+        self._formatted = (-1, "")
 
     def __call__(
         self, _logger: Any, _method: str, event: MutableMapping[str, Any]
     ) -> MutableMapping[str, Any]:
         now = time.time()
         second = int(now)
-        if second != self._second:
-            self._prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-            self._second = second
-        event["timestamp"] = f"{self._prefix}.{int((now - second) * 1e6):06d}Z"
+        formatted = self._formatted
+        if formatted[0] != second:
+            formatted = (second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)))
+            self._formatted = formatted
+        event["timestamp"] = f"{formatted[1]}.{int((now - second) * 1e6):06d}Z"
         return event
 
 
