@@ -7,7 +7,6 @@ one format on one stream.
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
@@ -73,32 +72,17 @@ class JsonLine:
 
     def __init__(self) -> None:
         self._stamp = UtcStamper()
+        self._render = structlog.processors.JSONRenderer()
 
-    def __call__(self, logger: Any, method: str, event: MutableMapping[str, Any]) -> str:
+    def __call__(self, logger: Any, method: str, event: MutableMapping[str, Any]) -> Any:
         event = structlog.contextvars.merge_contextvars(logger, method, event)
         event = truncate_values(logger, method, event)
-        event["level"] = _LEVEL_OF_METHOD.get(method, method)
+        event = structlog.stdlib.add_log_level(logger, method, event)
         event["logger"] = logger.name
         event = self._stamp(logger, method, event)
         if "exc_info" in event:
             event = structlog.processors.format_exc_info(logger, method, event)
-        return _ENCODER.encode(event)
-
-
-#: The level a log method writes (structlog's names).
-_LEVEL_OF_METHOD = {"exception": "error", "warn": "warning"}
-
-
-def _unknown(value: Any) -> Any:
-    """What a value JSON has no type for is written as (as structlog's JSON renderer does)."""
-    try:
-        return value.__structlog__()
-    except AttributeError:
-        return repr(value)
-
-
-#: One encoder for every event (``json.dumps`` with ``default`` builds one per call).
-_ENCODER = json.JSONEncoder(default=_unknown)
+        return self._render(logger, method, event)
 
 
 class _StderrLogger:
