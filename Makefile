@@ -53,11 +53,12 @@ e2e: install testenv
 	$(TESTENV_ENV) $(BIN)/pytest -m e2e
 
 # What must work on every release: the driver, its publisher, the examples, device health,
-# binding conditions, cross-driver NUMA alignment, list-type attributes (or their fallback)
-# and ComputeDomains.
+# binding conditions, cross-driver NUMA alignment, list-type attributes (or their fallback),
+# ComputeDomains and claim status.
 E2E_CORE := tests/e2e/test_driver.py tests/e2e/test_publisher.py tests/e2e/test_examples.py \
             tests/e2e/test_health.py tests/e2e/test_binding.py tests/e2e/test_alignment.py \
-            tests/e2e/test_list_attributes.py tests/e2e/test_compute_domain.py
+            tests/e2e/test_list_attributes.py tests/e2e/test_compute_domain.py \
+            tests/e2e/test_claim_status.py
 
 e2e-core: install testenv
 	$(TESTENV_ENV) $(BIN)/pytest -m e2e $(E2E_CORE)

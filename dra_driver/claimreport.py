@@ -3,11 +3,13 @@
 Writes happen in the background so they never add to prepare latency. Device status goes
 through server-side apply on the status subresource with this driver as field manager: the
 API server merges our entries by (driver, pool, device) and leaves other drivers' entries
-alone, so there is no read-modify-write and no conflict to retry. Later updates of one claim
-replace earlier ones that have not been written yet, and an update the API server already
-holds (the claim is still at the version our last write of the same devices left it, as when
-the kubelet prepares a claim again after a restart, or a pod's claim is prepared again right
-after its unprepare) is not written at all.
+alone, so there is no read-modify-write and no conflict to retry. It cannot apply it to a
+claim whose allocation carries opaque parameters spelled otherwise than it would spell them
+(:mod:`dra_driver.rawstatus`): such a claim's status is written by update of the whole status.
+Later updates of one claim replace earlier ones that have not been written yet, and an update
+the API server already holds (the claim is still at the version our last write of the same
+devices left it, as when the kubelet prepares a claim again after a restart, or a pod's claim
+is prepared again right after its unprepare) is not written at all.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any, NamedTuple
 
 import structlog
 
-from dra_driver import resourceapi
+from dra_driver import rawstatus, resourceapi
 from dra_driver.events import post_event
 from dra_driver.kube import KubeClient, server_side_apply
 from dra_driver.kubeletplugin.interfaces import ClaimRef
@@ -107,6 +109,9 @@ class ClaimReporter:
         #: only while those devices stand (a clear, a failed write or a 404 drops the entry),
         #: so it holds at most the claims prepared on this node.
         self._written: dict[str, tuple[str, list[DeviceStatus]]] = {}
+        #: Claims whose status the API server refuses to apply over their allocation's opaque
+        #: parameters: written by update instead, until cleared or gone.
+        self._by_update: set[str] = set()
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -199,23 +204,29 @@ class ClaimReporter:
             if ref.uid in self._pending:
                 return  # superseded while we were backing off
             body = status_body(ref, self._driver, self._pool, devices, resourceapi.api_time())
-            path = resourceapi.path(
-                resourceapi.RESOURCE_CLAIMS, ref.name, namespace=ref.namespace, subresource="status"
-            )
+            by_update = ref.uid in self._by_update
             try:
-                response = await server_side_apply(
-                    self._client, path, body, field_manager=self._driver
-                )
-                status = response.status
-                text = response.body.decode("utf-8", "replace")
+                if by_update:
+                    status, text = await self._update(ref, body["status"]["devices"])
+                else:
+                    status, text = await self._server_side_apply(ref, body)
             except Exception as exc:  # connection trouble: retry below
                 status, text = 0, str(exc)
+            if not by_update and status in (403, 422) and "status.allocation" in text:
+                # Our apply never names the allocation: the API server re-encoded its opaque
+                # parameters (see rawstatus). Write this claim's status by update from now on.
+                log.debug("claim status written by update from now on", claim=str(ref))
+                self._by_update.add(ref.uid)
+                continue
             if 200 <= status < 300:
                 version = _resource_version(text)
                 if devices and version:
                     self._written[ref.uid] = (version, devices)
+                elif not devices:
+                    self._by_update.discard(ref.uid)
                 return
             if status == 404:
+                self._by_update.discard(ref.uid)
                 return  # the claim is gone, nothing to report on
             if status in (400, 403, 422):
                 log.error(
@@ -224,6 +235,37 @@ class ClaimReporter:
                 return
             await asyncio.sleep(min(10.0, 0.2 * 2**attempt) * random.uniform(0.5, 1.0))
         log.warning("giving up on claim status", claim=str(ref), attempts=MAX_ATTEMPTS)
+
+    async def _server_side_apply(self, ref: ClaimRef, body: dict[str, Any]) -> tuple[int, str]:
+        path = resourceapi.path(
+            resourceapi.RESOURCE_CLAIMS, ref.name, namespace=ref.namespace, subresource="status"
+        )
+        response = await server_side_apply(self._client, path, body, field_manager=self._driver)
+        return response.status, response.body.decode("utf-8", "replace")
+
+    async def _update(self, ref: ClaimRef, ours: list[dict[str, Any]]) -> tuple[int, str]:
+        """Replace this driver's entries in the claim's ``status.devices`` by an update of
+        the whole status, its opaque JSON spelled as stored (:mod:`dra_driver.rawstatus`).
+        A conflict (409) means the claim changed meanwhile: the caller tries again."""
+        path = resourceapi.path(resourceapi.RESOURCE_CLAIMS, ref.name, namespace=ref.namespace)
+        as_json = await self._client.request("GET", path)
+        if not as_json.ok:
+            return as_json.status, as_json.body.decode("utf-8", "replace")
+        claim = json.loads(as_json.body)
+        if (claim.get("metadata") or {}).get("uid") != ref.uid:
+            return 404, "another claim of the same name"
+        as_protobuf = await self._client.request("GET", path, accept=rawstatus.PROTOBUF)
+        if not as_protobuf.ok:
+            return as_protobuf.status, as_protobuf.body.decode("utf-8", "replace")
+        try:
+            raw = rawstatus.stored_raw(as_protobuf.body)
+            body = rawstatus.status_update(claim, raw, self._driver, self._pool, ours)
+        except ValueError as exc:
+            return 409, str(exc)
+        response = await self._client.request(
+            "PUT", f"{path}/status", query=[("fieldManager", self._driver)], body=body
+        )
+        return response.status, response.body.decode("utf-8", "replace")
 
 
 def _resource_version(text: str) -> str | None:

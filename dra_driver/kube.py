@@ -276,14 +276,18 @@ class KubeClient:
         content_type: str = "application/json",
         # aiohttp enforces it per request, the way every caller here wants a deadline.
         timeout: float = 30.0,  # noqa: ASYNC109
+        accept: str | None = None,
     ) -> Response:
         """Send one request and read the whole answer; any status is returned, not raised.
 
-        ``body`` is bytes, text or a JSON-serializable object. Connection failures and
-        timeouts raise (``aiohttp.ClientError``, ``TimeoutError``, ``OSError``).
+        ``body`` is bytes, text or a JSON-serializable object; ``accept`` asks for another
+        media type than JSON. Connection failures and timeouts raise
+        (``aiohttp.ClientError``, ``TimeoutError``, ``OSError``).
         """
         method = method.upper()
         kwargs = await self._kwargs(query, body, content_type, aiohttp.ClientTimeout(total=timeout))
+        if accept is not None:
+            kwargs["headers"]["Accept"] = accept
         try:
             async with self._session.request(method, self.server + path, **kwargs) as resp:
                 data = await resp.read()

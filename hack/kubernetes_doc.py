@@ -63,7 +63,8 @@ DRIVER: dict[str, str] = {
     "DRAResourcePoolStatus": "nothing to publish: the controller reads the driver's slices "
     "(see below)",
     "DRAResourceClaimGranularStatusAuthorization": "writing `status.devices` needs the "
-    "`resourceclaims/driver` grant (`associated-node:patch`) the chart and kustomize give",
+    "`resourceclaims/driver` grant (`associated-node:patch` and `:update`) the chart and "
+    "kustomize give",
     "DRASchedulerFilterTimeout": "scheduler only",
     "KubeletPodResourcesDynamicResources": "kubelet only",
     "ResourceHealthStatusMessage": "kubelet only",

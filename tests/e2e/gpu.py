@@ -135,7 +135,13 @@ spec:
       - name: gpu
         exactly:
           deviceClassName: {DRIVER}{sel}{config}
----
+---{claim_pod(name, node, f"resourceClaimTemplateName: {claim_template}")}"""
+
+
+def claim_pod(name: str, node: str, claim: str) -> str:
+    """A pod ``name`` on ``node`` with one claim ``gpu``, whose source is ``claim``
+    (``resourceClaimName: c`` or ``resourceClaimTemplateName: t``)."""
+    return f"""
 apiVersion: v1
 kind: Pod
 metadata: {{name: {name}}}
@@ -143,13 +149,11 @@ spec:
   nodeSelector: {{e2e-node: {node}}}
   terminationGracePeriodSeconds: 1
   resourceClaims:
-  - name: gpu
-    resourceClaimTemplateName: {claim_template}
+  - {{name: gpu, {claim}}}
   containers:
   - name: main
     image: registry.k8s.io/pause:3.10
-    resources:
-      claims: [{{name: gpu}}]
+    resources: {{claims: [{{name: gpu}}]}}
 """
 
 

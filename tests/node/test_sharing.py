@@ -11,7 +11,7 @@ import pytest
 from kubernetes import client
 
 from tests.node.loadcheck import TRIPLET_DIR
-from tests.node.probe import NVIDIA_MAJOR, Node
+from tests.node.probe import NVIDIA_MAJOR, Node, wait_until
 
 pytestmark = pytest.mark.node
 
@@ -41,6 +41,18 @@ def test_time_slicing_shares_one_gpu_between_containers(node: Node, namespace: s
     (dev,) = node.allocated(namespace, pod)
     assert trainer.visible_devices() == evaluator.visible_devices() == {dev.attr("uuid")}
     assert trainer.devices == evaluator.devices
+    # The claim's device status, written by the agent with its service account. The Python
+    # client sent the claim's parameters with ", " separators, which the API server cannot
+    # apply a status to: the agent writes it by update (its chart grants that).
+    (name,) = node.claim_names(namespace, pod)
+    claims = node.dynamic.resources.get(api_version="resource.k8s.io/v1", kind="ResourceClaim")
+
+    def device_status() -> list[dict[str, Any]]:
+        claim = claims.get(name=name, namespace=namespace).to_dict()
+        return list(claim.get("status", {}).get("devices") or [])
+
+    (entry,) = wait_until(device_status, "the claim's status.devices")
+    assert (entry["device"], entry["data"]["uuid"]) == (dev.device, dev.attr("uuid"))
 
 
 def test_mps_clients_get_the_pipe_directory(node: Node, namespace: str) -> None:

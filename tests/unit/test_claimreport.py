@@ -209,3 +209,76 @@ async def test_updates_queued_during_a_round_wait_for_the_next() -> None:
             await asyncio.sleep(0.01)
         task.cancel()
     assert server.seen[1]["path"] == f"{base}/b/status"
+
+
+async def test_status_the_api_server_cannot_apply_is_written_by_update() -> None:
+    # A claim whose allocation's opaque parameters are spelled otherwise than the API server
+    # would spell them: the apply is refused ("status.allocation: field cannot be modified
+    # once set"); the status is then written whole, the stored spelling kept, and so on for
+    # the claim's later writes. A conflict (the claim changed meanwhile) is tried again.
+    import asyncio
+    import json
+
+    from aiohttp import web
+
+    from dra_driver.claimreport import ClaimReporter
+    from dra_driver.rawstatus import PROTOBUF
+    from tests.unit.kubeserver import plain_client, serve
+    from tests.unit.test_rawstatus import PARAMS, claim_json, claim_protobuf
+
+    path = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c"
+    refused = {
+        "kind": "Status",
+        "code": 422,
+        "message": 'ResourceClaim "c" is invalid: status.allocation: Invalid value: null: '
+        "field cannot be modified once set",
+    }
+    conflicts = 1
+
+    async def read(request: web.Request) -> web.Response:
+        if request.headers.get("Accept") == PROTOBUF:
+            return web.Response(body=claim_protobuf(), content_type=PROTOBUF)
+        return web.json_response(claim_json())
+
+    async def update(_: web.Request) -> web.Response:
+        nonlocal conflicts
+        if conflicts:
+            conflicts -= 1
+            return web.json_response({"kind": "Status", "code": 409}, status=409)
+        return web.json_response({"metadata": {"resourceVersion": "43"}})
+
+    ref = ClaimRef("ns", "c", "uid-1")
+    async with serve() as server, plain_client(server) as client:
+        server.json("PATCH", f"{path}/status", 422, refused)
+        server.routes[("GET", path)] = read
+        server.routes[("PUT", f"{path}/status")] = update
+        reporter = ClaimReporter(client, "gpu.dra.dev", "node-1", delay=0.01)
+        task = asyncio.create_task(reporter.run())
+        reporter.set_devices(ref, [DeviceStatus("gpu-1", {"uuid": "GPU-2"})])
+        for _ in range(200):
+            if sum(s["method"] == "PUT" for s in server.seen) == 2:
+                break
+            await asyncio.sleep(0.02)
+        first = len(server.seen)
+        reporter.set_devices(ref, [])
+        for _ in range(200):
+            if sum(s["method"] == "PUT" for s in server.seen) == 3:
+                break
+            await asyncio.sleep(0.02)
+        task.cancel()
+    methods = [s["method"] for s in server.seen]
+    # One apply, refused; then read twice and update, a conflict, again; the clear goes
+    # straight to the update.
+    assert methods == ["PATCH", *(["GET", "GET", "PUT"] * 3)], methods
+    assert first == 7
+    puts = [s for s in server.seen if s["method"] == "PUT"]
+    assert all(p["query"] == [("fieldManager", "gpu.dra.dev")] for p in puts)
+    assert PARAMS in puts[1]["body"]
+    written = json.loads(puts[1]["body"])["status"]["devices"]
+    assert [(d["driver"], d["device"]) for d in written] == [
+        ("other.dev", "d"),
+        ("gpu.dra.dev", "gpu-1"),
+    ]
+    assert written[1]["data"] == {"uuid": "GPU-2"}
+    cleared = json.loads(puts[2]["body"])["status"]["devices"]
+    assert [d["driver"] for d in cleared] == ["other.dev"]

@@ -182,7 +182,10 @@ def test_rbac_least_privilege() -> None:
         ("resource.k8s.io", "resourceclaims"): {"get", "list", "watch"},
         ("resource.k8s.io", "resourceclaims/status"): {"update", "patch"},
         # status.devices of this driver only, on claims allocated on the agent's own node.
-        ("resource.k8s.io", "resourceclaims/driver"): {"associated-node:patch"},
+        ("resource.k8s.io", "resourceclaims/driver"): {
+            "associated-node:patch",
+            "associated-node:update",
+        },
         ("", "nodes"): {"get"},
         ("", "events"): {"create", "patch"},
         ("events.k8s.io", "events"): {"create", "patch"},
