@@ -17,9 +17,11 @@ from __future__ import annotations
 import copy
 import json
 import secrets
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from dra_driver import protowire
 
 #: Media type of a protobuf read; the answer starts with :data:`_MAGIC`.
 PROTOBUF = "application/vnd.kubernetes.protobuf"
@@ -53,45 +55,10 @@ class StoredRaw:
     device_data: tuple[bytes | None, ...]
 
 
-def _varint(buf: bytes, i: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if i >= len(buf):
-            raise ValueError("truncated protobuf varint")
-        byte = buf[i]
-        i += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, i
-        shift += 7
-        if shift > 63:
-            raise ValueError("protobuf varint longer than 64 bits")
-
-
-def _fields(buf: bytes) -> Iterator[tuple[int, bytes | None]]:
-    """Each field of one protobuf message: its number and, if length-delimited, its bytes."""
-    sizes = {1: 8, 5: 4}  # fixed64, fixed32
-    i = 0
-    while i < len(buf):
-        key, i = _varint(buf, i)
-        number, wire = key >> 3, key & 7
-        value: bytes | None = None
-        if wire == 0:
-            _, i = _varint(buf, i)
-        elif wire == 2:
-            length, i = _varint(buf, i)
-            value, i = buf[i : i + length], i + length
-        elif wire in sizes:
-            i += sizes[wire]
-        else:
-            raise ValueError(f"protobuf wire type {wire} is not used by Kubernetes objects")
-        if i > len(buf):
-            raise ValueError("truncated protobuf message")
-        yield number, value
-
-
 def _all(buf: bytes, number: int) -> list[bytes]:
-    return [v for n, v in _fields(buf) if n == number and v is not None]
+    """The values of every length-delimited field ``number`` (messages, strings, bytes)."""
+    found = protowire.fields(buf)
+    return [v for n, wire, v in found if n == number and wire == 2 and isinstance(v, bytes)]
 
 
 def _last(buf: bytes, number: int) -> bytes | None:

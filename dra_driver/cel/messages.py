@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dra_driver import protowire
 from dra_driver.cel.errors import EvalError
 from dra_driver.cel.optional import Optional
 from dra_driver.cel.types import (
@@ -197,42 +198,9 @@ _WRAPPED: dict[str, tuple[int, Callable[[Any], Any]]] = {
 }
 
 
-def _varint(data: bytes, i: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if i >= len(data) or shift > 63:
-            raise ValueError("truncated varint")
-        byte = data[i]
-        value |= (byte & 0x7F) << shift
-        i, shift = i + 1, shift + 7
-        if not byte & 0x80:
-            return value, i
-
-
 def _wire_fields(data: bytes) -> dict[int, tuple[int, Any]]:
     """Field number -> (wire type, raw value); the last occurrence wins, as in proto3."""
-    fields: dict[int, tuple[int, Any]] = {}
-    i = 0
-    while i < len(data):
-        key, i = _varint(data, i)
-        number, wire = key >> 3, key & 7
-        value: Any
-        if wire == 0:
-            value, i = _varint(data, i)
-        elif wire in (1, 5):
-            size = 8 if wire == 1 else 4
-            value, i = data[i : i + size], i + size
-            if len(value) != size:
-                raise ValueError("truncated fixed field")
-        elif wire == 2:
-            size, i = _varint(data, i)
-            value, i = data[i : i + size], i + size
-            if len(value) != size:
-                raise ValueError("truncated field")
-        else:
-            raise ValueError(f"wire type {wire}")
-        fields[number] = (wire, value)
-    return fields
+    return {number: (wire, value) for number, wire, value in protowire.fields(data)}
 
 
 def _unpack(fields: Fields) -> Any:
