@@ -16,7 +16,6 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
 from dra_driver.gpu.inventory import Gpu, Inventory, MigDevice
 from dra_driver.gpu.publish.devices import (
     DEFAULT_DRIVER_NAME,
@@ -231,4 +230,7 @@ def _capacity_catalog(
 
 def simulated_devices(profile: str, node_name: str) -> list[JSON]:
     """The devices a simulated node with ``profile`` publishes (no dynamic MIG, no sharing)."""
+    # Here, not at the top: the agent on a real node loads no simulated profiles.
+    from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
+
     return build_catalog(SimulatedDiscovery(profile, node_name).discover()).published()
