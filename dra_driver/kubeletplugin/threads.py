@@ -97,9 +97,13 @@ class RunnableTime:
     thread lags by up to a scheduler tick."""
 
     def __init__(self) -> None:
+        """Opens the file of the creating thread (the event loop's, which asks) right away,
+        so that the agent's descriptors are the same before its first call as after it."""
         self._fds: dict[int, int] = {}
+        self._fd()
 
-    def __call__(self) -> float:
+    def _fd(self) -> int:
+        """The calling thread's open schedstat file, -1 where there is none."""
         me = threading.get_ident()
         fd = self._fds.get(me)
         if fd is None:
@@ -108,6 +112,10 @@ class RunnableTime:
             except OSError:
                 fd = -1
             self._fds[me] = fd
+        return fd
+
+    def __call__(self) -> float:
+        fd = self._fd()
         on_cpu = time.thread_time()
         if fd < 0:
             return on_cpu

@@ -259,6 +259,30 @@ def test_runnable_time_stands_still_while_the_thread_is_blocked() -> None:
     assert runnable() - first < 0.1
 
 
+@pytest.mark.skipif(
+    not Path("/proc/thread-self/schedstat").exists(), reason="no per-thread schedstat here"
+)
+def test_runnable_time_opens_its_file_when_made_not_on_the_first_call() -> None:
+    # The agent's descriptors before its first prepare are the ones it has after it.
+    def schedstat_files() -> int:
+        fds = Path("/proc/self/fd")
+        return sum(1 for fd in fds.iterdir() if "schedstat" in _link(fd))
+
+    before = schedstat_files()
+    runnable = RunnableTime()
+    assert schedstat_files() == before + 1
+    runnable()
+    runnable()
+    assert schedstat_files() == before + 1
+
+
+def _link(fd: Path) -> str:
+    try:
+        return os.readlink(fd)
+    except OSError:  # the directory's own descriptor, closed by now
+        return ""
+
+
 def test_without_schedstat_runnable_time_is_the_cpu_time(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*_: object) -> int:
         raise FileNotFoundError("no /proc")
