@@ -14,9 +14,11 @@ would be the same in a thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import ParamSpec, TypeVar
@@ -100,6 +102,7 @@ class RunnableTime:
         """Opens the file of the creating thread (the event loop's, which asks) right away,
         so that the agent's descriptors are the same before its first call as after it."""
         self._fds: dict[int, int] = {}
+        weakref.finalize(self, _close_all, self._fds)
         self._fd()
 
     def _fd(self) -> int:
@@ -123,6 +126,14 @@ class RunnableTime:
             return on_cpu + int(os.pread(fd, 128, 0).split()[1]) / 1e9
         except (OSError, IndexError, ValueError):
             return on_cpu
+
+
+def _close_all(fds: dict[int, int]) -> None:
+    """Close the files of a :class:`RunnableTime` that is gone."""
+    for fd in fds.values():
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 class InlineRunner:

@@ -262,7 +262,7 @@ def test_runnable_time_stands_still_while_the_thread_is_blocked() -> None:
 @pytest.mark.skipif(
     not Path("/proc/thread-self/schedstat").exists(), reason="no per-thread schedstat here"
 )
-def test_runnable_time_opens_its_file_when_made_not_on_the_first_call() -> None:
+def test_runnable_time_opens_its_file_when_made_and_closes_it_when_gone() -> None:
     # The agent's descriptors before its first prepare are the ones it has after it.
     def schedstat_files() -> int:
         fds = Path("/proc/self/fd")
@@ -274,6 +274,8 @@ def test_runnable_time_opens_its_file_when_made_not_on_the_first_call() -> None:
     runnable()
     runnable()
     assert schedstat_files() == before + 1
+    del runnable  # and closes it when it goes
+    assert schedstat_files() == before
 
 
 def _link(fd: Path) -> str:
