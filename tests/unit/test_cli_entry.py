@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from tests.unit.kubeserver import serve
 from tests.unit.test_execcredential import V1, plugin
 from tests.unit.test_kube import kubeconfig
 
+ROOT = Path(__file__).resolve().parents[2]
 ENTRY = shutil.which("dra-driver", path=str(Path(sys.executable).parent))
 SIMULATED = ["--backend", "simulated", "--profile", "l4x4", "--node-name", "n1"]
 CLASS_A = "device.driver == 'gpu.dra.dev'"
@@ -140,6 +142,33 @@ def test_exit_status_no_match_and_errors(tmp_path: Path) -> None:
     assert cli("match", "--profile", "l4x4").returncode == 2  # neither --class nor --claim
     bad = cli("slices", *SIMULATED, "--driver-name", "Not_A_Name")
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1
+
+
+def test_the_images_optimization_level_changes_no_output(tmp_path: Path) -> None:
+    """The image runs Python with the level its Dockerfile sets (no docstrings, no asserts):
+    the commands say there, byte for byte, what they say here, errors and explanations too."""
+    found = re.search(r"\bPYTHONOPTIMIZE=(\d)", (ROOT / "Dockerfile").read_text())
+    assert found is not None
+    klass = device_class(
+        tmp_path,
+        'device.attributes["gpu.dra.dev"].architecture == "Hopper" && '
+        'device.capacity["gpu.dra.dev"].memory.compareTo(quantity("40Gi")) >= 0',
+    )
+    commands = [
+        ["slices", *SIMULATED, "--profile", "dgx-a100", "--dynamic-mig", "-o", "json"],
+        ["match", "--class", str(klass), "--profile", "dgx-h100", "-o", "json"],
+        ["match", "--class", str(klass), "--profile", "l4x4"],
+        ["slices", *SIMULATED, "--driver-name", "Not_A_Name"],
+        ["match", "--help"],
+    ]
+    for argv in commands:
+        plain, optimized = cli(*argv), cli(*argv, PYTHONOPTIMIZE=found[1])
+        assert plain.stdout or plain.stderr, argv
+        assert (optimized.returncode, optimized.stdout, optimized.stderr) == (
+            plain.returncode,
+            plain.stdout,
+            plain.stderr,
+        ), argv
 
 
 def test_missing_claim_file_says_so(tmp_path: Path) -> None:

@@ -590,6 +590,16 @@ def test_dockerignore_keeps_context_small() -> None:
             assert f"!{src.rstrip('/')}" in {line.rstrip("/") for line in lines}, src
 
 
+def test_image_ships_the_bytecode_of_the_level_it_runs_at() -> None:
+    """The image writes no bytecode at run time; without the optimized bytecode built in,
+    every start of the agent would compile each module it imports again."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    level = re.search(r"\bPYTHONOPTIMIZE=(\d)", dockerfile)
+    assert level is not None and "PYTHONDONTWRITEBYTECODE=1" in dockerfile
+    compiled = re.search(r"compileall (.*)\\\n\s*(.*stdlib.*)\\\n\s*(.*purelib.*)", dockerfile)
+    assert compiled is not None and f"-o {level[1]} " in compiled[1]
+
+
 def test_license_file_matches_the_declared_license() -> None:
     import tomllib
 
