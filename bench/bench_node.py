@@ -551,7 +551,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             contenders.append(floor(cluster, node, GPUS))
         results["kubernetes"] = cluster.version
         results["contenders"] = {
-            c.label: {"driver": c.driver, "version": c.version, "argv": c.argv} for c in contenders
+            c.label: {"driver": c.driver, "version": c.version, "argv": c.argv, "env": c.env}
+            for c in contenders
         }
         results["startup"] = measure_startup(cluster, api, contenders, GPUS, 3 if args.quick else 7)
         log(f"startup: {results['startup']}")

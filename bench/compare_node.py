@@ -28,7 +28,14 @@ from typing import Any
 
 import yaml
 from bench_node import GPUS, NAMESPACE, Api, many_gpus_profile, pct, prepare_cycles, start_all
-from contenders import REPO, Contender, compile_sources, cpu_seconds, exit_on_sigterm
+from contenders import (
+    PYTHON_ENV,
+    REPO,
+    Contender,
+    compile_sources,
+    cpu_seconds,
+    exit_on_sigterm,
+)
 
 from devenv.localcluster import LocalCluster, NodeHandle
 from devenv.simnode import driver_argv
@@ -61,7 +68,7 @@ def agent(
         "runpy.run_module('dra_driver.cli', run_name='__main__', alter_sys=True)"
     )
     argv[1:3] = ["-c", run]
-    return Contender(label, DRIVERS[label], node, argv)
+    return Contender(label, DRIVERS[label], node, argv, dict(PYTHON_ENV))
 
 
 Rounds = dict[int, dict[str, list[dict[str, Any]]]]

@@ -158,7 +158,7 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description="The least a Python DRA kubelet plugin does.")
     parser.add_argument("--driver-name", required=True)
     parser.add_argument("--node-name", required=True)
     parser.add_argument("--kubeconfig", required=True)

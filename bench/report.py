@@ -125,7 +125,8 @@ def _header(node: dict[str, Any]) -> list[str]:
     out += ["| contender | driver | version | command line |", "|---|---|---|---|"]
     for label, c in contenders.items():
         argv = _TEMP_DIRS.sub(lambda m: _TEMP_NAMES[m.group(1)], " ".join(c["argv"][1:]))
-        out.append(f"| {label} | `{c['driver']}` | {c['version']} | `{argv}` |")
+        env = "".join(f"{name}={value} " for name, value in c.get("env", {}).items())
+        out.append(f"| {label} | `{c['driver']}` | {c['version']} | `{env}{argv}` |")
     out += [
         "",
         "Both serve 72 GPUs on the same `kubelet-dra` node of one local control plane, each "
@@ -137,7 +138,9 @@ def _header(node: dict[str, Any]) -> list[str]:
         "`status.allocation` is written through the status subresource, so every prepare reads "
         "its claim from the API server, as with a real kubelet; fsync stays on for both. The "
         "client is built from the protos and talks to each DRA socket; each worker prepares "
-        "and unprepares its own 1-GPU claim in a loop.",
+        "and unprepares its own 1-GPU claim in a loop. The Python contenders run with the "
+        "environment the driver's image sets (`PYTHONOPTIMIZE=2`: no docstrings or asserts "
+        "loaded) and bytecode compiled for it, as the image ships it.",
         "",
     ]
     return out
