@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import import_pss
 import yaml
 from contenders import (
     OURS_DRIVER,
@@ -422,6 +423,26 @@ def probe(c: Contender, port: int) -> dict[str, int]:
     return {**usage(c.pid), "api_connections": api_connections(c.pid, port)}
 
 
+def measure_idle(
+    cluster: LocalCluster, api: Api, contenders: Sequence[Contender], port: int
+) -> dict[str, dict[str, int]]:
+    """Each contender's memory, descriptors and connections 3 s after it published, alone.
+
+    The other contenders are stopped meanwhile: two Python plugins map the same interpreter,
+    libraries and extension modules, and with both running each one's PSS would count half of
+    those pages, a discount no agent alone on a real node gets.
+    """
+    out = {}
+    for c in contenders:
+        for other in contenders:
+            if other is not c:
+                other.stop(cluster)
+        start_all(cluster, api, [c])
+        time.sleep(3)
+        out[c.label] = probe(c, port)
+    return out
+
+
 def measure_soak(
     contenders: Sequence[Contender],
     claims: dict[str, list[tuple[str, str]]],
@@ -515,8 +536,14 @@ def api_port(cluster: LocalCluster) -> int:
 
 
 def start_all(cluster: LocalCluster, api: Api, contenders: Sequence[Contender]) -> None:
-    """Fresh processes for every contender; returns once each serves and has published."""
+    """Fresh processes for every contender; returns once each serves and has published.
+
+    Each one's slices are deleted between its stop and its start: the floor publishes one more
+    slice at each start and never deletes one.
+    """
     for c in contenders:
+        c.stop(cluster)
+        api.delete_slices(c.node.name, c.driver)
         c.start(cluster)
     for c in contenders:
         poll(lambda c=c: api.device_count(c.node.name, c.driver) == GPUS, 60, "published")
@@ -526,6 +553,8 @@ def start_all(cluster: LocalCluster, api: Api, contenders: Sequence[Contender]) 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {"machine": machine(), "quick": args.quick}
     compile_sources()
+    results["imports"] = import_pss.measure()
+    log(f"imports: {results['imports']}")
     work = Path(tempfile.mkdtemp(prefix="bench-node-"))
     profile = work / "gpus.yaml"
     profile.write_text(yaml.safe_dump(many_gpus_profile(GPUS)))
@@ -557,11 +586,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         results["startup"] = measure_startup(cluster, api, contenders, GPUS, 3 if args.quick else 7)
         log(f"startup: {results['startup']}")
 
-        start_all(cluster, api, contenders)
-        time.sleep(3)
         port = api_port(cluster)
-        results["memory_idle"] = {c.label: probe(c, port) for c in contenders}
+        results["memory_idle"] = measure_idle(cluster, api, contenders, port)
+        results["memory_idle_alone"] = True
         log(f"idle: {results['memory_idle']}")
+        start_all(cluster, api, contenders)
         devices = [f"gpu-{i}" for i in range(max(CONCURRENCY))]
         claims = {c.label: api.create_claims(node.name, c.driver, devices) for c in contenders}
         results["latency"] = measure_latency(contenders, claims, rounds, args.quick)
