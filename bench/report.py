@@ -100,6 +100,11 @@ def render(node: dict[str, Any], cel: str) -> str:
     return "\n".join(_header(node) + goals + body + page.lines) + "\n"
 
 
+def _env(contender: dict[str, Any]) -> str:
+    """The environment a contender ran with, as a command line's prefix."""
+    return "".join(f"{name}={value} " for name, value in contender.get("env", {}).items())
+
+
 def _header(node: dict[str, Any]) -> list[str]:
     m = node["machine"]
     out = [
@@ -129,8 +134,8 @@ def _header(node: dict[str, Any]) -> list[str]:
     out += ["| contender | driver | version | command line |", "|---|---|---|---|"]
     for label, c in contenders.items():
         argv = _TEMP_DIRS.sub(lambda m: _TEMP_NAMES[m.group(1)], " ".join(c["argv"][1:]))
-        env = "".join(f"{name}={value} " for name, value in c.get("env", {}).items())
-        out.append(f"| {label} | `{c['driver']}` | {c['version']} | `{env}{argv}` |")
+        out.append(f"| {label} | `{c['driver']}` | {c['version']} | `{_env(c)}{argv}` |")
+    python_env = _env(contenders.get("ours", {}))
     out += [
         "",
         "Both serve 72 GPUs on the same `kubelet-dra` node of one local control plane, each "
@@ -145,9 +150,9 @@ def _header(node: dict[str, Any]) -> list[str]:
         "and unprepares its own 1-GPU claim in a loop."
         + (
             " The Python contenders run with the environment the driver's image sets "
-            "(`PYTHONOPTIMIZE=2`: no docstrings or asserts loaded) and bytecode compiled for "
-            "it, as the image ships it."
-            if contenders.get("ours", {}).get("env")
+            f"(`{python_env.strip()}`, see docs/install.md) and bytecode compiled for it, as the "
+            "image ships it."
+            if python_env
             else ""
         ),
         "",
