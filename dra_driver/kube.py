@@ -37,10 +37,14 @@ Query = Sequence[tuple[str, str]] | Mapping[str, str]
 #: answers a claim read in about a millisecond, so a few connections keep up with any burst
 #: the kubelet sends.
 REQUEST_POOL = 4
-#: Seconds an idle pooled connection is kept. Short, so a burst's extra connections close
-#: soon after it and the agent idles on as few connections as it needs; a connection in
-#: steady use is never idle that long.
-KEEPALIVE = 1.0
+#: Seconds the pool's first connection is kept idle: a lone claim read after a quiet spell (the
+#: next pod on a node) reuses it instead of paying a TCP and TLS handshake. Well below the API
+#: server's own idle timeout (90 s); a GET the server closed under it is retried once.
+WARM_KEEPALIVE = 30.0
+#: Seconds the other pooled connections are kept idle. Short, so a burst's extra connections
+#: close soon after it (aiohttp's cleanup pass closes them within twice this) and the agent
+#: idles on one; a connection in steady use is never idle that long.
+KEEPALIVE = 0.5
 
 
 #: The API server's JSON decoder refuses objects nested deeper than this, so nothing it
@@ -176,19 +180,25 @@ class KubeClient:
             headers["Authorization"] = "Basic " + base64.b64encode(raw).decode()
         self.headers = headers
         self._token = connection.token
-        self._session = self._new_session(REQUEST_POOL)
+        # The pool is one long-kept connection and REQUEST_POOL - 1 short-kept ones; a request
+        # takes the long-kept one when it is free. The slots bound both together, so a request
+        # that finds the long-kept one busy always finds a short-kept one free.
+        self._slots = asyncio.Semaphore(REQUEST_POOL)
+        self._warm = self._new_session(1, WARM_KEEPALIVE)
+        self._warm_busy = False
+        self._session = self._new_session(REQUEST_POOL - 1, KEEPALIVE)
         # Streams (watches) hold their connection for as long as they run; out of the
         # request pool, so a watch never waits for a claim read nor the other way round.
-        self._streams = self._new_session(0)
+        self._streams = self._new_session(0, KEEPALIVE)
 
-    def _new_session(self, limit: int) -> aiohttp.ClientSession:
+    def _new_session(self, limit: int, keepalive: float) -> aiohttp.ClientSession:
         """A session of at most ``limit`` connections (0: one per open stream)."""
         # Without a context (an http:// server) TLS is never negotiated; True just keeps
         # aiohttp's verifying default should a redirect lead to https.
         connector = aiohttp.TCPConnector(
             ssl=self.connection.ssl_context if self.connection.ssl_context is not None else True,
             limit=limit,
-            keepalive_timeout=KEEPALIVE,
+            keepalive_timeout=keepalive,
         )
         # trust_env=False: always connect directly. Proxy variables in the environment are not
         # applied, and a kubeconfig proxy-url is refused rather than silently ignored.
@@ -226,13 +236,13 @@ class KubeClient:
 
     async def close(self) -> None:
         """Close the connections (idempotent)."""
-        await self._session.close()
-        await self._streams.close()
+        for session in (self._warm, self._session, self._streams):
+            await session.close()
 
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
-        return self._session.closed
+        return self._warm.closed
 
     async def _headers(self, content_type: str | None) -> dict[str, str]:
         headers = dict(self.headers)
@@ -288,13 +298,20 @@ class KubeClient:
         kwargs = await self._kwargs(query, body, content_type, aiohttp.ClientTimeout(total=timeout))
         if accept is not None:
             kwargs["headers"]["Accept"] = accept
-        try:
-            async with self._session.request(method, self.server + path, **kwargs) as resp:
-                data = await resp.read()
-                answer = Response(resp.status, resp.headers, data, resp.reason or "")
-        except Exception:  # cancellation is not a failed request: not counted
-            self._observe(method, "error")
-            raise
+        async with self._slots:
+            warm = not self._warm_busy
+            self._warm_busy |= warm
+            session = self._warm if warm else self._session
+            try:
+                async with session.request(method, self.server + path, **kwargs) as resp:
+                    data = await resp.read()
+                    answer = Response(resp.status, resp.headers, data, resp.reason or "")
+            except Exception:  # cancellation is not a failed request: not counted
+                self._observe(method, "error")
+                raise
+            finally:
+                if warm:
+                    self._warm_busy = False
         self._answered(method, answer.status)
         return answer
 

@@ -130,12 +130,15 @@ class FakeApiServer:
 
 
 @asynccontextmanager
-async def serve(ssl_context: ssl.SSLContext | None = None) -> AsyncIterator[FakeApiServer]:
-    """Run a :class:`FakeApiServer` on a free loopback port (HTTPS with ``ssl_context``)."""
+async def serve(
+    ssl_context: ssl.SSLContext | None = None, keepalive: float = 75.0
+) -> AsyncIterator[FakeApiServer]:
+    """Run a :class:`FakeApiServer` on a free loopback port (HTTPS with ``ssl_context``);
+    it closes a connection idle for ``keepalive`` seconds."""
     server = FakeApiServer()
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", server._dispatch)
-    runner = web.AppRunner(app)
+    runner = web.AppRunner(app, keepalive_timeout=keepalive)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context)
     await site.start()

@@ -18,6 +18,7 @@ import pytest
 import yaml
 from aiohttp import web
 
+from dra_driver import kube
 from dra_driver.kube import KEEPALIVE, REQUEST_POOL, KubeClient
 from dra_driver.kubeconfig import (
     Connection,
@@ -479,9 +480,12 @@ def test_basic_auth_header() -> None:
     assert headers["Authorization"] == "Basic " + base64.b64encode(b"a:b").decode()
 
 
-async def test_a_bursts_connections_close_soon_after_it() -> None:
-    """Idle pooled connections are closed after KEEPALIVE: the agent idles on the connections
-    it needs, not on all a burst opened."""
+async def test_after_a_burst_one_connection_stays_for_the_next_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A burst's extra connections close within twice KEEPALIVE: the agent idles on one
+    connection, which the next lone read reuses (no new handshake) until WARM_KEEPALIVE."""
+    monkeypatch.setattr(kube, "WARM_KEEPALIVE", 4 * KEEPALIVE)
     transports: list[asyncio.BaseTransport] = []
 
     async def slow(request: web.Request) -> web.Response:
@@ -490,9 +494,26 @@ async def test_a_bursts_connections_close_soon_after_it() -> None:
         await asyncio.sleep(0.02)
         return web.json_response({})
 
+    def open_ones() -> set[asyncio.BaseTransport]:
+        return {t for t in transports if not t.is_closing()}
+
     async with serve() as server, plain_client(server) as client:
         server.routes[("GET", "/claim")] = slow
         await asyncio.gather(*(client.request("GET", "/claim") for _ in range(16)))
-        assert not any(t.is_closing() for t in transports)
-        await asyncio.sleep(KEEPALIVE + 1.0)
-        assert all(t.is_closing() for t in transports)
+        assert len(open_ones()) == REQUEST_POOL
+        await asyncio.sleep(2 * KEEPALIVE + 0.3)
+        (kept,) = open_ones()
+        await client.request("GET", "/claim")
+        assert transports[-1] is kept
+        await asyncio.sleep(2 * kube.WARM_KEEPALIVE + 0.3)
+        assert not open_ones()
+
+
+async def test_a_read_on_a_connection_the_server_closed_is_answered() -> None:
+    """The API server closes connections idle longer than its own timeout; the next read
+    opens a new one instead of failing."""
+    async with serve(keepalive=0.2) as server, plain_client(server) as client:
+        server.json("GET", "/claim", 200, {"n": 1})
+        for _ in range(3):
+            assert (await client.request("GET", "/claim")).json() == {"n": 1}
+            await asyncio.sleep(0.5)
