@@ -27,6 +27,7 @@ never moved aside as corrupt: :class:`CheckpointTooNew` stops the agent with one
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -274,6 +275,8 @@ class CheckpointFile:
         self.boot_id = boot_id
         self._seen: tuple[tuple[int, int, int] | None, ...] | None = None
         self._journal: Journal | None = None
+        #: Whether this agent has written a snapshot: its first write always does.
+        self._snapshotted = False
         self._stored: dict[str, dict[str, Any]] = {}
 
     def _stamp(self) -> tuple[tuple[int, int, int] | None, ...]:
@@ -304,6 +307,12 @@ class CheckpointFile:
                 log.warning("journal record unreadable: replay ends here", reason=reason)
                 break
         self._remember(_stored(data))
+        if self._journal is None:
+            # Opened now rather than by the first write, so the agent's descriptors are the
+            # same before its first prepare as after it. Left as it is until that write's
+            # snapshot; one that cannot be opened now (a read-only or full disk) is then.
+            with contextlib.suppress(OSError):
+                self._journal = Journal(self.journal_path, empty=False)
         return data
 
     def reread(self) -> CheckpointData | None:
@@ -323,12 +332,13 @@ class CheckpointFile:
         record is compared. A batch touches its own claims only, and serialising every
         record per write would make each prepare cost as much as all prepared claims."""
         stored = self._stored_after(data, changed)
-        if self._journal is None or self._journal.full:
+        if self._journal is None or not self._snapshotted or self._journal.full:
             save(self.path, data)
             if self._journal is None:
                 self._journal = Journal(self.journal_path)
             else:
                 self._journal.reset()
+            self._snapshotted = True
         else:
             changes = [
                 Change(uid, record)

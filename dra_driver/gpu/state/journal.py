@@ -95,13 +95,16 @@ def read(path: Path) -> list[Change]:
 class Journal:
     """The open journal file; :meth:`append` is durable when it returns."""
 
-    def __init__(self, path: Path) -> None:
-        """Open (or create, durably) an empty journal: call after a snapshot."""
+    def __init__(self, path: Path, *, empty: bool = True) -> None:
+        """Open (or create) the journal. ``empty``: empty it now, durably (call after a
+        snapshot); otherwise it is left as it is, and nothing may be appended before a
+        :meth:`reset`."""
         self.path = path
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-        self.size = 0
-        self.reset()
-        fsync_dir(path.parent)
+        self.size = os.fstat(self._fd).st_size
+        self._entry_synced = False
+        if empty:
+            self.reset()
 
     def append(self, changes: Sequence[Change]) -> None:
         """Write the batch's changes and wait until they are on disk (one ``fdatasync``)."""
@@ -126,6 +129,11 @@ class Journal:
         os.ftruncate(self._fd, 0)
         os.fsync(self._fd)
         self.size = 0
+        if not self._entry_synced:
+            # A created file's name is durable only once its directory is synced; the
+            # records appended from now on must not vanish with it.
+            fsync_dir(self.path.parent)
+            self._entry_synced = True
 
     @property
     def full(self) -> bool:

@@ -150,3 +150,54 @@ def test_a_write_told_what_changed_serialises_only_that_and_keeps_the_rest(
     }
     restarted = checkpoint.CheckpointFile(path, "boot-1").read()
     assert restarted.claims == data.claims
+
+
+def test_reading_opens_the_journal_untouched_and_the_first_write_snapshots_it(tmp_path: Path) -> None:
+    """The agent reads at start-up: the journal is opened then (its descriptors stay the same
+    from then on) but nothing in it changes until the first write, whose snapshot holds what
+    the journal held before it is emptied."""
+    path = tmp_path / "checkpoint.json"
+    writer = checkpoint.CheckpointFile(path, BOOT)
+    data = checkpoint.CheckpointData(bootID=BOOT, claims={"u1": _record("c1")})
+    writer.write(data)
+    data.claims["u2"] = _record("c2")
+    writer.write(data, changed={"u2"})  # in the journal only
+    writer.close()
+    journal_path = tmp_path / "checkpoint.json.journal"
+    journalled = journal_path.read_bytes()
+    assert journalled
+
+    reader = checkpoint.CheckpointFile(path, BOOT)
+    fds = len(list(Path("/proc/self/fd").iterdir()))
+    assert sorted(reader.read().claims) == ["u1", "u2"]
+    opened = len(list(Path("/proc/self/fd").iterdir()))
+    assert opened == fds + 1
+    assert journal_path.read_bytes() == journalled
+
+    data.claims["u3"] = _record("c3")
+    reader.write(data, changed={"u3"})
+    assert len(list(Path("/proc/self/fd").iterdir())) == opened
+    assert journal_path.read_bytes() == b""  # all of it in the new snapshot
+    assert sorted(checkpoint.stored_claims(path)) == ["u1", "u2", "u3"]
+    reader.close()
+
+
+def test_a_journal_that_cannot_be_opened_at_reading_is_opened_by_the_first_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "checkpoint.json"
+    file = checkpoint.CheckpointFile(path, BOOT)
+
+    def refused(*_: object, **__: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "Journal", refused)
+    assert file.read().claims == {}
+    monkeypatch.undo()
+    data = checkpoint.CheckpointData(bootID=BOOT, claims={"u1": _record("c1")})
+    file.write(data)
+    data.claims["u2"] = _record("c2")
+    file.write(data, changed={"u2"})
+    assert (tmp_path / "checkpoint.json.journal").read_bytes()
+    file.close()
+    assert sorted(checkpoint.stored_claims(path)) == ["u1", "u2"]

@@ -107,3 +107,13 @@ def test_full_after_the_compaction_size(tmp_path: Path, monkeypatch: pytest.Monk
     assert journal.full
     journal.reset()
     assert not journal.full and (tmp_path / "j").stat().st_size == 0
+
+
+def test_opening_to_read_later_leaves_the_journal_as_it_is(tmp_path: Path) -> None:
+    Journal(tmp_path / "j").append([Change("u1", _record("a"))])
+    kept = Journal(tmp_path / "j", empty=False)
+    assert list(_replayed(tmp_path / "j")) == ["u1"]
+    assert kept.size == (tmp_path / "j").stat().st_size
+    kept.reset()
+    assert _replayed(tmp_path / "j") == {}
+    kept.close()
