@@ -298,20 +298,34 @@ class KubeClient:
         kwargs = await self._kwargs(query, body, content_type, aiohttp.ClientTimeout(total=timeout))
         if accept is not None:
             kwargs["headers"]["Accept"] = accept
-        async with self._slots:
-            warm = not self._warm_busy
-            self._warm_busy |= warm
-            session = self._warm if warm else self._session
+        if self._slots.locked():
+            # The deadline covers the wait for a free connection, as it did aiohttp's own pool
+            # wait: a lease renewal queued behind a burst of slow reads still fails in time.
+            # (wait_for keeps a slot granted at the deadline; a free one needs no task.)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
             try:
-                async with session.request(method, self.server + path, **kwargs) as resp:
-                    data = await resp.read()
-                    answer = Response(resp.status, resp.headers, data, resp.reason or "")
-            except Exception:  # cancellation is not a failed request: not counted
+                await asyncio.wait_for(self._slots.acquire(), timeout)
+            except Exception:
                 self._observe(method, "error")
                 raise
-            finally:
-                if warm:
-                    self._warm_busy = False
+            kwargs["timeout"] = aiohttp.ClientTimeout(total=max(deadline - loop.time(), 1e-3))
+        else:
+            await self._slots.acquire()
+        warm = not self._warm_busy
+        self._warm_busy |= warm
+        session = self._warm if warm else self._session
+        try:
+            async with session.request(method, self.server + path, **kwargs) as resp:
+                data = await resp.read()
+                answer = Response(resp.status, resp.headers, data, resp.reason or "")
+        except Exception:  # cancellation is not a failed request: not counted
+            self._observe(method, "error")
+            raise
+        finally:
+            if warm:
+                self._warm_busy = False
+            self._slots.release()
         self._answered(method, answer.status)
         return answer
 

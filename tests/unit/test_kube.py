@@ -9,6 +9,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -517,3 +518,39 @@ async def test_a_read_on_a_connection_the_server_closed_is_answered() -> None:
         for _ in range(3):
             assert (await client.request("GET", "/claim")).json() == {"n": 1}
             await asyncio.sleep(0.5)
+
+
+async def test_the_deadline_covers_the_wait_for_a_free_connection() -> None:
+    """With every pooled connection held by a slow read, a request with a short deadline
+    fails at that deadline, not after its wait plus the deadline; one that gets a connection
+    late has only what is left of its deadline."""
+    release, never = asyncio.Event(), asyncio.Event()
+
+    async def stuck(_: web.Request) -> web.Response:
+        await release.wait()
+        return web.json_response({})
+
+    async def hung(_: web.Request) -> web.Response:
+        await never.wait()
+        return web.json_response({})
+
+    async with serve() as server, plain_client(server) as client:
+        server.routes[("GET", "/stuck")] = stuck
+        server.routes[("GET", "/hung")] = hung
+        server.json("GET", "/claim", 200, {})
+        held = [asyncio.create_task(client.request("GET", "/stuck")) for _ in range(REQUEST_POOL)]
+        await asyncio.sleep(0.2)
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await client.request("GET", "/claim", timeout=0.5)
+        assert time.monotonic() - started < 1.0
+        late = asyncio.create_task(client.request("GET", "/hung", timeout=1.0))
+        await asyncio.sleep(0.7)
+        release.set()  # the held reads finish; the late one gets a connection and hangs
+        started = time.monotonic()
+        await asyncio.gather(*held)
+        with pytest.raises(TimeoutError):
+            await late
+        assert time.monotonic() - started < 0.6
+        assert (await client.request("GET", "/claim", timeout=0.5)).ok
+        never.set()  # lets the server's shutdown finish the hung handler
