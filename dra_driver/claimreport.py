@@ -109,6 +109,10 @@ class ClaimReporter:
         #: only while those devices stand (a clear, a failed write or a 404 drops the entry),
         #: so it holds at most the claims prepared on this node.
         self._written: dict[str, tuple[str, list[DeviceStatus]]] = {}
+        #: Claims whose devices the API server may show: a write of devices was sent (it
+        #: may have landed even when its answer was lost) and no clear has been written
+        #: since. A clear for one of these is always written.
+        self._shown: set[str] = set()
         #: Claims whose status the API server refuses to apply over their allocation's opaque
         #: parameters: written by update instead, until cleared or gone.
         self._by_update: set[str] = set()
@@ -131,7 +135,7 @@ class ClaimReporter:
         queued is dropped).
         """
         queued = self._pending.get(ref.uid)
-        if not devices and queued is not None and queued[1]:
+        if not devices and queued is not None and queued[1] and ref.uid not in self._shown:
             # Cleared before its devices were written: the API server never saw them.
             del self._pending[ref.uid]
             return
@@ -200,6 +204,8 @@ class ClaimReporter:
     async def _apply(self, ref: ClaimRef, devices: list[DeviceStatus]) -> None:
         # Whatever stood is changing: until this write's answer, nothing may be skipped.
         self._written.pop(ref.uid, None)
+        if devices:
+            self._shown.add(ref.uid)
         for attempt in range(MAX_ATTEMPTS):
             if ref.uid in self._pending:
                 return  # superseded while we were backing off
@@ -224,9 +230,11 @@ class ClaimReporter:
                     self._written[ref.uid] = (version, devices)
                 elif not devices:
                     self._by_update.discard(ref.uid)
+                    self._shown.discard(ref.uid)
                 return
             if status == 404:
                 self._by_update.discard(ref.uid)
+                self._shown.discard(ref.uid)
                 return  # the claim is gone, nothing to report on
             if status in (400, 403, 422):
                 log.error(

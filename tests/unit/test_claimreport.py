@@ -171,6 +171,67 @@ async def test_devices_the_api_server_already_holds_are_not_written_again() -> N
     assert [len(json.loads(b)["status"]["devices"]) for b in bodies] == [1, 1, 1, 0, 1]
 
 
+async def test_a_clear_is_written_when_the_api_server_may_show_the_devices() -> None:
+    # The shortcut "cleared before its devices were written" holds only for devices the API
+    # server never got: after a write of them (landed, or still in flight) the clear must go
+    # out, or the claim shows Ready devices on a node that no longer prepares it.
+    import asyncio
+    import json
+
+    from aiohttp import web
+
+    from dra_driver.claimreport import ClaimReporter
+    from tests.unit.kubeserver import plain_client, serve
+
+    path = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c/status"
+    release = asyncio.Event()
+    release.set()
+
+    async def apply(_: web.Request) -> web.Response:
+        await release.wait()
+        return web.json_response({"metadata": {"resourceVersion": str(len(server.seen))}})
+
+    async def written(count: int) -> list[int]:
+        for _ in range(200):
+            if len(server.seen) >= count and release.is_set():
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # nothing more follows
+        return [len(json.loads(s["body"])["status"]["devices"]) for s in server.seen]
+
+    ref = ClaimRef("ns", "c", "u1")
+    gpu0 = [DeviceStatus("gpu-0", {"uuid": "GPU-1"})]
+    async with serve() as server, plain_client(server) as client:
+        server.routes[("PATCH", path)] = apply
+        reporter = ClaimReporter(client, "gpu.dra.dev", "node-1", delay=0.02)
+        task = asyncio.create_task(reporter.run())
+        reporter.set_devices(ref, gpu0, "5")
+        assert await written(1) == [1]
+        # Prepared again from a read that does not prove the devices stand (another writer
+        # moved the claim on), then unprepared before that write went out.
+        reporter.set_devices(ref, gpu0, "9")
+        reporter.set_devices(ref, [])
+        assert reporter.pending == 1
+        assert await written(2) == [1, 0]
+        # Once the clear is written, the shortcut holds again.
+        reporter.set_devices(ref, gpu0, "9")
+        reporter.set_devices(ref, [])
+        assert reporter.pending == 0
+        # A write of devices in flight: the clear that follows is written after it.
+        release.clear()
+        reporter.set_devices(ref, gpu0, "9")
+        for _ in range(200):
+            if len(server.seen) == 3:
+                break
+            await asyncio.sleep(0.01)
+        reporter.set_devices(ref, gpu0, "11")
+        reporter.set_devices(ref, [])
+        release.set()
+        bodies = await written(4)
+        task.cancel()
+    assert bodies == [1, 0, 1, 0]
+
+
 async def test_updates_queued_during_a_round_wait_for_the_next() -> None:
     # Under steady churn the writer must not fall into writing every update as it comes:
     # what is queued while a round writes waits a delay, so it can still be coalesced.
