@@ -274,9 +274,9 @@ class CheckpointFile:
         self._stamped = (str(self.path), str(self.journal_path))
         self.boot_id = boot_id
         self._seen: tuple[tuple[int, int, int] | None, ...] | None = None
+        #: Opened at the first read; appended to only once this agent's first write has
+        #: saved a snapshot and emptied it.
         self._journal: Journal | None = None
-        #: Whether this agent has written a snapshot: its first write always does.
-        self._snapshotted = False
         self._stored: dict[str, dict[str, Any]] = {}
 
     def _stamp(self) -> tuple[tuple[int, int, int] | None, ...]:
@@ -332,13 +332,12 @@ class CheckpointFile:
         record is compared. A batch touches its own claims only, and serialising every
         record per write would make each prepare cost as much as all prepared claims."""
         stored = self._stored_after(data, changed)
-        if self._journal is None or not self._snapshotted or self._journal.full:
+        if self._journal is None or not self._journal.appendable or self._journal.full:
             save(self.path, data)
             if self._journal is None:
                 self._journal = Journal(self.journal_path)
             else:
                 self._journal.reset()
-            self._snapshotted = True
         else:
             changes = [
                 Change(uid, record)

@@ -102,7 +102,7 @@ class Journal:
         self.path = path
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         self.size = os.fstat(self._fd).st_size
-        self._entry_synced = False
+        self._emptied = False
         if empty:
             self.reset()
 
@@ -129,11 +129,16 @@ class Journal:
         os.ftruncate(self._fd, 0)
         os.fsync(self._fd)
         self.size = 0
-        if not self._entry_synced:
+        if not self._emptied:
             # A created file's name is durable only once its directory is synced; the
             # records appended from now on must not vanish with it.
             fsync_dir(self.path.parent)
-            self._entry_synced = True
+            self._emptied = True
+
+    @property
+    def appendable(self) -> bool:
+        """Whether batches may be appended: the journal was emptied since it was opened."""
+        return self._emptied
 
     @property
     def full(self) -> bool:

@@ -114,6 +114,8 @@ def test_opening_to_read_later_leaves_the_journal_as_it_is(tmp_path: Path) -> No
     kept = Journal(tmp_path / "j", empty=False)
     assert list(_replayed(tmp_path / "j")) == ["u1"]
     assert kept.size == (tmp_path / "j").stat().st_size
+    assert not kept.appendable  # its records are not in a snapshot of this agent's yet
     kept.reset()
     assert _replayed(tmp_path / "j") == {}
+    assert kept.appendable
     kept.close()
