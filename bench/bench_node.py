@@ -17,7 +17,8 @@ simulated``), given ``--reference-bin`` the Go reference kubelet plugin, and the
   descriptors, API-server connections idle and after a burst; CPU per claim; fsyncs per
   prepare+unprepare (strace);
 * the reference once more at its shipped client defaults (5 QPS, burst 10);
-* where our CPU goes: a py-spy profile of the agent preparing one claim at a time;
+* where our CPU goes: a py-spy profile of the agent preparing one claim at a time, and an
+  exact count of what ours and the floor call per claim, by component (``call_profile.py``);
 * publisher (ours alone): API writes in a steady state (5 minutes; ``--quick`` makes it 30 s),
   time to repair a deleted slice, and time to publish a node with 210 MIG devices.
 
@@ -29,9 +30,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import platform
+import signal
 import statistics
 import sys
 import tempfile
@@ -41,6 +44,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import call_profile
 import grpc
 import import_pss
 import yaml
@@ -418,6 +422,34 @@ def measure_profile(
     return out
 
 
+def measure_calls(
+    cluster: LocalCluster,
+    api: Api,
+    contenders: Sequence[Contender],
+    claims: dict[str, list[tuple[str, str]]],
+    cycles: int,
+    work: Path,
+) -> dict[str, Any]:
+    """Each contender restarted under the call profile (``call_profile.py``), then profiled
+    while it prepares and unprepares one claim at a time. The last step: the contenders stay
+    profiled."""
+    out: dict[str, Any] = {}
+    for c in contenders:
+        stats = work / f"calls-{c.label}.prof"
+        launcher = [c.argv[0], call_profile.__file__, str(stats)]
+        profiled = dataclasses.replace(c, argv=[*launcher, *c.argv[1:]])
+        start_all(cluster, api, [profiled])
+        asyncio.run(prepare_cycles(profiled.dra_socket, claims[c.label], 1, 300))  # warm
+        os.kill(profiled.pid, signal.SIGUSR1)
+        time.sleep(0.5)  # the handler runs once the loop wakes
+        asyncio.run(prepare_cycles(profiled.dra_socket, claims[c.label], 1, cycles))
+        os.kill(profiled.pid, signal.SIGUSR2)
+        poll(stats.exists, 30, f"{c.label}'s call profile")
+        out[c.label] = call_profile.summarize(stats, cycles)
+        log(f"{c.label} calls per claim: {out[c.label]['calls']}")
+    return out
+
+
 def probe(c: Contender, port: int) -> dict[str, int]:
     """Memory, descriptors and API-server connections of a contender now."""
     return {**usage(c.pid), "api_connections": api_connections(c.pid, port)}
@@ -612,6 +644,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             log(f"reference at shipped defaults: {results['reference_defaults']}")
         results["publisher"] = measure_publisher(cluster, api, mine, metrics_port, migs, args.quick)
+        profiled = [c for c in contenders if c.label in ("ours", "floor")]
+        results["calls"] = measure_calls(
+            cluster, api, profiled, claims, 200 if args.quick else 1000, work
+        )
     results["machine"]["load_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     return results
 

@@ -80,6 +80,7 @@ def render(node: dict[str, Any], cel: str) -> str:
     _costs(page)
     _floor(page)
     _profile(page)
+    _calls(page)
     body = page.lines
     page.lines = []
     _goals(page)
@@ -484,6 +485,36 @@ def _profile(page: Page) -> None:
     page.add("|---|---|")
     for frame, share in prof["top"]:
         page.add(f"| `{frame}` | {share}% |")
+    page.add()
+
+
+def _calls(page: Page) -> None:
+    """What ours and the floor call per claim, by component (``bench/call_profile.py``)."""
+    calls = page.node.get("calls")
+    if not calls or "ours" not in calls or "floor" not in calls:
+        return
+    o, f = calls["ours"], calls["floor"]
+    page.add("### What the agent calls per claim, beside the floor")
+    page.add()
+    page.add(
+        "Each of the two restarted under a deterministic profile (`bench/call_profile.py`: "
+        "cProfile on the main thread's CPU clock) and profiled over "
+        f"{o['cycles']} prepare+unprepare cycles of one claim at a time. The calls are exact "
+        "and repeat from run to run (a coroutine's resumption counts as a call; a C function "
+        "counts for its caller's component); the profiled time is inflated by the profiler's "
+        "cost per call, so it compares components, not the run's CPU per claim (above)."
+    )
+    page.add()
+    page.add("| component | ours: calls | floor: calls | ours: profiled ms | floor: profiled ms |")
+    page.add("|---|---|---|---|---|")
+    for name, (oc, oms) in o["components"].items():
+        fc, fms = f["components"].get(name, [0, 0])
+        if oc or fc:
+            page.add(f"| {name} | {oc:g} | {fc:g} | {oms:.3f} | {fms:.3f} |")
+    page.add(
+        f"| all | {o['calls']:g} | {f['calls']:g} | {o['profiled_ms']:.3f} | "
+        f"{f['profiled_ms']:.3f} |"
+    )
     page.add()
 
 
