@@ -6,6 +6,7 @@ descriptors, CPU time), which is what an operator watches for leaks.
 
 from __future__ import annotations
 
+import functools
 import platform
 import time
 from typing import Any
@@ -68,11 +69,21 @@ def observe_batch(histogram: Histogram, started: float, outcomes: dict[str, Any]
     """Record one observation per claim of a batch, labelled success or error."""
     elapsed = time.perf_counter() - started
     for outcome in outcomes.values():
-        histogram.labels(outcome="error" if isinstance(outcome, Exception) else "success").observe(
+        _labelled(histogram, "error" if isinstance(outcome, Exception) else "success").observe(
             elapsed
         )
 
 
 def observe_api_request(verb: str, code: str) -> None:
     """Count one request to the API server (a ``KubeClient`` request observer)."""
-    API_REQUESTS.labels(verb=verb, code=code).inc()
+    _labelled(API_REQUESTS, verb, code).inc()
+
+
+@functools.cache
+def _labelled(metric: Any, *values: str) -> Any:
+    """``metric``'s child for these label values (in the order the metric declares them).
+
+    ``labels()`` validates, sorts and locks on every call, and a claim is observed several
+    times; the children are few (outcomes, API verbs and status codes) and never removed.
+    """
+    return metric.labels(*values)

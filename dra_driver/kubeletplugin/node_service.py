@@ -52,8 +52,11 @@ def _bad_uid_error(uid: str) -> str:
 
 def _by_uid_shape(claims: Sequence[ClaimRef]) -> tuple[list[ClaimRef], list[ClaimRef]]:
     """The distinct claims, split into those with a valid UID and the others."""
-    unique = _unique(claims)
-    return [r for r in unique if valid_uid(r.uid)], [r for r in unique if not valid_uid(r.uid)]
+    valid: list[ClaimRef] = []
+    invalid: list[ClaimRef] = []
+    for ref in _unique(claims):
+        (valid if valid_uid(ref.uid) else invalid).append(ref)
+    return valid, invalid
 
 
 def _unique(claims: Sequence[ClaimRef]) -> list[ClaimRef]:
