@@ -516,6 +516,28 @@ def _calls(page: Page) -> None:
         f"{f['profiled_ms']:.3f} |"
     )
     page.add()
+    more = {
+        name: oc - f["components"].get(name, [0, 0])[0] for name, (oc, _) in o["components"].items()
+    }
+    extra = o["calls"] - f["calls"]
+    largest = sorted(more, key=lambda n: -more[n])[:4]
+    spread = (
+        f"most of it in {largest[0]}"
+        if more[largest[0]] > extra / 2
+        else "no component holds half of it"
+    )
+    costs = page.node.get("costs", {})
+    cpu = ""
+    if "ours" in costs and "floor" in costs:
+        ratio = _ratio(costs["ours"]["cpu_ms_per_claim"], costs["floor"]["cpu_ms_per_claim"])
+        cpu = f"; its CPU per claim, unprofiled, is {ratio} the floor's"
+    page.add(
+        f"Ours makes {extra:,.0f} more calls per claim than the floor "
+        f"({_ratio(o['calls'], f['calls'])}){cpu}: {spread}. The largest differences: "
+        + ", ".join(f"{n} {more[n]:+,.0f}" for n in largest)
+        + "."
+    )
+    page.add()
 
 
 def _publisher(page: Page) -> None:
