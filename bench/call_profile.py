@@ -8,7 +8,8 @@ thinly over many small steps hides in its noise. This counts instead: run as a l
 it runs the program with a deterministic profile (``cProfile`` on the thread's own CPU
 clock) that SIGUSR1 switches on and SIGUSR2 switches off and writes to ``OUT``;
 :func:`summarize` then sorts every function's calls and own time into components. Calls are
-exact and repeat from run to run (a coroutine's every resumption counts as one call); the
+counted, not sampled, and repeat from run to run to within a few (background work lands in
+some cycles; a coroutine's every resumption counts as one call); the
 profiled time is inflated by the profiler's own cost per call, so it compares components and
 contenders, not absolute figures. Only the main thread is profiled: the agents run a lone
 claim's work on their event loop.

@@ -499,9 +499,10 @@ def _calls(page: Page) -> None:
     page.add(
         "Each of the two restarted under a deterministic profile (`bench/call_profile.py`: "
         "cProfile on the main thread's CPU clock) and profiled over "
-        f"{o['cycles']} prepare+unprepare cycles of one claim at a time. The calls are exact "
-        "and repeat from run to run (a coroutine's resumption counts as a call; a C function "
-        "counts for its caller's component); the profiled time is inflated by the profiler's "
+        f"{o['cycles']} prepare+unprepare cycles of one claim at a time. The calls are counted, "
+        "not sampled, and repeat from run to run to within a few (background work, such as a "
+        "status write, lands in some cycles); a coroutine's resumption counts as a call, a C "
+        "function for its caller's component; the profiled time is inflated by the profiler's "
         "cost per call, so it compares components, not the run's CPU per claim (above)."
     )
     page.add()
