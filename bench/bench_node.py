@@ -17,8 +17,8 @@ simulated``), given ``--reference-bin`` the Go reference kubelet plugin, and the
   descriptors, API-server connections idle and after a burst; CPU per claim; fsyncs per
   prepare+unprepare (strace);
 * the reference once more at its shipped client defaults (5 QPS, burst 10);
-* where our CPU goes: a py-spy profile of the agent preparing one claim at a time, and an
-  exact count of what ours and the floor call per claim, by component (``call_profile.py``);
+* where our CPU goes: a py-spy profile of the agent preparing one claim at a time, and a
+  count of what ours and the floor call per claim, by component (``call_profile.py``);
 * publisher (ours alone): API writes in a steady state (5 minutes; ``--quick`` makes it 30 s),
   time to repair a deleted slice, and time to publish a node with 210 MIG devices.
 

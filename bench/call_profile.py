@@ -1,4 +1,4 @@
-"""What a kubelet plugin's main thread calls per claim, by component: an exact count.
+"""What a kubelet plugin's main thread calls per claim, by component: counted, not sampled.
 
 A sampling profile (``cpu_profile.py``) shows where time goes in bulk, but a cost spread
 thinly over many small steps hides in its noise. This counts instead: run as a launcher,
@@ -7,12 +7,11 @@ thinly over many small steps hides in its noise. This counts instead: run as a l
 
 it runs the program with a deterministic profile (``cProfile`` on the thread's own CPU
 clock) that SIGUSR1 switches on and SIGUSR2 switches off and writes to ``OUT``;
-:func:`summarize` then sorts every function's calls and own time into components. Calls are
-counted, not sampled, and repeat from run to run to within a few (background work lands in
-some cycles; a coroutine's every resumption counts as one call); the
-profiled time is inflated by the profiler's own cost per call, so it compares components and
-contenders, not absolute figures. Only the main thread is profiled: the agents run a lone
-claim's work on their event loop.
+:func:`summarize` then sorts every function's calls and own time into components. The calls
+repeat from run to run to within a few (background work lands in some cycles; a coroutine's
+every resumption counts as one call); the profiled time is inflated by the profiler's own
+cost per call, so it compares components and contenders, not absolute figures. Only the main
+thread is profiled: the agents run a lone claim's work on their event loop.
 """
 
 from __future__ import annotations
@@ -66,8 +65,9 @@ def summarize(path: Path, cycles: int) -> dict[str, Any]:
     own: dict[str, float] = defaultdict(float)
     for (filename, _, _), (_, ncalls, tottime, _, callers) in stats.items():
         if filename != "~":
-            calls[component(filename)] += ncalls
-            own[component(filename)] += tottime
+            name = component(filename)
+            calls[name] += ncalls
+            own[name] += tottime
             continue
         for (caller_file, _, _), (_, n, t, _) in callers.items():
             calls[component(caller_file)] += n
