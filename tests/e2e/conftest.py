@@ -235,7 +235,7 @@ def namespace(request: pytest.FixtureRequest, kube_api: Any) -> Iterator[str]:
     # Pod admission needs the default ServiceAccount, which a controller creates. Right after
     # a test restarted the API server, the controller's watch may still be backing off; the
     # test is not about that controller, so the account is created here if it is late.
-    _ensure_default_service_account(core, name)
+    ensure_default_service_account(core, name)
     try:
         yield name
     finally:
@@ -245,7 +245,9 @@ def namespace(request: pytest.FixtureRequest, kube_api: Any) -> Iterator[str]:
             print(f"deleting namespace {name}: {e}")
 
 
-def _ensure_default_service_account(core: Any, namespace: str, wait: float = 15.0) -> None:
+def ensure_default_service_account(core: Any, namespace: str, wait: float = 15.0) -> None:
+    """Wait `wait` seconds for the controller to create `namespace`'s default ServiceAccount,
+    then create it here (pod admission needs it; the controller is not under test)."""
     from kubernetes.client.exceptions import ApiException
 
     deadline = time.monotonic() + wait

@@ -15,7 +15,7 @@ from kubernetes import client as k
 
 from devenv.localcluster import LocalCluster
 from devenv.simnode import GpuNode, start_gpu_node
-from tests.e2e.conftest import raw, wait_until
+from tests.e2e.conftest import ensure_default_service_account, raw, wait_until
 from tests.e2e.test_manifests_e2e import (
     BASE,
     EXAMPLES,
@@ -91,7 +91,7 @@ def test_example(
     core = k.CoreV1Api(kube_api)
     namespace = f"ex-{example}-{uuid.uuid4().hex[:5]}"[:63]
     core.create_namespace({"metadata": {"name": namespace, "labels": expect.namespace_labels}})
-    wait_until(lambda: core.read_namespaced_service_account("default", namespace), 60, "default SA")
+    ensure_default_service_account(core, namespace)
     label = next(iter(demo_nodes.values())).node.labels[LABEL]
     objects = example_objects(EXAMPLES_DIR / example)
     _pin(objects, label)
