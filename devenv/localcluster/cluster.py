@@ -316,6 +316,18 @@ class LocalCluster:
         self.stop_apiserver()
         self.start_apiserver()
 
+    def restart_controllers(self) -> None:
+        """Restart kube-scheduler and kube-controller-manager.
+
+        After a long API server outage their informers may wait out a relist backoff of up
+        to a minute; a test that caused the outage restarts them so that the next test
+        does not measure that wait.
+        """
+        for name in ("kube-scheduler", "kube-controller-manager"):
+            self.stop_process(name)
+        self._start_scheduler()
+        self._start_controller_manager()
+
     def apiserver_running(self) -> bool:
         proc = self.processes.get("kube-apiserver")
         return proc is not None and proc.alive()
