@@ -527,25 +527,43 @@ def _compare(op: str, bound: float) -> Pred:
 def _quantity(spec: Mapping[str, Any], where: str) -> Value:
     """A quantity whose value, rounded up to a whole unit as ``Quantity.Value()`` rounds it,
     lies within [minimum, maximum]: ceil(q) >= min is q > min - 1, and ceil(q) <= max is
-    q <= max, for whole bounds."""
+    q <= max, for whole bounds. With ``numbers`` in ``spec``, a JSON number of bytes is one
+    too (a ``resource.Quantity`` decodes either)."""
     low, high = int(spec["minimum"]), int(spec["maximum"])
     example, span = spec["example"], spec["range"]
+    numbers = bool(spec.get("numbers"))
     cond = (
         "type(self) == string && isQuantity(self)"
         f' && quantity(self).isGreaterThan(quantity("{low - 1}"))'
         f' && !quantity(self).isGreaterThan(quantity("{high}"))'
     )
+    wanted, untyped = "a string", "type(self) != string"
+    if numbers:
+        cond = (
+            f"({cond})"
+            f" || (type(self) == int && self >= {low} && self <= {high})"
+            f" || (type(self) == double && self > {float(low - 1)!r} && self <= {float(high)!r})"
+        )
+        wanted = "a string or a number"
+        untyped = "!(type(self) == string || type(self) == int || type(self) == double)"
 
     def message(path: str) -> str:
         return (
-            f"{field_prefix(path)} + (type(self) != string ? "
-            f'"Input should be a string, got " + {show("self")} : '
-            f'!isQuantity(self) ? {show("self")} + " is not {example}" : '
+            f"{field_prefix(path)} + ("
+            f"{untyped} ? "
+            f'"Input should be {wanted}, got " + {show("self")} : '
+            f'type(self) == string && !isQuantity(self) ? {show("self")} + " is not {example}" : '
             f'{show("self")} + " is outside the allowed range {span}")'
         )
 
     def holds(v: Any) -> bool:
-        return type(v) is str and is_quantity(v) and low <= parse_quantity(v).value() <= high
+        if type(v) is str:
+            return is_quantity(v) and low <= parse_quantity(v).value() <= high
+        if numbers and type(v) is int:
+            return low <= v <= high
+        if numbers and type(v) is float:
+            return low - 1 < v <= high
+        return False
 
     return Value(cond, message, holds, f"field {where!r}: {example} from {span}")
 

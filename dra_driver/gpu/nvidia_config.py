@@ -7,6 +7,8 @@ it (docs/migrating.md lists each difference):
 
 - ``mpsConfig.defaultActiveThreadPercentage`` may be 0 (ours: 1 to 100);
 - pinned-memory limits have no upper bound (ours: 1Mi to 4Ti); both refuse less than 1Mi;
+- a pinned-memory limit may be a JSON number of bytes, as a ``resource.Quantity`` may be
+  (ours: a quantity string);
 - ``mpsConfig.multiUser`` starts the MPS control daemon in multi-user mode (``-M``).
 """
 
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from dra_driver.gpu.config import (
     MEMORY_LIMIT,
@@ -33,13 +35,23 @@ API_GROUP_VERSION = "resource.nvidia.com/v1beta1"
 
 
 #: The NVIDIA driver's pinned-memory limits: at least 1Mi (it hands MPS whole MiB), no upper
-#: bound but the int64 a ``resource.Quantity`` holds.
+#: bound but the int64 a ``resource.Quantity`` holds, and a JSON number of bytes as well as a
+#: string (a ``resource.Quantity`` decodes either).
 NVIDIA_MEMORY_LIMIT: dict[str, Any] = {
     **MEMORY_LIMIT,
     "minimum": MIN_LIMIT,
     "maximum": 2**63 - 1,
     "range": "1Mi and more",
+    "numbers": True,
 }
+
+
+def _number_as_quantity(value: Any) -> Any:
+    """A JSON number of bytes as the quantity string it stands for; anything else as it is
+    (the field's own validation then says what is wrong with it)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return repr(value)
+    return value
 
 
 class NvidiaMpsConfig(MpsConfig):
@@ -60,6 +72,18 @@ class NvidiaMpsConfig(MpsConfig):
     )
     multi_user: bool | None = Field(default=None, alias="multiUser")
     limit_bounds = NVIDIA_MEMORY_LIMIT
+
+    @field_validator("default_pinned_device_memory_limit", mode="before")
+    @classmethod
+    def _number_limit(cls, value: Any) -> Any:
+        return _number_as_quantity(value)
+
+    @field_validator("default_per_device_pinned_memory_limit", mode="before")
+    @classmethod
+    def _number_limits(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {key: _number_as_quantity(limit) for key, limit in value.items()}
+        return value
 
 
 class NvidiaGpuSharing(GpuSharing):

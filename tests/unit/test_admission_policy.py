@@ -397,6 +397,14 @@ NVIDIA_TABLE = [
     for m in (
         {"defaultActiveThreadPercentage": 0},
         {"defaultPinnedDeviceMemoryLimit": "8Ti"},
+        {"defaultPinnedDeviceMemoryLimit": 10737418240},
+        {"defaultPinnedDeviceMemoryLimit": 1.5e9},
+        {"defaultPinnedDeviceMemoryLimit": 1048575},
+        {"defaultPinnedDeviceMemoryLimit": 1048575.5},
+        {"defaultPinnedDeviceMemoryLimit": 9223372036854775807},
+        {"defaultPinnedDeviceMemoryLimit": False},
+        {"defaultPerDevicePinnedMemoryLimit": {"0": 5368709120, "GPU-x": "2Gi"}},
+        {"defaultPerDevicePinnedMemoryLimit": {"0": 512}},
         {"multiUser": True},
         {"multiUser": "yes"},
     )
