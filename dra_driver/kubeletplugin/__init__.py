@@ -24,6 +24,7 @@ from dra_driver.kubeletplugin.interfaces import (
     HealthStatus,
     PreparedDevice,
     PrepareResult,
+    Readiness,
     UnprepareResult,
 )
 from dra_driver.kubeletplugin.plugin import Plugin, PluginConfig
@@ -54,6 +55,7 @@ __all__ = [
     "PrepareError",
     "PrepareResult",
     "PreparedDevice",
+    "Readiness",
     "SocketPaths",
     "UnprepareResult",
     "claim_to_prepare",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 JSON = dict[str, Any]
 
@@ -90,6 +90,26 @@ class Driver(Protocol):
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, UnprepareResult]:
         """Undo ``prepare`` for each claim; keyed by claim UID."""
+        ...
+
+
+@runtime_checkable
+class Readiness(Protocol):
+    """What a ``Driver`` may also implement if it cannot serve calls from the start.
+
+    A driver bound before its state is loaded (``late.LateParts``) holds the kubelet's calls
+    until then. The plugin waits for ``wait_ready`` before it takes the node lock for a call,
+    not inside it: loading the state takes the same lock, so a call held under the lock would
+    block the very start-up it waits for. A driver without these methods is ready at once.
+    """
+
+    @property
+    def ready(self) -> bool:
+        """Whether calls are served now (once true, it stays true)."""
+        ...
+
+    async def wait_ready(self) -> None:
+        """Return once calls are served."""
         ...
 
 

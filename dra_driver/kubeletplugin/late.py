@@ -40,6 +40,9 @@ class Parts:
 class LateParts:
     """A ``Driver``, ``ClaimFetcher`` and ``HealthSource`` whose calls wait for :meth:`attach`.
 
+    As a ``Readiness`` it lets the plugin hold prepares and unprepares before they take the
+    node lock, which loading the state needs.
+
     Pass it to ``Plugin`` in all three roles and as ``on_registered=parts.registered``.
     """
 
@@ -55,11 +58,15 @@ class LateParts:
         self._attached.set()
 
     @property
-    def attached(self) -> bool:
-        """Whether calls are being served (no longer held)."""
+    def ready(self) -> bool:
+        """Whether calls are being served (no longer held); see ``Readiness``."""
         return self._parts is not None
 
-    async def _ready(self) -> Parts:
+    async def wait_ready(self) -> None:
+        """Return once the parts are attached; see ``Readiness``."""
+        await self._attached.wait()
+
+    async def _attached_parts(self) -> Parts:
         await self._attached.wait()
         assert self._parts is not None
         return self._parts
@@ -72,19 +79,19 @@ class LateParts:
 
     async def prepare(self, claims: Sequence[ClaimToPrepare]) -> Mapping[str, PrepareResult]:
         """``Driver.prepare`` of the attached driver."""
-        return await (await self._ready()).driver.prepare(claims)
+        return await (await self._attached_parts()).driver.prepare(claims)
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, UnprepareResult]:
         """``Driver.unprepare`` of the attached driver."""
-        return await (await self._ready()).driver.unprepare(claims)
+        return await (await self._attached_parts()).driver.unprepare(claims)
 
     async def get_claim(self, namespace: str, name: str) -> JSON | None:
         """``ClaimFetcher.get_claim`` of the attached fetcher."""
-        return await (await self._ready()).fetcher.get_claim(namespace, name)
+        return await (await self._attached_parts()).fetcher.get_claim(namespace, name)
 
     async def watch(self) -> AsyncIterator[Sequence[DeviceHealth]]:
         """The attached health source's stream (nothing, if it has none)."""
-        health = (await self._ready()).health
+        health = (await self._attached_parts()).health
         if health is None:
             return
         stream = health.watch()

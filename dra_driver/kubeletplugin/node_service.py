@@ -16,7 +16,13 @@ import structlog
 
 from dra_driver.errors import PrepareError
 from dra_driver.kubeletplugin.claims import ClaimFetcher, claim_to_prepare
-from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare, Driver, PreparedDevice
+from dra_driver.kubeletplugin.interfaces import (
+    ClaimRef,
+    ClaimToPrepare,
+    Driver,
+    PreparedDevice,
+    Readiness,
+)
 from dra_driver.kubeletplugin.lock import NodeLock
 from dra_driver.kubeletplugin.threads import OTHER_CALLS
 from dra_driver.kubeletplugin.uid import UID_SHAPE, valid_uid
@@ -145,7 +151,11 @@ class _Coalescer:
 
 
 class NodeService:
-    """Fetches and checks claims, then calls the driver under the node lock."""
+    """Fetches and checks claims, then calls the driver under the node lock.
+
+    A driver that is a ``Readiness`` and not ready yet holds the calls before they take the
+    lock: one held under it would keep the driver from loading the state it waits for.
+    """
 
     def __init__(
         self,
@@ -164,6 +174,11 @@ class NodeService:
         self._node = node_name
         self._pool = pool_name
         self._in_progress = 0  # prepare and unprepare calls between their start and answer
+        # The driver to wait for before taking the lock; None once it is ready (or if it is
+        # always ready), so a call then costs one attribute check.
+        self._not_ready: Readiness | None = (
+            driver if isinstance(driver, Readiness) and not driver.ready else None
+        )
         self._batches = _Coalescer(
             lock,
             {"prepare": self._driver_prepare, "unprepare": self._driver_unprepare},
@@ -221,6 +236,8 @@ class NodeService:
             log.warning("unprepare of an invalid claim UID: nothing to do", claim=str(ref))
         if not refs:
             return errors
+        if self._not_ready is not None:
+            await self._until_ready(self._not_ready)
         results = await self._batches.run("unprepare", refs)
         for ref in refs:
             if ref.uid not in results:
@@ -262,7 +279,17 @@ class NodeService:
     async def _call_prepare(
         self, ready: Sequence[ClaimToPrepare]
     ) -> Mapping[str, Sequence[PreparedDevice] | Exception]:
+        if self._not_ready is not None:
+            await self._until_ready(self._not_ready)
         return await self._batches.run("prepare", ready)
+
+    async def _until_ready(self, driver: Readiness) -> None:
+        """Wait, without the lock, until ``driver`` serves calls.
+
+        A call cancelled here (its deadline) has not queued for the lock: it leaves nothing.
+        """
+        await driver.wait_ready()
+        self._not_ready = None
 
     async def _driver_prepare(
         self, ready: list[ClaimToPrepare]

@@ -11,10 +11,14 @@ from dra_driver._proto.dra.v1 import api_pb2 as v1_pb2
 from dra_driver._proto.dra.v1 import api_pb2_grpc as v1_grpc
 from dra_driver._proto.dra_health.v1 import api_pb2 as health_pb2
 from dra_driver._proto.dra_health.v1 import api_pb2_grpc as health_grpc
-from dra_driver.kubeletplugin import DeviceHealth, HealthStatus, Plugin
+from dra_driver.kubeletplugin import ClaimRef, DeviceHealth, HealthStatus, Plugin
 from dra_driver.kubeletplugin.late import LateParts, Parts
+from dra_driver.kubeletplugin.lock import NodeLock, hold_file_lock
+from dra_driver.kubeletplugin.node_service import NodeService
 
 from .helpers import (
+    DRIVER,
+    NODE,
     FakeDriver,
     FakeFetcher,
     ListHealthSource,
@@ -78,6 +82,87 @@ def test_registration_is_forwarded_once_attached() -> None:
     parts.attach(Parts(FakeDriver(), FakeFetcher(), on_registered=lambda: seen.append("r")))
     parts.registered()
     assert seen == ["r"]
-    assert parts.attached
+    assert parts.ready
     with pytest.raises(RuntimeError):
         parts.attach(Parts(FakeDriver(), FakeFetcher()))
+
+
+def _load_state(lock: Path) -> None:
+    """What a driver's start-up does before it attaches its parts: it loads its state under
+    the node's file lock, as the calls it will serve do (blocking, so in a thread)."""
+    with hold_file_lock(lock):
+        pass
+
+
+async def test_an_unprepare_held_before_attach_leaves_the_node_lock_to_loading_the_state(
+    short_dir: Path,
+) -> None:
+    parts = LateParts()
+    fetcher, driver = FakeFetcher(), FakeDriver()
+    plugin = Plugin(config_for(short_dir), parts, parts, health=parts)
+    async with plugin, channel(plugin.paths.dra) as ch:
+        stub = v1_grpc.DRAPluginStub(ch)
+        # The kubelet, seeing the plugin registered, retries an unprepare it still owes
+        # (after a plugin restart it does so at once).
+        unprepare = asyncio.ensure_future(
+            stub.NodeUnprepareResources(
+                unprepare_request(v1_pb2, ClaimRef("default", "claim-a", "a-1a7e")), timeout=30
+            )
+        )
+        await asyncio.sleep(0.3)
+        assert not unprepare.done()
+        loading = asyncio.ensure_future(asyncio.to_thread(_load_state, plugin.paths.lock))
+        try:
+            done, _ = await asyncio.wait({loading}, timeout=3)
+            assert loading in done, "the held unprepare holds the lock the start-up needs"
+        finally:
+            if not loading.done():
+                unprepare.cancel()  # lets go of the lock, so the loading thread can end
+                await loading
+        parts.attach(Parts(driver, fetcher))
+        response = await unprepare
+        assert response.claims["a-1a7e"].error == ""
+        assert driver.calls == [("unprepare", ("a-1a7e",))]
+
+
+async def test_a_prepare_and_an_unprepare_held_before_attach_are_both_served_after_it(
+    short_dir: Path,
+) -> None:
+    parts = LateParts()
+    fetcher, driver = FakeFetcher(), FakeDriver()
+    prepared = fetcher.add(make_claim("a-1a7e"))
+    unprepared = ClaimRef("default", "claim-b", "b-2b8f")
+    plugin = Plugin(config_for(short_dir), parts, parts, health=parts)
+    async with plugin, channel(plugin.paths.dra) as ch:
+        stub = v1_grpc.DRAPluginStub(ch)
+        calls = asyncio.gather(
+            stub.NodePrepareResources(prepare_request(v1_pb2, prepared), timeout=10),
+            stub.NodeUnprepareResources(unprepare_request(v1_pb2, unprepared), timeout=10),
+        )
+        await asyncio.sleep(0.3)
+        assert not calls.done()
+        assert not plugin.lock.locked()  # held outside the lock, which the start-up needs
+
+        parts.attach(Parts(driver, fetcher))
+        prepare, unprepare = await calls
+        assert prepare.claims["a-1a7e"].error == ""
+        assert [d.device_name for d in prepare.claims["a-1a7e"].devices] == ["gpu-a-1a7e"]
+        assert unprepare.claims["b-2b8f"].error == ""
+        assert sorted(driver.calls) == [("prepare", ("a-1a7e",)), ("unprepare", ("b-2b8f",))]
+        assert driver.overlaps == 0
+
+
+async def test_a_call_cancelled_before_attach_never_takes_the_lock() -> None:
+    parts = LateParts()
+    driver, lock = FakeDriver(), NodeLock(None)
+    service = NodeService(parts, FakeFetcher(), lock, DRIVER, NODE, NODE)
+    held = asyncio.create_task(service.unprepare([ClaimRef("default", "claim-a", "a-1a7e")]))
+    await asyncio.sleep(0.05)
+    assert not lock.locked()
+    held.cancel()  # the kubelet's deadline
+    await asyncio.gather(held, return_exceptions=True)
+
+    parts.attach(Parts(driver, FakeFetcher()))
+    later = ClaimRef("default", "claim-b", "b-2b8f")
+    assert await service.unprepare([later]) == {"b-2b8f": ""}
+    assert driver.calls == [("unprepare", ("b-2b8f",))]
