@@ -4,20 +4,26 @@ A condition comes from an event (an Xid, a lost GPU) about a source: a GPU or MI
 simulated nodes a device name. It lasts until a re-check of that source finds it healthy
 (:mod:`dra_driver.gpu.health.recheck`): Xid events say something happened, never that it is
 over.
+
+An event on a GPU reaches every device name the GPU may be published under, whichever way
+the catalogue (:mod:`dra_driver.gpu.publish.catalog`) publishes it: the GPU's own name
+``gpu-N`` and its MIG devices that exist; dynamic MIG placements share ``gpu-N``'s health.
+An event on a MIG device reaches that device only.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import structlog
 
 from dra_driver.gpu.inventory import Inventory
-from dra_driver.gpu.publish.devices import devices_for_gpu
+from dra_driver.gpu.publish.devices import devices_for_gpu, gpu_device_name
+from dra_driver.gpu.publish.partitions import placements
 from dra_driver.kubeletplugin.interfaces import DeviceHealth, HealthStatus
 from dra_driver.resourceapi import api_time
 
@@ -66,6 +72,46 @@ def parse_xids(text: str) -> frozenset[int]:
     return frozenset(int(x) for x in text.split(",") if x.strip())
 
 
+@dataclass(frozen=True)
+class DeviceNames:
+    """Which device names an event reaches, and which ones the kubelet hears about."""
+
+    affects: Mapping[str, tuple[str, ...]]  # event source (UUID or name) -> names it marks
+    inherits: Mapping[str, str]  # dynamic MIG placement -> its GPU's name, whose health it has
+    devices: tuple[str, ...]  # every name the node may publish: the kubelet's list
+
+
+def device_names(inventory: Inventory) -> DeviceNames:
+    """The names of :class:`DeviceNames` for every way the catalogue may publish
+    ``inventory`` (static or dynamic MIG, placements or capacity layout).
+
+    A GPU's events reach its own name ``gpu-N`` even in MIG mode: with dynamic MIG that
+    device is published (whole or by its MIG slices) and its placements carry its taints,
+    while the GPU stays in MIG mode after dynamic MIG used it, often with no MIG device left
+    to carry a taint. Where ``gpu-N`` is not published (static MIG) its taint goes unused.
+    """
+    affects: dict[str, tuple[str, ...]] = {}
+    inherits: dict[str, str] = {}
+    for gpu in inventory.gpus:
+        own = gpu_device_name(gpu)
+        # Static MIG devices: the GPU's published devices in MIG mode, one per MIG device.
+        migs = (
+            {
+                m.uuid: d["name"]
+                for m, d in zip(gpu.mig_devices, devices_for_gpu(gpu, inventory), strict=True)
+            }
+            if gpu.mig_enabled
+            else {}
+        )
+        affects[gpu.uuid] = affects[own] = tuple(dict.fromkeys((own, *migs.values())))
+        for uuid, name in migs.items():
+            affects[uuid] = affects[name] = (name,)
+        if gpu.mig.capable:  # as the catalogue: only MIG-capable GPUs get placements
+            inherits.update((p.device_name, own) for p in placements(gpu))
+    devices = (*(n for names in affects.values() for n in names), *inherits)
+    return DeviceNames(affects, inherits, tuple(dict.fromkeys(devices)))
+
+
 class HealthTracker:
     """Which published devices are unhealthy, why, and since when."""
 
@@ -77,19 +123,8 @@ class HealthTracker:
     ) -> None:
         self.driver_name = driver_name
         self.ignored_xids = frozenset(ignored_xids)
-        # UUID -> the published device names it affects (a GPU affects its MIG devices).
-        self._affects: dict[str, tuple[str, ...]] = {}
-        self._devices: list[str] = []
-        # Device names work too, so a simulated node can be poked by name.
-        for gpu in inventory.gpus:
-            names = tuple(d["name"] for d in devices_for_gpu(gpu, inventory))
-            self._devices += names
-            self._affects[gpu.uuid] = names
-            self._affects[f"gpu-{gpu.minor}"] = names
-            if gpu.mig_enabled:
-                for mig, name in zip(gpu.mig_devices, names, strict=True):
-                    self._affects[mig.uuid] = (name,)
-                    self._affects[name] = (name,)
+        # Device names are sources too, so a simulated node can be poked by name.
+        self._names = device_names(inventory)
         self._conditions: dict[str, _Condition] = {}
 
     def apply(self, event: HealthEvent, now: float) -> bool:
@@ -97,7 +132,7 @@ class HealthTracker:
 
         A repeat of a device's current problem changes nothing but postpones its re-check.
         """
-        names = self._affects.get(event.uuid)
+        names = self._names.affects.get(event.uuid)
         if names is None:
             log.warning(
                 "health event for an unknown device", uuid=event.uuid, problem=event.problem
@@ -180,8 +215,8 @@ class HealthTracker:
         creation is no health problem of the devices in use)."""
         bad = {
             name: self._reason(c)
-            for name, c in self._conditions.items()
-            if c.problem not in MIG_PROBLEMS
+            for name in self._names.devices
+            if (c := self._health_condition(name)) is not None and c.problem not in MIG_PROBLEMS
         }
         return [
             DeviceHealth(
@@ -190,5 +225,13 @@ class HealthTracker:
                 status=HealthStatus.UNHEALTHY if name in bad else HealthStatus.HEALTHY,
                 message=bad.get(name, ""),
             )
-            for name in self._devices
+            for name in self._names.devices
         ]
+
+    def _health_condition(self, name: str) -> _Condition | None:
+        """The condition ``name`` has: its own, else (a placement) its GPU's, as the
+        catalogue's taints of placements (a pod on a placement is hit by its GPU's loss)."""
+        own = self._conditions.get(name)
+        if own is None and (gpu := self._names.inherits.get(name)) is not None:
+            return self._conditions.get(gpu)
+        return own

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
+import pytest
+
+from dra_driver.gpu.discovery.simulated import SimulatedDiscovery, build_inventory, load_profile
 from dra_driver.gpu.health.broadcast import HealthBroadcaster
 from dra_driver.gpu.health.injected import (
     InjectedProber,
@@ -17,12 +19,17 @@ from dra_driver.gpu.health.injected import (
 )
 from dra_driver.gpu.health.recheck import recheck_once
 from dra_driver.gpu.health.tracker import HealthEvent, HealthTracker, parse_xids
-from dra_driver.gpu.publish.catalog import build_catalog
+from dra_driver.gpu.inventory import Inventory, MigState
+from dra_driver.gpu.mig.simulated import SIMULATED_STATE_FILE, SimulatedMig
+from dra_driver.gpu.publish.catalog import CAPACITY, Catalog, build_catalog
+from dra_driver.gpu.publish.publisher import NodePublishing, fallback_inventory
 from dra_driver.kubeletplugin.interfaces import HealthStatus
 from dra_driver.resourceslice.pool import render_pool
 from tests.unit.slice_rules import check_pool
 
 DRIVER = "gpu.dra.dev"
+NODE = "n"
+SINGLE_H100 = str(Path(__file__).parents[2] / "data" / "single-h100.yaml")
 
 
 def _tracker(profile: str = "mixed") -> tuple[HealthTracker, list[str]]:
@@ -34,7 +41,9 @@ def test_xid_on_a_gpu_taints_it_and_its_mig_devices() -> None:
     tracker, uuids = _tracker()
     assert tracker.apply(HealthEvent(uuids[0], "xid", 79), 0.0)
     taints = tracker.taints()
+    # gpu-0 too, though in MIG mode: dynamic MIG publishes it, and its placements inherit it.
     assert sorted(taints) == [
+        "gpu-0",
         "gpu-0-mig-1g10gb-19-6",
         "gpu-0-mig-2g20gb-14-4",
         "gpu-0-mig-3g40gb-9-0",
@@ -142,7 +151,7 @@ def test_recovery_clears_only_what_its_source_caused() -> None:
     # A later GPU-wide event takes the MIG device over: its recovery clears all of them.
     tracker.apply(HealthEvent(uuids[0], "gpu-lost"), 1.0)
     assert tracker.recover(mig) == {}
-    assert len(tracker.recover(uuids[0])) == 3 and tracker.unhealthy() == {}
+    assert len(tracker.recover(uuids[0])) == 4 and tracker.unhealthy() == {}
 
 
 class _Prober:
@@ -241,3 +250,147 @@ def test_no_free_mig_placement_taints_until_cleared_and_clearing_spares_other_pr
     tracker.apply(HealthEvent(uuids[1], "xid", xid=79), 1.0)
     assert tracker.clear(uuids[1], "mig-fragmented") == {}
     assert tracker.taints()["gpu-1"][0]["key"] == f"{DRIVER}/xid"
+
+
+# -- a GPU's events reach every device it is published as, in every layout ---------------
+
+
+def _mig_on_without_instances(inventory: Inventory, index: int) -> Inventory:
+    """``inventory`` with GPU ``index`` as discovery sees it after dynamic MIG used it: MIG
+    mode stays on (the carver never turns it off when the last MIG device goes), no MIG
+    device is left."""
+    gpus = list(inventory.gpus)
+    gpus[index] = gpus[index].model_copy(
+        update={
+            "mig": MigState(capable=True, current_enabled=True, pending_enabled=True),
+            "mig_devices": (),
+        }
+    )
+    return inventory.model_copy(update={"gpus": tuple(gpus)})
+
+
+def _single_h100() -> Inventory:
+    """One H100, MIG capable, MIG mode off: the node dynamic MIG carves."""
+    return build_inventory(load_profile(SINGLE_H100), NODE)
+
+
+def test_xid_on_dynamic_mig_gpu_left_in_mig_mode_taints_its_published_devices(
+    tmp_path: Path,
+) -> None:
+    # The agent restarted after dynamic MIG used the GPU: it is in MIG mode, without MIG
+    # devices, and published as gpu-0 plus every placement.
+    inventory = _mig_on_without_instances(_single_h100(), 0)
+    gpu = inventory.gpus[0]
+    publishing = NodePublishing(SimulatedMig(tmp_path / SIMULATED_STATE_FILE, inventory), inventory)
+    tracker = HealthTracker(inventory, DRIVER)  # as NodeAgent builds it
+
+    # Xid 79: the GPU fell off the bus. Every device of this GPU must be kept off.
+    assert tracker.apply(HealthEvent(gpu.uuid, "xid", 79), 0.0)
+    assert tracker.apply(HealthEvent(gpu.uuid, "gpu-lost"), 0.0)
+    pool = publishing.pool(NODE, DRIVER, tracker.taints())
+    devices = [d for s in pool.slices for d in s.devices]
+    assert len(devices) > 1, "gpu-0 and its placements are published"
+    assert [d["name"] for d in devices if not d.get("taints")] == []
+    # And the kubelet hears that pods on any of them lost their GPU.
+    health = {d.device_name: d for d in tracker.device_health(NODE)}
+    for device in devices:
+        assert health[device["name"]].status is HealthStatus.UNHEALTHY
+        assert "lost" in health[device["name"]].message
+
+
+Layout = Callable[[Inventory, Path], Catalog]
+
+
+def _static(inventory: Inventory, _: Path) -> Catalog:
+    return build_catalog(inventory)
+
+
+def _placements(inventory: Inventory, _: Path) -> Catalog:
+    return build_catalog(inventory, dynamic=True)
+
+
+def _capacity(inventory: Inventory, _: Path) -> Catalog:
+    return build_catalog(inventory, dynamic=True, layout=CAPACITY)
+
+
+def _given_up(inventory: Inventory, tmp_path: Path) -> Catalog:
+    """Dynamic MIG given up (no DRAPartitionableDevices): static publishing of the node."""
+    backend = SimulatedMig(tmp_path / SIMULATED_STATE_FILE, inventory)
+    return build_catalog(fallback_inventory(inventory, backend))
+
+
+# mixed: gpu-0 is in MIG mode with MIG devices, gpu-1 (an H100 in MIG mode) has them taken
+# away below, gpu-2 is a whole MIG-capable H100.
+WHOLE, WITH_MIG, MIG_ON_EMPTY = 2, 0, 1
+LAYOUTS = [
+    pytest.param(WHOLE, _static, id="whole-static"),
+    pytest.param(WHOLE, _placements, id="whole-dynamic-placements"),
+    pytest.param(WHOLE, _capacity, id="whole-dynamic-capacity"),
+    pytest.param(WITH_MIG, _static, id="mig-devices-static"),
+    pytest.param(WITH_MIG, _placements, id="mig-devices-dynamic-placements"),
+    pytest.param(WITH_MIG, _capacity, id="mig-devices-dynamic-capacity"),
+    pytest.param(MIG_ON_EMPTY, _static, id="mig-on-empty-static"),
+    pytest.param(MIG_ON_EMPTY, _placements, id="mig-on-empty-dynamic-placements"),
+    pytest.param(MIG_ON_EMPTY, _capacity, id="mig-on-empty-dynamic-capacity"),
+    pytest.param(MIG_ON_EMPTY, _given_up, id="mig-on-empty-dynamic-given-up"),
+]
+
+
+def _published(catalog: Catalog, tracker: HealthTracker) -> dict[str, bool]:
+    """Published device name -> whether it carries a taint (the pool checked valid)."""
+    slices = render_pool(catalog.pool(NODE, DRIVER, tracker.taints()))
+    assert check_pool(slices) == []
+    return {
+        d["name"]: bool(d.get("taints")) for s in slices for d in s["spec"].get("devices") or []
+    }
+
+
+def _unhealthy(tracker: HealthTracker) -> set[str]:
+    """The devices the kubelet hears are unhealthy."""
+    return {
+        d.device_name for d in tracker.device_health(NODE) if d.status is HealthStatus.UNHEALTHY
+    }
+
+
+@pytest.mark.parametrize("by_name", [False, True], ids=["uuid", "name"])
+@pytest.mark.parametrize(("index", "layout"), LAYOUTS)
+def test_a_gpu_event_reaches_every_device_the_gpu_is_published_as(
+    tmp_path: Path, index: int, layout: Layout, by_name: bool
+) -> None:
+    inventory = _mig_on_without_instances(
+        SimulatedDiscovery("mixed", NODE).discover(), MIG_ON_EMPTY
+    )
+    gpu = inventory.gpus[index]
+    catalog = layout(inventory, tmp_path)
+    tracker = HealthTracker(inventory, DRIVER)
+    source = f"gpu-{gpu.minor}" if by_name else gpu.uuid  # simulated nodes inject by name
+
+    assert tracker.apply(HealthEvent(source, "xid", 79), 0.0)
+    published = _published(catalog, tracker)
+    mine = {n for n in published if catalog.entries[n].gpu.uuid == gpu.uuid}
+    # Static MIG publishes nothing of a GPU in MIG mode without MIG devices.
+    assert mine or (index, layout) == (MIG_ON_EMPTY, _static)
+    assert {n for n, tainted in published.items() if tainted} == mine
+    health = {d.device_name for d in tracker.device_health(NODE)}
+    assert set(published) <= health, "the kubelet hears about every published device"
+    assert _unhealthy(tracker) & set(published) == mine
+
+    assert tracker.recover(source)
+    assert not any(_published(catalog, tracker).values()) and _unhealthy(tracker) == set()
+
+
+@pytest.mark.parametrize(
+    "layout", [_static, _placements, _capacity], ids=["static", "placements", "capacity"]
+)
+def test_an_event_on_a_mig_device_reaches_only_that_device(layout: Layout, tmp_path: Path) -> None:
+    inventory = SimulatedDiscovery("mixed", NODE).discover()
+    mig = inventory.gpus[WITH_MIG].mig_devices[0]
+    name = "gpu-0-mig-3g40gb-9-0"  # its name; with dynamic MIG also that of its placement
+    catalog = layout(inventory, tmp_path)
+    tracker = HealthTracker(inventory, DRIVER)
+
+    assert tracker.apply(HealthEvent(mig.uuid, "xid", 94), 0.0)
+    assert tracker.unhealthy() == {name: "critical Xid 94 error"}
+    published = _published(catalog, tracker)
+    assert {n for n, tainted in published.items() if tainted} == {name} & set(published)
+    assert _unhealthy(tracker) == {name}
