@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pynvml
+import structlog
 
 from dra_driver import faults
 from dra_driver.gpu.discovery.base import DiscoveryError
@@ -23,6 +24,8 @@ from dra_driver.gpu.inventory import Gpu, MigDevice, MigProfile, Placement
 from dra_driver.gpu.mig.backend import Instance, MigError, check_create
 
 T = TypeVar("T")
+
+log = structlog.get_logger(__name__)
 
 # NVML_COMPUTE_INSTANCE_PROFILE_* index of the CI spanning a GI of this many compute slices.
 _FULL_CI_PROFILE = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
@@ -79,7 +82,13 @@ class NvmlMig:
                 )
 
     def create(self, gpu: Gpu, profile: MigProfile, start: int) -> MigDevice:
-        """Create the GI at the placement, then a CI spanning it; return the MIG device."""
+        """Create the GI at the placement, then a CI spanning it; return the MIG device.
+
+        Should anything fail once the GI exists, the GI is destroyed again through the handle
+        its creation returned, then the error is raised: the caller has no id for it, and a
+        GI found at the placement later may be another tool's (``nvidia-smi mig -cgi``).
+        A crash in between leaves the GI for start-up recovery instead.
+        """
         what = f"GPU {gpu.uuid}: {profile.name} at {start}"
         with self._session(gpu) as handle:
             placement = check_create(gpu, profile, start, self._list(gpu, handle))
@@ -92,15 +101,11 @@ class NvmlMig:
                 ctypes.byref(spot),
                 what=what,
             )
-            gi_id = int(_nvml(pynvml.nvmlGpuInstanceGetInfo, gi, what=what).id)
-            faults.point("mig.gi-created")
-            ci_profile = self._ci_profile_id(gi, profile, what)
-            ci = _nvml(pynvml.nvmlGpuInstanceCreateComputeInstance, gi, ci_profile, what=what)
-            ci_id = int(_nvml(pynvml.nvmlComputeInstanceGetInfo, ci, what=what).id)
-            device = self._mig_device(gpu, handle, gi_id, ci_id)
-            if device is None:
-                raise MigError(f"{what}: created GI {gi_id}/CI {ci_id} but NVML does not list it")
-            return device
+            try:
+                return self._finish_create(gpu, handle, gi, profile, what)
+            except Exception:
+                self._discard(gi, gpu, profile, start)
+                raise
 
     def destroy(self, gpu: Gpu, gpu_instance_id: int) -> None:
         """Destroy the GI's compute instances, then the GI."""
@@ -112,13 +117,7 @@ class NvmlMig:
                 if int(getattr(exc, "value", -1)) == pynvml.NVML_ERROR_NOT_FOUND:
                     return
                 raise MigError(f"{what}: {exc}") from None
-            destroyed = False
-            for ci in self._compute_instances(gi, what):
-                _nvml(pynvml.nvmlComputeInstanceDestroy, ci, what=what)
-                destroyed = True
-            if destroyed:
-                faults.point("mig.ci-destroyed")
-            _nvml(pynvml.nvmlGpuInstanceDestroy, gi, what=what)
+            self._destroy_gpu_instance(gi, what)
 
     def list(self, gpu: Gpu) -> tuple[Instance, ...]:
         """Every GPU instance of every profile, with its MIG device if it has one."""
@@ -127,7 +126,52 @@ class NvmlMig:
 
     # -- helpers (inside a session) ------------------------------------------------------
 
+    def _finish_create(
+        self, gpu: Gpu, handle: Any, gi: Any, profile: MigProfile, what: str
+    ) -> MigDevice:
+        """The steps of :meth:`create` after the GI exists: its CI, then the MIG device."""
+        gi_id = int(_nvml(pynvml.nvmlGpuInstanceGetInfo, gi, what=what).id)
+        faults.point("mig.gi-created")
+        ci_profile = self._ci_profile_id(gi, profile, what)
+        ci = _nvml(pynvml.nvmlGpuInstanceCreateComputeInstance, gi, ci_profile, what=what)
+        ci_id = int(_nvml(pynvml.nvmlComputeInstanceGetInfo, ci, what=what).id)
+        device = self._mig_device(gpu, handle, gi_id, ci_id)
+        if device is None:
+            raise MigError(f"{what}: created GI {gi_id}/CI {ci_id} but NVML does not list it")
+        return device
+
+    def _discard(self, gi: Any, gpu: Gpu, profile: MigProfile, start: int) -> None:
+        """Best effort: destroy the GI a failed :meth:`create` made. The create's own error is
+        the one raised, so a failure here is only logged (start-up recovery sweeps the GI)."""
+        fields = {"gpu": gpu.uuid, "profile": profile.name, "start": start}
+        try:
+            self._destroy_gpu_instance(gi, f"GPU {gpu.uuid}: {profile.name} at {start}")
+        except MigError as exc:
+            log.error(
+                "destroying the GPU instance of a failed create failed", **fields, error=str(exc)
+            )
+        else:
+            log.info("destroyed the GPU instance of a failed create", **fields)
+
+    def _destroy_gpu_instance(self, gi: Any, what: str) -> None:
+        """Destroy a GI's compute instances, then the GI."""
+        destroyed = False
+        for ci in self._compute_instances(gi, what):
+            _nvml(pynvml.nvmlComputeInstanceDestroy, ci, what=what)
+            destroyed = True
+        if destroyed:
+            faults.point("mig.ci-destroyed")
+        _nvml(pynvml.nvmlGpuInstanceDestroy, gi, what=what)
+
     def _list(self, gpu: Gpu, handle: Any) -> tuple[Instance, ...]:
+        """Every GPU instance, each with its MIG device: the compute instance spanning it.
+
+        Discovery skips (with a warning) compute instances smaller than their GPU instance
+        (:meth:`NvmlDiscovery._mig_devices`), so a GPU instance has at most one MIG device
+        here; one an admin split into several compute instances is listed without a MIG
+        device, so its placement counts as taken and carving never adopts it (it reuses only
+        instances with a MIG device).
+        """
         current, _ = _nvml(pynvml.nvmlDeviceGetMigMode, handle, what=gpu.uuid)
         if int(current) != pynvml.NVML_DEVICE_MIG_ENABLE:
             return ()
@@ -195,7 +239,9 @@ class NvmlMig:
     def _mig_devices(self, gpu: Gpu, handle: Any) -> tuple[MigDevice, ...]:
         # Discovery already reads MIG devices from a GPU handle; reuse it inside this session.
         try:
-            return NvmlDiscovery()._mig_devices(handle, f"GPU {gpu.uuid}", gpu.mig_profiles)
+            return NvmlDiscovery()._mig_devices(
+                handle, gpu.uuid, f"GPU {gpu.uuid}", gpu.mig_profiles
+            )
         except DiscoveryError as exc:
             raise MigError(str(exc)) from None
 

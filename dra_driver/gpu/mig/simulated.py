@@ -137,7 +137,13 @@ class SimulatedMig:
             return self._instances(gpu, self._gpu(gpu))
 
     def create(self, gpu: Gpu, profile: MigProfile, start: int) -> MigDevice:
-        """Create a GI and its CI, each persisted before the next step."""
+        """Create a GI and its CI, each persisted before the next step.
+
+        Every check comes before the GI exists and only a crash comes between the two steps,
+        so a create that raises leaves no GI behind, as
+        :meth:`dra_driver.gpu.mig.nvml.NvmlMig.create` ensures by destroying it: the carver
+        never has to find one by placement.
+        """
         with self._lock:
             sim = self._gpu(gpu)
             if not sim.mig_enabled:

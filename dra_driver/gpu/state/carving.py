@@ -6,7 +6,10 @@ Without a MIG backend (dynamic MIG off) there is nothing to carve.
 
 A MIG device is destroyed by the GPU instance id recorded when it was made, never by its
 placement alone, and only when no other claim's record names it: an admin-access claim and a
-regular claim on one placement share one device, whichever came first.
+regular claim on one placement share one device, whichever came first. A record without an id
+destroys nothing: a create that fails destroys what it made itself (see the backends), so a
+GPU instance at the record's placement is someone else's (``nvidia-smi mig -cgi``); what a
+crash left there is start-up's to judge, with evidence (:meth:`Carver.destroy_orphans`).
 """
 
 from __future__ import annotations
@@ -131,6 +134,14 @@ class Carver:
             return
         if gpu is None:
             return
+        if mig.gpu_instance_id is None:
+            log.info(
+                "no MIG device to destroy: none was recorded as created",
+                gpu=gpu.uuid,
+                profile=mig.profile,
+                start=mig.start,
+            )
+            return
         for inst in self._mig.list(gpu):
             if not names(mig, inst):
                 continue
@@ -201,14 +212,22 @@ class Carver:
 
 
 def names(mig: MigRecord, inst: Instance) -> bool:
-    """Whether a record names this GPU instance: by the id recorded when it was created, or
-    by its placement while no id is recorded (a crash between recording and creating)."""
+    """Whether a record names this GPU instance: by the id recorded when it was created (and
+    its placement). A record without an id names none: only these may be destroyed."""
     same_place = mig.profile_id == inst.profile_id and mig.start == inst.placement.start
-    return same_place and mig.gpu_instance_id in (None, inst.gpu_instance_id)
+    return same_place and mig.gpu_instance_id == inst.gpu_instance_id
+
+
+def may_name(mig: MigRecord, inst: Instance) -> bool:
+    """Whether a record may name this GPU instance: :func:`names` it, or has no id yet and
+    the same placement (a crash between creating and recording, or a record rebuilt from a
+    CDI spec whose device was not found). Such an instance is kept, never destroyed."""
+    same_place = mig.profile_id == inst.profile_id and mig.start == inst.placement.start
+    return names(mig, inst) or (same_place and mig.gpu_instance_id is None)
 
 
 def referenced(inst: Instance, gpu_uuid: str, records: Iterable[DeviceRecord]) -> bool:
-    """Whether any of ``records`` names this instance of GPU ``gpu_uuid``."""
+    """Whether any of ``records`` may name this instance of GPU ``gpu_uuid`` (so it stays)."""
     return any(
-        r.mig is not None and r.mig.gpu_uuid == gpu_uuid and names(r.mig, inst) for r in records
+        r.mig is not None and r.mig.gpu_uuid == gpu_uuid and may_name(r.mig, inst) for r in records
     )

@@ -197,6 +197,22 @@ def test_failed_create_is_a_claim_error_and_leaves_nothing(tmp_path: Path) -> No
     assert state.record("a") is None and not state.spec_path("a").exists()
 
 
+def test_failed_create_never_destroys_a_gpu_instance_someone_else_made(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    # After the scheduler allocated MIG_3G, an admin (nvidia-smi mig -cgi 9) takes the same
+    # placement: a GPU instance whose compute instance is still to come (NVML makes them in
+    # two calls), so it is no MIG device the driver could use.
+    mig_file = tmp_path / "plugin" / SIMULATED_STATE_FILE
+    sim = json.loads(mig_file.read_text())
+    for gpu in sim["gpus"].values():
+        gpu["migEnabled"] = True
+        gpu["instances"] = [{"giId": 7, "profileId": 9, "start": 4, "size": 4}]
+    mig_file.write_text(json.dumps(sim))
+    out = state.prepare([_claim("a", MIG_3G)])
+    assert isinstance(out["a"], ClaimError) and "overlaps" in str(out["a"])
+    assert [i["giId"] for i in _instances(tmp_path)] == [7]
+
+
 def test_records_without_mig_keep_the_old_format(tmp_path: Path) -> None:
     _state(tmp_path).prepare([_claim("a", "gpu-0")])
     claims = stored_claims(tmp_path / "plugin" / "checkpoint.json")

@@ -15,9 +15,11 @@ from typing import Any
 
 import pytest
 
+from dra_driver.faults import EXIT_CODE
 from dra_driver.gpu.discovery.simulated import build_inventory, load_profile
 from dra_driver.gpu.inventory import Inventory
-from tests.unit.gpu.discovery.test_nvml_backend import build, render
+from dra_driver.gpu.mig.nvml import NvmlMig
+from tests.unit.gpu.discovery.test_nvml_backend import build, fake_split_layout, render
 
 SINGLE_H100 = str(Path(__file__).parents[3] / "data" / "single-h100.yaml")
 
@@ -70,7 +72,9 @@ class Node:
         self.data.write_text(render.render(self.inventory))
         self.lib_dir = lib_dir
 
-    def run(self, *ops: list[Any], **env: str) -> dict[str, Any]:
+    def run(self, *ops: list[Any], exit_code: int = 0, **env: str) -> dict[str, Any]:
+        """Run ``ops`` in a fresh process; its answer, or {} when it is to exit otherwise
+        (a fault point killed it)."""
         result = subprocess.run(
             [sys.executable, "-c", _STEP, self.inventory.model_dump_json(), json.dumps(ops)],
             env={
@@ -84,8 +88,11 @@ class Node:
             timeout=60,
             check=False,
         )
-        assert result.returncode == 0, result.stderr
-        out: dict[str, Any] = json.loads(result.stdout)
+        assert result.returncode == exit_code, result.stderr
+        if exit_code:
+            return {}
+        # Log lines go to stdout too; the answer is the last line.
+        out: dict[str, Any] = json.loads(result.stdout.splitlines()[-1])
         return out
 
 
@@ -123,15 +130,38 @@ def test_placement_rules(node: Node) -> None:
     assert "in use" in node.run(["disable"])["error"].lower()
 
 
+@pytest.mark.parametrize(
+    "fail", ["nvmlGpuInstanceCreateComputeInstance", "nvmlComputeInstanceGetInfo_v2"]
+)
+def test_a_failed_create_destroys_only_the_gpu_instance_it_made(node: Node, fail: str) -> None:
+    # The caller gets no GPU instance id from a failed create, so it cannot tell the GI
+    # from another tool's at the same placement: the create must not leave it behind.
+    other = node.run(["enable"], ["create", "3g.40gb", 4])["list"]
+    out = node.run(["create", "2g.20gb", 2], FAKE_NVML_FAIL=fail)
+    assert fail.removesuffix("_v2") in out["error"]
+    assert node.run()["list"] == other
+
+
 def test_a_gpu_instance_without_compute_instance_is_listed(node: Node) -> None:
-    # The compute instance fails to appear (as after a crash between the two steps): the
-    # GI is still listed, without a MIG device, so the driver can destroy it.
-    out = node.run(
-        ["enable"],
-        ["create", "2g.20gb", 2],
-        FAKE_NVML_FAIL="nvmlGpuInstanceCreateComputeInstance",
-    )
-    assert "nvmlGpuInstanceCreateComputeInstance" in out["error"]
+    # A crash between the two steps leaves the GI without its compute instance: it is
+    # still listed, without a MIG device, so start-up recovery can destroy it.
+    node.run(["enable"])
+    node.run(["create", "2g.20gb", 2], exit_code=EXIT_CODE, DRA_FAULT_POINTS="mig.gi-created")
     listed = node.run()["list"]
     assert [(i["profile"], i["start"], i["uuid"]) for i in listed] == [(14, 2, None)]
     assert node.run(["destroy", listed[0]["gi"]])["list"] == []
+
+
+def test_a_gpu_instance_split_into_compute_instances_is_listed_without_a_mig_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GI 1's two 1-slice compute instances are not MIG devices the driver publishes or
+    # reuses (discovery skips them): GI 1 is listed once, its placement taken, no device.
+    gpu = build_inventory(load_profile(SINGLE_H100), "n1").gpus[0]
+    *_, whole = fake_split_layout(monkeypatch, gpu)
+    listed = NvmlMig()._list(gpu, "gpu-0")
+    assert [(i.gpu_instance_id, i.profile_id, i.placement.start) for i in listed] == [
+        (1, 14, 2),
+        (2, 9, 4),
+    ]
+    assert [i.device.uuid if i.device else None for i in listed] == [None, whole.uuid]
