@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pynvml
+import structlog
 
 from dra_driver.gpu.discovery.base import DiscoveryError
 from dra_driver.gpu.discovery.nvmllib import (
@@ -49,6 +50,8 @@ from dra_driver.gpu.inventory import (
 )
 
 T = TypeVar("T")
+
+log = structlog.get_logger(__name__)
 
 SYSFS_ROOT_ENV = "DRA_SYSFS_ROOT"
 
@@ -140,6 +143,12 @@ def mig_profile_name(nvml_name: str) -> str:
     return name.removeprefix(_NVML_MIG_PREFIX).strip()
 
 
+def spans_gpu_instance(compute_slices: int, gpu_instance_slices: int) -> bool:
+    """Whether a MIG device's compute instance spans its whole GPU instance, from NVML's
+    device attributes (``computeInstanceSliceCount``, ``gpuInstanceSliceCount``)."""
+    return compute_slices == gpu_instance_slices
+
+
 def fabric_from_nvml(state: int, status: int, cluster_uuid: bytes, clique_id: int) -> Fabric:
     """A GPU's fabric from the fields of NVML's nvmlGpuFabricInfo: its registration state, and
     its clique only when registration completed successfully in a real cluster (NVML leaves
@@ -196,10 +205,9 @@ class NvmlDiscovery:
         pci = nvml_call(pynvml.nvmlDeviceGetPciInfo, handle, where=where)
         bus_id = normalize_bus_id(nvml_text(pci.busId))
         pcie_root, numa_node = self._pci_topology(bus_id)
-        memory = nvml_call(pynvml.nvmlDeviceGetMemoryInfo, handle, where=where)
         brand = int(nvml_call(pynvml.nvmlDeviceGetBrand, handle, where=where))
         arch = int(nvml_call(pynvml.nvmlDeviceGetArchitecture, handle, where=where))
-        mig, profiles, devices = self._mig(handle, where)
+        mig, profiles, devices = self._mig(handle, uuid, where)
         return Gpu(
             uuid=uuid,
             minor=int(nvml_call(pynvml.nvmlDeviceGetMinorNumber, handle, where=where)),
@@ -211,13 +219,37 @@ class NvmlDiscovery:
             pci_bus_id=bus_id,
             pcie_root=pcie_root,
             numa_node=numa_node,
-            memory_bytes=int(memory.total),
+            memory_bytes=self._memory_bytes(handle, uuid, where),
             multiprocessors=self._multiprocessors(handle, int(major), int(minor), where),
             mig=mig,
             mig_profiles=profiles,
             mig_devices=devices,
             fabric=self._fabric(handle, where),
         )
+
+    @staticmethod
+    def _memory_bytes(handle: Any, uuid: str, where: str) -> int:
+        """The GPU's framebuffer size, or 0 (unknown) on GPUs that have none of their own.
+
+        Unified-memory GPUs (NVIDIA GB10) answer NOT_SUPPORTED, as drivers that predate the
+        call answer FUNCTION_NOT_FOUND. The inventory requires a number; 0 is what it already
+        holds for an unknown SM count. The whole GPU is still published, with memory capacity
+        0, so a selector asking for memory passes it over instead of matching a guess (its
+        memory is the host's, shared with the CPU).
+        """
+        memory = nvml_call_unless(
+            pynvml.nvmlDeviceGetMemoryInfo,
+            handle,
+            where=where,
+            codes=(pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND),
+        )
+        if memory is None:
+            log.warning(
+                "NVML reports no memory size for the GPU (unified memory?): published as 0",
+                gpu=uuid,
+            )
+            return 0
+        return int(memory.total)
 
     @staticmethod
     def _multiprocessors(handle: Any, major: int, minor: int, where: str) -> int:
@@ -291,7 +323,7 @@ class NvmlDiscovery:
     # -- MIG -------------------------------------------------------------------------------
 
     def _mig(
-        self, handle: Any, where: str
+        self, handle: Any, uuid: str, where: str
     ) -> tuple[MigState, tuple[MigProfile, ...], tuple[MigDevice, ...]]:
         modes = nvml_call_unless(
             pynvml.nvmlDeviceGetMigMode,
@@ -304,7 +336,7 @@ class NvmlDiscovery:
         current, pending = (int(m) == pynvml.NVML_DEVICE_MIG_ENABLE for m in modes)
         state = MigState(capable=True, current_enabled=current, pending_enabled=pending)
         profiles = self._mig_profiles(handle, where)
-        devices = self._mig_devices(handle, where, profiles) if current else ()
+        devices = self._mig_devices(handle, uuid, where, profiles) if current else ()
         return state, profiles, devices
 
     def _mig_profiles(self, handle: Any, where: str) -> tuple[MigProfile, ...]:
@@ -369,8 +401,20 @@ class NvmlDiscovery:
         return tuple(Placement(start=start, size=size) for start, size in sorted(placements))
 
     def _mig_devices(
-        self, handle: Any, where: str, profiles: tuple[MigProfile, ...]
+        self, handle: Any, gpu_uuid: str, where: str, profiles: tuple[MigProfile, ...]
     ) -> tuple[MigDevice, ...]:
+        """The MIG devices of GPU ``gpu_uuid`` whose compute instance spans its whole GPU
+        instance.
+
+        An admin may split a GPU instance into several compute instances (static MIG:
+        ``nvidia-smi mig -gi 1 -cci 0,0``; the driver itself always makes one spanning CI).
+        Each such CI is a MIG device smaller than its GPU instance's profile, yet the driver
+        names and describes MIG devices by that profile (one device name per GPU instance,
+        :func:`dra_driver.gpu.publish.devices.mig_device_name`), so each is skipped with a
+        warning rather than published under a name it shares, as the whole GPU instance. Its
+        GPU instance is still listed by the MIG backend, without a MIG device: its placement
+        is taken and nothing of it is reused.
+        """
         by_id = {p.profile_id: p for p in profiles}
         max_count = int(nvml_call(pynvml.nvmlDeviceGetMaxMigDeviceCount, handle, where=where))
         devices: list[MigDevice] = []
@@ -383,20 +427,38 @@ class NvmlDiscovery:
                 where=where,
                 codes=(pynvml.NVML_ERROR_NOT_FOUND,),
             )
-            if mig is not None:
-                devices.append(
-                    self._mig_device(handle, mig, f"{where} MIG device {mig_index}", by_id)
-                )
+            if mig is None:
+                continue
+            device = self._mig_device(
+                handle, mig, gpu_uuid, f"{where} MIG device {mig_index}", by_id
+            )
+            if device is not None:
+                devices.append(device)
         return tuple(sorted(devices, key=lambda d: (d.gpu_instance_id, d.compute_instance_id)))
 
     @staticmethod
     def _mig_device(
-        parent: Any, mig: Any, where: str, profiles: dict[int, MigProfile]
-    ) -> MigDevice:
+        parent: Any, mig: Any, gpu_uuid: str, where: str, profiles: dict[int, MigProfile]
+    ) -> MigDevice | None:
+        """One MIG device, or None for a compute instance smaller than its GPU instance
+        (see :meth:`_mig_devices`)."""
         uuid = nvml_text(nvml_call(pynvml.nvmlDeviceGetUUID, mig, where=where))
         gi_id = int(nvml_call(pynvml.nvmlDeviceGetGpuInstanceId, mig, where=where))
         ci_id = int(nvml_call(pynvml.nvmlDeviceGetComputeInstanceId, mig, where=where))
         attrs = nvml_call(pynvml.nvmlDeviceGetAttributes, mig, where=where)
+        ci_slices = int(attrs.computeInstanceSliceCount)
+        gi_slices = int(attrs.gpuInstanceSliceCount)
+        if not spans_gpu_instance(ci_slices, gi_slices):
+            log.warning(
+                "MIG device not published: its compute instance is smaller than its GPU instance",
+                gpu=gpu_uuid,
+                gpu_instance=gi_id,
+                compute_instance=ci_id,
+                uuid=uuid,
+                compute_slices=ci_slices,
+                gpu_instance_slices=gi_slices,
+            )
+            return None
         gpu_instance = nvml_call(pynvml.nvmlDeviceGetGpuInstanceById, parent, gi_id, where=where)
         info = nvml_call(pynvml.nvmlGpuInstanceGetInfo, gpu_instance, where=where)
         profile_id = int(info.profileId)
@@ -406,7 +468,7 @@ class NvmlDiscovery:
             name = profile.name
         else:
             # A GI of a profile the GPU did not list: name it the way NVIDIA does.
-            name = f"{int(attrs.gpuInstanceSliceCount)}g.{math.ceil(memory_mib / 1024)}gb"
+            name = f"{gi_slices}g.{math.ceil(memory_mib / 1024)}gb"
         return MigDevice(
             uuid=uuid,
             gpu_instance_id=gi_id,

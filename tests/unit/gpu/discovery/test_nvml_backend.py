@@ -7,6 +7,7 @@ LD_LIBRARY_PATH only at process start) and compares the result with the simulate
 
 from __future__ import annotations
 
+import ctypes
 import ctypes.util
 import json
 import os
@@ -14,8 +15,12 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
+import pynvml
 import pytest
+import structlog
 
 from dra_driver.gpu.discovery.nvml import (
     NvmlDiscovery,
@@ -23,12 +28,18 @@ from dra_driver.gpu.discovery.nvml import (
     cuda_version_string,
     mig_profile_name,
     normalize_bus_id,
+    spans_gpu_instance,
 )
 from dra_driver.gpu.discovery.simulated import BUILTIN_PROFILES, build_inventory, load_profile
-from dra_driver.gpu.inventory import Inventory, Placement
+from dra_driver.gpu.inventory import MIB, Gpu, Inventory, MigState, Placement
+from dra_driver.gpu.publish.catalog import build_catalog
+from dra_driver.resourceslice.pool import render_pool
 from tests.fakenvml import build, render
+from tests.unit.slice_rules import check_pool
 
 NODE = "n1"
+DRIVER = "gpu.dra.dev"
+SINGLE_H100 = str(Path(__file__).parents[3] / "data" / "single-h100.yaml")
 
 _DISCOVER = """
 import sys
@@ -85,7 +96,8 @@ class FakeNode:
     def discover(self, **extra: str) -> Inventory:
         result = self.run(**extra)
         assert result.returncode == 0, result.stderr
-        return Inventory.model_validate_json(result.stdout)
+        # Log lines go to stdout too; the inventory is the last line.
+        return Inventory.model_validate_json(result.stdout.splitlines()[-1])
 
     def error(self, **extra: str) -> str:
         result = self.run(**extra)
@@ -244,6 +256,30 @@ def test_core_count_unavailable_leaves_sm_count_unknown(mixed: FakeNode) -> None
     assert [g.multiprocessors for g in got.gpus] == [0, 0, 0, 0]
 
 
+def test_memory_info_not_supported_leaves_memory_unknown(mixed: FakeNode) -> None:
+    # 3 = NVML_ERROR_NOT_SUPPORTED: what unified-memory GPUs (NVIDIA GB10, DGX Spark) answer;
+    # nvidia-smi shows "Memory-Usage: Not Supported". The rest of the node is unaffected.
+    result = mixed.run(FAKE_NVML_FAIL="nvmlDeviceGetMemoryInfo=3")
+    assert result.returncode == 0, result.stderr
+    got = Inventory.model_validate_json(result.stdout.splitlines()[-1])
+    unknown = {"memory_bytes": 0}
+    assert list(got.gpus) == [g.model_copy(update=unknown) for g in mixed.inventory.gpus]
+    warnings = [line for line in result.stdout.splitlines() if "no memory size" in line]
+    assert [next(g.uuid for g in got.gpus if g.uuid in w) for w in warnings] == [
+        g.uuid for g in got.gpus
+    ]  # one warning per GPU, naming it
+    # Its whole GPUs are still published, with memory 0: no memory selector matches them.
+    slices = render_pool(build_catalog(got).pool(NODE, DRIVER))
+    assert check_pool(slices) == []
+    whole = {
+        d["attributes"]["uuid"]["string"]: d["capacity"]["memory"]["value"]
+        for sl in slices
+        for d in sl["spec"]["devices"]
+        if d["attributes"]["type"]["string"] == "gpu"
+    }
+    assert whole == {g.uuid: "0" for g in got.gpus if not g.mig_enabled}
+
+
 def test_fake_rejects_a_wrong_profile_struct_version(mixed: FakeNode) -> None:
     # The stand-in checks the struct version pynvml stamps, so a layout mismatch between
     # it and pynvml cannot go unnoticed; this forces that path to prove it is wired up.
@@ -272,6 +308,115 @@ def test_each_discover_is_a_fresh_nvml_session(mixed: FakeNode) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "true"
+
+
+# -- a GPU instance split into several compute instances (static MIG) ----------------------
+
+
+@dataclass(frozen=True)
+class FakeMigDevice:
+    """A compute instance as NVML lists it: a MIG device of its own."""
+
+    uuid: str
+    gi: int
+    ci: int
+    compute_slices: int
+
+
+def fake_split_layout(monkeypatch: pytest.MonkeyPatch, gpu: Gpu) -> tuple[FakeMigDevice, ...]:
+    """Stand in for NVML on an H100 an admin carved by hand: GI 1 (2g.20gb at 2) split into
+    two 1-slice compute instances (``nvidia-smi mig -cgi 14 && nvidia-smi mig -gi 1 -cci
+    0,0``), GI 2 (3g.40gb at 4) with one spanning compute instance. The stand-in library
+    makes only spanning compute instances, so pynvml itself is replaced."""
+    profiles = {p.profile_id: p for p in gpu.mig_profiles}
+    gis = {
+        1: (profiles[14], Placement(start=2, size=2)),
+        2: (profiles[9], Placement(start=4, size=4)),
+    }
+    devices = (
+        FakeMigDevice("MIG-aaaaaaaa-0000-5000-8000-000000000000", gi=1, ci=0, compute_slices=1),
+        FakeMigDevice("MIG-bbbbbbbb-0000-5000-8000-000000000000", gi=1, ci=1, compute_slices=1),
+        FakeMigDevice("MIG-cccccccc-0000-5000-8000-000000000000", gi=2, ci=0, compute_slices=3),
+    )
+
+    def by_index(_handle: object, index: int) -> FakeMigDevice:
+        if index >= len(devices):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return devices[index]
+
+    def attributes(mig: FakeMigDevice) -> SimpleNamespace:
+        profile = gis[mig.gi][0]
+        return SimpleNamespace(
+            memorySizeMB=profile.memory_bytes // MIB,
+            gpuInstanceSliceCount=profile.slice_count,
+            computeInstanceSliceCount=mig.compute_slices,
+            multiprocessorCount=profile.multiprocessors * mig.compute_slices // profile.slice_count,
+            sharedCopyEngineCount=profile.copy_engines,
+            sharedDecoderCount=profile.decoders,
+            sharedEncoderCount=profile.encoders,
+            sharedJpegCount=profile.jpeg_engines,
+            sharedOfaCount=profile.ofa_engines,
+        )
+
+    def gi_handle(gi_id: int) -> object:
+        return ctypes.cast(gi_id, pynvml.c_nvmlGpuInstance_t)
+
+    def gi_info(handle: object) -> SimpleNamespace:
+        gi_id = ctypes.cast(handle, ctypes.c_void_p).value
+        assert gi_id is not None
+        profile, placement = gis[gi_id]
+        return SimpleNamespace(id=gi_id, profileId=profile.profile_id, placement=placement)
+
+    def gpu_instances(_handle: object, profile_id: int, array: Any, count: Any) -> None:
+        found = [gi for gi, (profile, _) in gis.items() if profile.profile_id == profile_id]
+        for i, gi_id in enumerate(found):
+            array[i] = gi_handle(gi_id)
+        count._obj.value = len(found)
+
+    for name, fn in {
+        "nvmlDeviceGetMigMode": lambda _h: (1, 1),
+        "nvmlDeviceGetMaxMigDeviceCount": lambda _h: 7,
+        "nvmlDeviceGetMigDeviceHandleByIndex": by_index,
+        "nvmlDeviceGetUUID": lambda m: m.uuid,
+        "nvmlDeviceGetGpuInstanceId": lambda m: m.gi,
+        "nvmlDeviceGetComputeInstanceId": lambda m: m.ci,
+        "nvmlDeviceGetAttributes": attributes,
+        "nvmlDeviceGetGpuInstanceById": lambda _h, gi_id: gi_handle(gi_id),
+        "nvmlGpuInstanceGetInfo": gi_info,
+        "nvmlDeviceGetGpuInstances": gpu_instances,
+    }.items():
+        monkeypatch.setattr(pynvml, name, fn)
+    return devices
+
+
+def test_compute_instances_smaller_than_their_gpu_instance_are_not_published(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Both 1-slice CIs would be named after GI 1's profile (one device name per GI) and
+    # advertised as a whole 2g.20gb: neither is published, each is named in a warning.
+    inventory = build_inventory(load_profile(SINGLE_H100), NODE)
+    gpu = inventory.gpus[0]
+    split_a, split_b, whole = fake_split_layout(monkeypatch, gpu)
+    three_g = next(p for p in gpu.mig_profiles if p.profile_id == 9)
+    with structlog.testing.capture_logs() as logs:
+        devices = NvmlDiscovery()._mig_devices("gpu-0", gpu.uuid, "GPU 0", gpu.mig_profiles)
+    assert [(d.uuid, d.profile_name, d.multiprocessors) for d in devices] == [
+        (whole.uuid, "3g.40gb", three_g.multiprocessors)
+    ]
+    fields = ("log_level", "gpu", "gpu_instance", "compute_instance", "uuid")
+    assert [tuple(entry[f] for f in fields) for entry in logs] == [
+        ("warning", gpu.uuid, 1, 0, split_a.uuid),
+        ("warning", gpu.uuid, 1, 1, split_b.uuid),
+    ]
+    # Static MIG: the pool the agent publishes has GI 2's device only.
+    mig_on = MigState(capable=True, current_enabled=True, pending_enabled=True)
+    gpu = gpu.model_copy(update={"mig": mig_on, "mig_devices": devices})
+    slices = render_pool(
+        build_catalog(inventory.model_copy(update={"gpus": (gpu,)})).pool(NODE, DRIVER)
+    )
+    assert check_pool(slices) == []
+    published = [d["attributes"]["uuid"]["string"] for sl in slices for d in sl["spec"]["devices"]]
+    assert published == [whole.uuid]
 
 
 # -- pure helpers (no NVML) ----------------------------------------------------------------
@@ -311,6 +456,7 @@ def test_small_conversions() -> None:
     assert cuda_version_string(13000) == "13.0"
     assert mig_profile_name("MIG 1g.10gb+me") == "1g.10gb+me"
     assert mig_profile_name("1g.5gb") == "1g.5gb"
+    assert spans_gpu_instance(3, 3) and not spans_gpu_instance(1, 2)
     assert [
         cores_per_sm(*cc)
         for cc in [(7, 0), (7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)]
