@@ -35,7 +35,7 @@ from pathlib import Path
 import structlog
 from pydantic import BaseModel, ValidationError
 
-from dra_driver.cdi.writer import DurableWriteError, remove, write_atomic
+from dra_driver.cdi.writer import remove, write_atomic
 from dra_driver.gpu.sharing import procs
 from dra_driver.gpu.sharing.backend import MpsDaemon, SharingError
 from dra_driver.gpu.sharing.timeslicing import timeslice_value
@@ -254,11 +254,11 @@ class HostSharing:
             return None
 
     def _record(self, daemon_id: str, identity: procs.ProcessIdentity) -> None:
-        self.registry.mkdir(parents=True, exist_ok=True)
         record = DaemonRecord(pid=identity.pid, start_time=identity.start_time, exe=identity.exe)
         try:
+            self.registry.mkdir(parents=True, exist_ok=True)
             write_atomic(self._record_path(daemon_id), record.model_dump())
-        except DurableWriteError as exc:
+        except OSError as exc:  # the mkdir's, or write_atomic's DurableWriteError
             # The daemon runs; a later look finds it again through /proc.
             log.warning("MPS daemon identity not recorded", daemon=daemon_id, error=str(exc))
 
@@ -312,7 +312,15 @@ class HostSharing:
         """Start the daemon outside the agent's container, then set its limits; a daemon that
         runs already is kept."""
         for directory in (daemon.pipe_dir, daemon.log_dir, daemon.shm_dir):
-            directory.mkdir(parents=True, exist_ok=True)
+            try:
+                directory.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                # A SharingError, which start-up's restart of a dead daemon logs (an OSError
+                # would end the start-up) and a prepare makes its claim's error.
+                raise SharingError(
+                    f"MPS daemon {daemon.daemon_id}: cannot create {directory}: "
+                    f"{exc.strerror or exc}"
+                ) from None
         if self._daemon(daemon.daemon_id, daemon.pipe_dir) is None:
             self._launch(daemon)
         for command in control_commands(daemon):

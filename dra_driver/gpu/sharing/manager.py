@@ -95,7 +95,13 @@ class SharingManager:
     def _start(self, claim: str, daemon: MpsRecord) -> None:
         spec = mpsplan.from_record(daemon)
         for directory in (spec.pipe_dir, spec.log_dir, spec.shm_dir):
-            directory.mkdir(parents=True, exist_ok=True)
+            try:
+                directory.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                # A SharingError fails this claim alone; an OSError would end its batch.
+                raise SharingError(
+                    f"MPS daemon {spec.daemon_id}: cannot create {directory}: {exc.strerror or exc}"
+                ) from None
         if self.backend is None:
             return
         running = self.backend.mps_running(spec.daemon_id, spec.pipe_dir)

@@ -267,7 +267,8 @@ class DeviceState:
         prepared only once the second write succeeded. A batch whose claims make nothing but
         their CDI specs (:func:`only_a_spec`) skips the first write. ``before_binding``: the agent
         prepares them for binding conditions, before any pod of theirs is bound; the records
-        say so (see :meth:`prepared_before_binding`).
+        say so (see :meth:`prepared_before_binding`). An exception (a bug: a claim's failing
+        steps are its own error) leaves memory as the file holds it (:meth:`_finish_all`).
         """
         with self._lock:
             self._refresh()
@@ -353,30 +354,71 @@ class DeviceState:
             if plans and (only_specs or self._record(batch, out, "that its prepare started")):
                 if not only_specs:
                     faults.point("prepare.started-recorded")
-                out.update({plan.ref.uid: self._finish(plan) for plan in plans})
+                self._finish_all(plans, out)
                 ready = {uid: name for uid, name in batch.items() if isinstance(out[uid], list)}
                 if self._record(ready, out, "that it is prepared"):
                     faults.point("prepare.completed-recorded")
             return out
 
-    def _finish(self, plan: Plan) -> PrepareResult:
-        """Create the claim's MIG devices (dynamic MIG), then write its CDI spec."""
-        records = list(self._data.claims[plan.ref.uid].devices)
+    def _finish_all(self, plans: Sequence[Plan], out: dict[str, PrepareResult]) -> None:
+        """Finish each planned claim of the batch, its result into ``out``.
+
+        Should anything escape a claim's steps (a bug: what a step is expected to raise is its
+        claim's error), memory is put back to what the file holds before it propagates, never
+        left ahead of it: a claim PrepareCompleted in memory but PrepareStarted in the file
+        would be answered prepared to the kubelet's retry, and the next start-up would take
+        it apart under its running pod.
+        """
         try:
-            plan = self._carver.carve(plan, self._data.claims[plan.ref.uid])
+            for plan in plans:
+                out[plan.ref.uid] = self._finish(plan)
+        except BaseException:
+            # Memory goes back to the file, not the file forward to memory: the batch's first
+            # write recorded each claim PrepareStarted (a batch of plain claims: nothing),
+            # what a crash between the batch's two writes leaves, which is safe already. The
+            # records name what the finished claims made; none was answered prepared, so the
+            # kubelet's retry prepares them again (every step is idempotent), an unprepare or
+            # a restart takes them apart. Recording them instead would be a write whose cause
+            # of failure is unknown (perhaps the very disk), needing proof of each claim's
+            # artifacts; undoing them, more steps that can fail. So: none stays completed in
+            # memory (read without the file: prepared_count, device_ids), and the next call
+            # reads the file again (also the records an undo dropped from memory).
+            for plan in plans:
+                record = self._data.claims.get(plan.ref.uid)
+                if record is not None and record.state is ClaimState.PREPARE_COMPLETED:
+                    record.state = ClaimState.PREPARE_STARTED
+            self._file.distrust()
+            raise
+
+    def _finish(self, plan: Plan) -> PrepareResult:
+        """Create the claim's MIG devices (dynamic MIG), apply its sharing, then write its
+        CDI spec. A step that fails undoes the claim and is its error alone."""
+        uid = plan.ref.uid
+        records = list(self._data.claims[uid].devices)
+        try:
+            plan = self._carver.carve(plan, self._data.claims[uid])
         except MigError as exc:
             self._undo_carve(plan.ref, records)
-            log.error("creating MIG device failed", claim=str(plan.ref), error=str(exc))
+            log.error(
+                "creating MIG device failed", claim=str(plan.ref), claim_uid=uid, error=str(exc)
+            )
             gpus = tuple(dict.fromkeys(s.gpu.uuid for s in plan.carve if s is not None))
             return CarveError(f"claim {plan.ref}: {exc}", gpus)
-        record = self._data.claims[plan.ref.uid]
+        record = self._data.claims[uid]
         try:
             self._sharing.apply(str(plan.ref), record)
-        except SharingError as exc:
-            log.error("applying sharing failed", claim=str(plan.ref), error=str(exc))
+        except (SharingError, OSError) as exc:
+            # An OSError too (a full disk under a daemon's directories or the backend's
+            # files): escaping, it would end the batch between its two writes.
+            log.error("applying sharing failed", claim=str(plan.ref), claim_uid=uid, error=str(exc))
             self._undo_sharing(plan.ref, record)
             self._undo_carve(plan.ref, records)
-            return ClaimError(f"claim {plan.ref}: {exc}")
+            if isinstance(exc, SharingError):
+                return ClaimError(f"claim {plan.ref}: {exc}")
+            return ClaimError(
+                f"claim {plan.ref}: cannot apply sharing on the node: {exc} (a fault of the "
+                "node, not of the claim: the kubelet retries once an administrator fixes it)"
+            )
         result = self._write_spec(plan)
         if isinstance(result, Exception):
             self._undo_sharing(plan.ref, record)
@@ -388,8 +430,9 @@ class DeviceState:
         others = [r for u, r in self._data.claims.items() if u != ref.uid]
         try:
             self._sharing.release([record], others)
-        except SharingError as exc:
-            log.error("undoing sharing failed", claim=str(ref), error=str(exc))
+        except (SharingError, OSError) as exc:
+            # An OSError too: the disk that failed the step may fail its undo.
+            log.error("undoing sharing failed", claim=str(ref), claim_uid=ref.uid, error=str(exc))
 
     def _undo_carve(self, ref: ClaimRef, records: Sequence[DeviceRecord]) -> None:
         """Forget the claim and destroy what its failed prepare created (MIG devices other

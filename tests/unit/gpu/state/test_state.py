@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import shutil
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from dra_driver import faults
 from dra_driver.cdi.spec import parse_qualified_name
+from dra_driver.cdi.writer import DurableWriteError
 from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
+from dra_driver.gpu.inventory import Gpu, MigDevice, MigProfile
+from dra_driver.gpu.mig.simulated import SIMULATED_STATE_FILE, SimulatedMig
+from dra_driver.gpu.sharing.backend import MpsDaemon, SharingBackend
+from dra_driver.gpu.sharing.host import HostSharing
+from dra_driver.gpu.sharing.simulated import SimulatedSharing
 from dra_driver.gpu.state import checkpoint
 from dra_driver.gpu.state.checkpoint import ClaimState
 from dra_driver.gpu.state.device_state import ClaimError, DeviceState
@@ -18,13 +28,20 @@ from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare, Prepar
 from dra_driver.kubeletplugin.lock import hold_file_lock
 from dra_driver.kubeletplugin.sockets import LOCK_FILE_NAME
 from tests.unit.cdi_schema import schema_errors
+from tests.unit.gpu.mig.test_dynamic_mig import MIG_3G, NOTHING_IN_USE
+from tests.unit.gpu.mig.test_dynamic_mig import _inventory as _h100
 from tests.unit.gpu.state.claim_model import CONFIGS
 
 NODE = "node-1"
 DRIVER = "gpu.dra.dev"
 
 
-def _state(tmp_path: Path, profile: str = "mixed", boot_id: str = "boot-1") -> DeviceState:
+def _state(
+    tmp_path: Path,
+    profile: str = "mixed",
+    boot_id: str = "boot-1",
+    sharing: SharingBackend | None = None,
+) -> DeviceState:
     return DeviceState(
         inventory=SimulatedDiscovery(profile, NODE).discover(),
         driver_name=DRIVER,
@@ -32,6 +49,7 @@ def _state(tmp_path: Path, profile: str = "mixed", boot_id: str = "boot-1") -> D
         cdi_root=tmp_path / "cdi",
         state_dir=tmp_path / "plugin",
         boot_id=boot_id,
+        sharing=sharing,
     )
 
 
@@ -286,3 +304,232 @@ def test_start_up_sweeps_our_temp_files_only_under_the_node_lock(tmp_path: Path)
     starting.join()
     assert [p.exists() for p in left] == [False, False]
     assert [p.exists() for p in kept] == [True, True]
+
+
+# --- one claim of a batch fails on the node, or raises --------------------------------------
+#
+# The node service merges several pods' prepares into one batch. A claim's step that fails
+# must fail that claim alone, the others recorded PrepareCompleted in the batch's own final
+# write; and should anything escape, no claim may be left PrepareCompleted in memory but
+# PrepareStarted in the file: the kubelet's retry would be answered from memory, its pod would
+# run, and the next start-up would undo the claim (stop its MPS daemon, delete its CDI spec)
+# under the running pod, as it undoes every record not PrepareCompleted.
+
+MPS = list(CONFIGS["mps"])
+MIG_1G = "gpu-0-mig-1g10gb-19-0"
+
+
+def _sharing_state(tmp_path: Path) -> DeviceState:
+    return _state(tmp_path, sharing=SimulatedSharing(tmp_path / "sim.json"))
+
+
+class FailingSharing(SimulatedSharing):
+    """Simulated sharing whose start of the daemon ``daemon`` raises ``error`` and whose stop
+    of it raises ``stop_error`` (each when given): a full disk under the backend, or a bug."""
+
+    def __init__(
+        self, path: Path, daemon: str, error: OSError | None, stop_error: Exception | None = None
+    ) -> None:
+        super().__init__(path)
+        self.daemon, self.error, self.stop_error = daemon, error, stop_error
+
+    def start_mps(self, daemon: MpsDaemon) -> None:
+        if daemon.daemon_id == self.daemon and self.error is not None:
+            raise self.error
+        super().start_mps(daemon)
+
+    def stop_mps(self, daemon_id: str, pipe_dir: Path) -> None:
+        if daemon_id == self.daemon and self.stop_error is not None:
+            raise self.stop_error
+        super().stop_mps(daemon_id, pipe_dir)
+
+
+def _daemon_oserror(tmp_path: Path) -> SimulatedSharing:
+    # What HostSharing.start_mps's mkdir of the daemon's directories raised on a full disk.
+    return FailingSharing(
+        tmp_path / "sim.json", "b", OSError(errno.ENOSPC, "No space left on device", "/x/b/pipe")
+    )
+
+
+def _backend_write(tmp_path: Path) -> SimulatedSharing:
+    # The backend's own state file cannot be written, nor can the undo's write.
+    error = DurableWriteError(
+        errno.ENOSPC, f"cannot write {tmp_path / 'sim.json'}: No space left on device"
+    )
+    return FailingSharing(tmp_path / "sim.json", "b", error, stop_error=error)
+
+
+def _blocked_mps_directory(tmp_path: Path) -> SimulatedSharing:
+    # SharingManager's own mkdir of b's daemon directories fails.
+    (tmp_path / "plugin" / "mps").mkdir(parents=True)
+    (tmp_path / "plugin" / "mps" / "b").write_text("a file where b's daemon directory goes")
+    return SimulatedSharing(tmp_path / "sim.json")
+
+
+SHARING_FAILURES = [
+    pytest.param(_daemon_oserror, "No space left on device", id="daemon-oserror"),
+    pytest.param(_backend_write, "cannot write", id="backend-state-write"),
+    pytest.param(_blocked_mps_directory, "MPS daemon b: cannot create", id="mps-directory"),
+]
+
+
+def _stored_states(tmp_path: Path) -> dict[str, str]:
+    return {
+        uid: rec["state"]
+        for uid, rec in checkpoint.stored_claims(tmp_path / "plugin" / "checkpoint.json").items()
+    }
+
+
+@pytest.mark.parametrize(("failing", "message"), SHARING_FAILURES)
+def test_a_claim_whose_sharing_step_fails_on_the_node_fails_alone(
+    tmp_path: Path, failing: Callable[[Path], SimulatedSharing], message: str
+) -> None:
+    sharing = failing(tmp_path)
+    state = _state(tmp_path, sharing=sharing)
+    # Two pods' prepares merged into one batch by the node service.
+    out = state.prepare([_claim("a", "gpu-2", config=MPS), _claim("b", "gpu-3", config=MPS)])
+    assert isinstance(out["a"], list)
+    assert (
+        isinstance(out["b"], ClaimError)
+        and message in str(out["b"])
+        and "claim ns/claim-b" in str(out["b"])
+    )
+    # A is recorded prepared by the batch's own final write; B, undone, not at all.
+    assert _stored_states(tmp_path) == {"a": "PrepareCompleted"}
+    assert state.spec_path("a").exists() and not state.spec_path("b").exists()
+    assert {d: m.state for d, m in sharing.read().mps.items()} == {"a": "running"}
+    # Pod B is deleted: its claim is unprepared; A stays recorded prepared.
+    assert state.unprepare([ClaimRef("ns", "claim-b", "b")]) == {"b": None}
+    assert _stored_states(tmp_path) == {"a": "PrepareCompleted"}
+
+
+def test_a_restart_after_a_batch_with_a_failed_claim_keeps_the_claims_pods_use(
+    tmp_path: Path,
+) -> None:
+    state = _state(tmp_path, sharing=_daemon_oserror(tmp_path))
+    state.prepare([_claim("a", "gpu-2", config=MPS), _claim("b", "gpu-3", config=MPS)])
+    # The kubelet asks again for pod A's claim (it may not have seen the first answer): pod A runs.
+    assert isinstance(state.prepare([_claim("a", "gpu-2", config=MPS)])["a"], list)
+    # The agent restarts (a rolling update) while pod A runs: its CDI spec and MPS daemon stay.
+    sharing = SimulatedSharing(tmp_path / "sim.json")
+    restarted = _state(tmp_path, sharing=sharing)
+    assert restarted.prepared_claims()["a"].state is ClaimState.PREPARE_COMPLETED
+    assert restarted.spec_path("a").exists() and sharing.read().mps["a"].state == "running"
+
+
+def test_a_start_up_that_cannot_make_a_dead_daemons_directories_goes_on(tmp_path: Path) -> None:
+    """HostSharing.start_mps makes the daemon's directories itself: a failure is a SharingError,
+    which start-up's restart of a dead daemon logs, not an OSError that ends the start-up."""
+    prepared = _sharing_state(tmp_path).prepare([_claim("a", "gpu-2", config=MPS)])
+    assert isinstance(prepared["a"], list)
+    # The daemon is gone, and its directory cannot be made again.
+    shutil.rmtree(tmp_path / "plugin" / "mps" / "a")
+    (tmp_path / "plugin" / "mps" / "a").write_text("a file where a's daemon directory goes")
+    restarted = _state(
+        tmp_path, sharing=HostSharing(tmp_path / "plugin" / "mps", tmp_path / "no-driver-root")
+    )
+    assert restarted.prepared_claims()["a"].state is ClaimState.PREPARE_COMPLETED
+
+
+class MigDiskFull(SimulatedMig):
+    """Creating a 1g MIG device fails writing the backend's state file, as on a full disk."""
+
+    def create(self, gpu: Gpu, profile: MigProfile, start: int) -> MigDevice:
+        if profile.name.startswith("1g"):
+            raise DurableWriteError(
+                errno.ENOSPC, f"cannot write {self.path}: No space left on device"
+            )
+        return super().create(gpu, profile, start)
+
+
+def _dynamic(tmp_path: Path, mig: type[SimulatedMig] = SimulatedMig) -> DeviceState:
+    return DeviceState(
+        inventory=_h100(),
+        driver_name=DRIVER,
+        node_name=NODE,
+        cdi_root=tmp_path / "cdi",
+        state_dir=tmp_path / "plugin",
+        boot_id="boot-1",
+        mig=mig(tmp_path / "plugin" / SIMULATED_STATE_FILE, _h100()),
+        evidence=NOTHING_IN_USE,
+    )
+
+
+#: A batch whose second claim raises what no step of it handles: the agent, the batch, and
+#: how to restart the agent once the fault is gone.
+Escape = tuple[DeviceState, list[ClaimToPrepare], Callable[[], DeviceState]]
+
+
+def _bug_after_the_second_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Escape:
+    """A bug (no step handles a RuntimeError) once the second claim's CDI spec is written."""
+    passes: list[str] = []
+
+    def hook(name: str) -> None:
+        if name == "prepare.cdi-written":
+            passes.append(name)
+            if len(passes) == 2:
+                raise RuntimeError("a bug")
+
+    monkeypatch.setattr(faults, "point", hook)
+    batch = [_claim("a", "gpu-2", config=MPS), _claim("b", "gpu-3", config=MPS)]
+    return _sharing_state(tmp_path), batch, lambda: _sharing_state(tmp_path)
+
+
+def _mig_state_unwritable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Escape:
+    """The MIG backend's OSError, which the carve step does not handle, for the second claim."""
+    return (
+        _dynamic(tmp_path, MigDiskFull),
+        [_claim("a", MIG_3G), _claim("b", MIG_1G)],
+        lambda: _dynamic(tmp_path),
+    )
+
+
+def _bug_undoing_a_forgotten_claim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Escape:
+    """The second claim's CDI spec cannot be written, which forgets the claim in memory; then
+    a bug undoing its sharing: memory no longer holds the record the file holds."""
+    state = _state(
+        tmp_path,
+        sharing=FailingSharing(tmp_path / "sim.json", "b", None, stop_error=RuntimeError("a bug")),
+    )
+    state.spec_path("b").mkdir(parents=True)  # a directory where b's CDI spec goes
+
+    def restart() -> DeviceState:
+        state.spec_path("b").rmdir()
+        return _sharing_state(tmp_path)
+
+    return state, [_claim("a", "gpu-2", config=MPS), _claim("b", "gpu-3", config=MPS)], restart
+
+
+@pytest.mark.parametrize(
+    ("escaping", "error"),
+    [
+        pytest.param(_bug_after_the_second_spec, RuntimeError, id="bug-after-cdi-spec"),
+        pytest.param(_mig_state_unwritable, DurableWriteError, id="mig-backend-oserror"),
+        pytest.param(_bug_undoing_a_forgotten_claim, RuntimeError, id="bug-in-undo"),
+    ],
+)
+def test_an_error_escaping_a_batch_leaves_no_claim_prepared_in_memory_only(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    escaping: Callable[[Path, pytest.MonkeyPatch], Escape],
+    error: type[Exception],
+) -> None:
+    state, claims, restart = escaping(tmp_path, monkeypatch)
+    with pytest.raises(error):
+        state.prepare(claims)  # the node service answers every claim of the batch with it
+    stored = _stored_states(tmp_path)
+    assert stored == {"a": "PrepareStarted", "b": "PrepareStarted"}
+    # Memory is never ahead of the file: no claim is PrepareCompleted in memory only.
+    assert [
+        u
+        for u, r in state.prepared_claims().items()
+        if r.state is ClaimState.PREPARE_COMPLETED and stored.get(u) != "PrepareCompleted"
+    ] == []
+    # The kubelet's retry of A prepares it again and records it before answering. B's record
+    # stays, as the file holds it: it names what B's prepare made, for a restart to undo.
+    assert isinstance(state.prepare(claims[:1])["a"], list)
+    assert _stored_states(tmp_path) == {"a": "PrepareCompleted", "b": "PrepareStarted"}
+    # A restart keeps A (its pod runs) and undoes B (never answered prepared).
+    restarted = restart()
+    assert list(restarted.prepared_claims()) == ["a"] and restarted.spec_path("a").exists()
+    assert not restarted.spec_path("b").exists()
