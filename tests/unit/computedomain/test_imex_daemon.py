@@ -771,6 +771,9 @@ async def test_the_process_follows_its_pods_and_stops_on_sigterm(
                 lambda: asyncio.to_thread(lambda: check(root, files)[0]), "the daemon READY"
             )
             assert files.nodes.read_text() == f"{A}\n"
+            # The watch follows the list the daemon got ready from: on a busy machine it
+            # may come a moment after READY.
+            await _until(lambda: bool(watched), "the pods' watch")
             assert watched == [f"{LABEL}={UID}"]
             proc.send_signal(signal.SIGTERM)
             assert await asyncio.wait_for(proc.wait(), 15) == 0
