@@ -7,9 +7,10 @@ Without a MIG backend (dynamic MIG off) there is nothing to carve.
 A MIG device is destroyed by the GPU instance id recorded when it was made, never by its
 placement alone, and only when no other claim's record names it: an admin-access claim and a
 regular claim on one placement share one device, whichever came first. A record without an id
-destroys nothing: a create that fails destroys what it made itself (see the backends), so a
-GPU instance at the record's placement is someone else's (``nvidia-smi mig -cgi``); what a
-crash left there is start-up's to judge, with evidence (:meth:`Carver.destroy_orphans`).
+(a crash came between creating and recording) destroys only a GPU instance at its placement
+that has no compute instance: that is what such a crash leaves, and it runs nothing. A create
+that fails destroys what it made itself (see the backends), so any other instance there is
+someone else's; start-up judges those with evidence (:meth:`Carver.destroy_orphans`).
 """
 
 from __future__ import annotations
@@ -134,14 +135,6 @@ class Carver:
             return
         if gpu is None:
             return
-        if mig.gpu_instance_id is None:
-            log.info(
-                "no MIG device to destroy: none was recorded as created",
-                gpu=gpu.uuid,
-                profile=mig.profile,
-                start=mig.start,
-            )
-            return
         for inst in self._mig.list(gpu):
             if not names(mig, inst):
                 continue
@@ -212,9 +205,13 @@ class Carver:
 
 
 def names(mig: MigRecord, inst: Instance) -> bool:
-    """Whether a record names this GPU instance: by the id recorded when it was created (and
-    its placement). A record without an id names none: only these may be destroyed."""
+    """Whether a record names this GPU instance, so that it may destroy it: by the id recorded
+    when it was created (and its placement), or, with no id recorded, at its placement with no
+    compute instance (what a crash between creating and recording leaves; nothing runs on a
+    GPU instance without one)."""
     same_place = mig.profile_id == inst.profile_id and mig.start == inst.placement.start
+    if mig.gpu_instance_id is None:
+        return same_place and inst.device is None
     return same_place and mig.gpu_instance_id == inst.gpu_instance_id
 
 

@@ -199,18 +199,36 @@ def test_failed_create_is_a_claim_error_and_leaves_nothing(tmp_path: Path) -> No
 
 def test_failed_create_never_destroys_a_gpu_instance_someone_else_made(tmp_path: Path) -> None:
     state = _state(tmp_path)
-    # After the scheduler allocated MIG_3G, an admin (nvidia-smi mig -cgi 9) takes the same
-    # placement: a GPU instance whose compute instance is still to come (NVML makes them in
-    # two calls), so it is no MIG device the driver could use.
+    # After the scheduler allocated MIG_3G (3g.40gb at 4), an admin (nvidia-smi mig -cgi 14)
+    # takes part of its placement with a 2g.20gb: the create fails, and its undo must leave
+    # that instance alone.
+    mig_file = tmp_path / "plugin" / SIMULATED_STATE_FILE
+    sim = json.loads(mig_file.read_text())
+    for gpu in sim["gpus"].values():
+        gpu["migEnabled"] = True
+        gpu["instances"] = [{"giId": 7, "profileId": 14, "start": 4, "size": 2}]
+    mig_file.write_text(json.dumps(sim))
+    out = state.prepare([_claim("a", MIG_3G)])
+    assert isinstance(out["a"], ClaimError) and "overlaps" in str(out["a"])
+    assert [i["giId"] for i in _instances(tmp_path)] == [7]
+
+
+def test_a_half_made_gpu_instance_at_the_placement_goes_with_the_failed_create(
+    tmp_path: Path,
+) -> None:
+    # What an agent killed between creating a GPU instance and recording its id leaves: the
+    # GPU instance without its compute instance, at the claim's own placement. It runs
+    # nothing; the kubelet's retry fails on it once, its undo removes it, the next succeeds.
+    state = _state(tmp_path)
     mig_file = tmp_path / "plugin" / SIMULATED_STATE_FILE
     sim = json.loads(mig_file.read_text())
     for gpu in sim["gpus"].values():
         gpu["migEnabled"] = True
         gpu["instances"] = [{"giId": 7, "profileId": 9, "start": 4, "size": 4}]
     mig_file.write_text(json.dumps(sim))
-    out = state.prepare([_claim("a", MIG_3G)])
-    assert isinstance(out["a"], ClaimError) and "overlaps" in str(out["a"])
-    assert [i["giId"] for i in _instances(tmp_path)] == [7]
+    assert isinstance(state.prepare([_claim("a", MIG_3G)])["a"], ClaimError)
+    assert _instances(tmp_path) == []
+    assert isinstance(state.prepare([_claim("a", MIG_3G)])["a"], list)
 
 
 def test_records_without_mig_keep_the_old_format(tmp_path: Path) -> None:
