@@ -84,10 +84,13 @@ def test_shares_of_mig_slices_and_a_whole_gpu_run_side_by_side(
     assert [d["name"] for d in devices] == ["gpu-0", "gpu-1"]
     assert all(d["allowMultipleAllocations"] and d["bindingConditions"] == [READY] for d in devices)
 
+    # One after the other: each MIG share takes the highest placement free when it is
+    # prepared, so the order decides where they go (asserted below).
     apply(kube_api, namespace, slices_pod("small", node.name, 1, 1))
+    prepared(node, namespace, "small")
     apply(kube_api, namespace, slices_pod("three", node.name, 3, 4))
     apply(kube_api, namespace, slices_pod("whole", node.name))
-    for pod in ("small", "three", "whole"):
+    for pod in ("three", "whole"):
         prepared(node, namespace, pod)
     gpus: dict[str, str] = {}
     for pod in ("small", "three", "whole"):
