@@ -67,8 +67,9 @@ class LateParts:
         await self._attached.wait()
 
     async def _attached_parts(self) -> Parts:
-        await self._attached.wait()
-        assert self._parts is not None
+        if self._parts is None:  # every call of a running agent skips the event
+            await self._attached.wait()
+            assert self._parts is not None
         return self._parts
 
     def registered(self) -> None:
