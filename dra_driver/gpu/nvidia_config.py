@@ -8,7 +8,7 @@ it (docs/migrating.md lists each difference):
 - ``mpsConfig.defaultActiveThreadPercentage`` may be 0 (ours: 1 to 100);
 - pinned-memory limits have no upper bound (ours: 1Mi to 4Ti); both refuse less than 1Mi;
 - a pinned-memory limit may be a JSON number of bytes, as a ``resource.Quantity`` may be
-  (ours: a quantity string);
+  (ours: a quantity string), and ``defaultPerDevicePinnedMemoryLimit`` may be null;
 - ``mpsConfig.multiUser`` starts the MPS control daemon in multi-user mode (``-M``).
 """
 
@@ -65,7 +65,8 @@ class NvidiaMpsConfig(MpsConfig):
         alias="defaultPinnedDeviceMemoryLimit",
         json_schema_extra={QUANTITY_KEY: NVIDIA_MEMORY_LIMIT},
     )
-    default_per_device_pinned_memory_limit: dict[str, str] = Field(
+    # null is no limits, as Go decodes null into a map (read as {} before validation).
+    default_per_device_pinned_memory_limit: dict[str, str] | None = Field(  # type: ignore[assignment]
         default_factory=dict,
         alias="defaultPerDevicePinnedMemoryLimit",
         json_schema_extra={QUANTITY_KEY: NVIDIA_MEMORY_LIMIT},
@@ -81,6 +82,8 @@ class NvidiaMpsConfig(MpsConfig):
     @field_validator("default_per_device_pinned_memory_limit", mode="before")
     @classmethod
     def _number_limits(cls, value: Any) -> Any:
+        if value is None:
+            return {}
         if isinstance(value, dict):
             return {key: _number_as_quantity(limit) for key, limit in value.items()}
         return value

@@ -405,6 +405,7 @@ NVIDIA_TABLE = [
         {"defaultPinnedDeviceMemoryLimit": False},
         {"defaultPerDevicePinnedMemoryLimit": {"0": 5368709120, "GPU-x": "2Gi"}},
         {"defaultPerDevicePinnedMemoryLimit": {"0": 512}},
+        {"defaultPerDevicePinnedMemoryLimit": None},
         {"multiUser": True},
         {"multiUser": "yes"},
     )

@@ -59,6 +59,8 @@ def test_the_nvidia_api_is_accepted_only_in_compat_mode() -> None:
         ({"defaultPinnedDeviceMemoryLimit": True}, False, False),
         ({"defaultPerDevicePinnedMemoryLimit": {"0": 5368709120}}, True, False),
         ({"defaultPerDevicePinnedMemoryLimit": {"0": 0.5}}, False, False),
+        # Go decodes null into a map as an empty one.
+        ({"defaultPerDevicePinnedMemoryLimit": None}, True, False),
         ({"defaultPinnedDeviceMemoryLimit": "8Ti"}, True, False),
         ({"defaultPinnedDeviceMemoryLimit": "512Ki"}, False, False),
         ({"defaultPerDevicePinnedMemoryLimit": {"0": "16Ti"}}, True, False),
