@@ -359,3 +359,35 @@ def test_compat_nvidia_renders_the_nvidia_drivers_classes_and_name() -> None:
     assert not [n for n in names if n.startswith("extended.")]
     assert "DRA_COMPAT" not in env(render())
     assert "/compat" in render_error("compat=amd")
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ({}, {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}),
+        # The usual DaemonSet setting given alone: the default surge goes (Kubernetes refuses
+        # both non-zero: ValidateRollingUpdateDaemonSet).
+        (
+            {"updateStrategy.rollingUpdate.maxUnavailable": "1"},
+            {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+        ),
+        (
+            {"updateStrategy.rollingUpdate.maxUnavailable": "25%"},
+            {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": "25%"}},
+        ),
+        (
+            {"updateStrategy.rollingUpdate.maxSurge": "2"},
+            {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 2, "maxUnavailable": 0}},
+        ),
+        ({"updateStrategy.type": "OnDelete"}, {"type": "OnDelete"}),
+    ],
+)
+def test_update_strategy_is_one_the_api_server_accepts(
+    values: dict[str, str], expected: dict[str, Any]
+) -> None:
+    strategy = daemonset(render("x", **values))["spec"]["updateStrategy"]
+    assert strategy == expected
+    rolling = strategy.get("rollingUpdate", {})
+    assert [str(rolling.get(k, 0)) in ("0", "0%") for k in ("maxSurge", "maxUnavailable")].count(
+        False
+    ) <= 1

@@ -116,3 +116,23 @@ dra-driver-compute-domain
 {{- end -}}
 {{- join "," $names -}}
 {{- end }}
+
+{{/*
+The DaemonSet's update strategy. Kubernetes takes a surge or unavailable pods, not both:
+a non-zero maxUnavailable (the usual DaemonSet setting, given alone with --set) turns the
+default surge off instead of rendering an object the API server refuses.
+*/}}
+{{- define "dra-driver.updateStrategy" -}}
+type: {{ .type }}
+{{- if eq .type "RollingUpdate" }}
+{{- $rolling := .rollingUpdate | default dict }}
+{{- $unavailable := $rolling.maxUnavailable | default 0 }}
+{{- $surge := $rolling.maxSurge | default 0 }}
+{{- if not (has (toString $unavailable) (list "0" "0%")) }}
+{{- $surge = 0 }}
+{{- end }}
+rollingUpdate:
+  maxSurge: {{ toYaml $surge }}
+  maxUnavailable: {{ toYaml $unavailable }}
+{{- end }}
+{{- end -}}
