@@ -14,7 +14,9 @@ must not start before that daemon is ready, so:
 
 A node belongs to one domain at a time; a claim of another domain fails with a message
 naming the domain that holds the node. When the last channel claim of a domain leaves the
-node, so does the node's label (and with it the daemon).
+node, so does the node's label (and with it the daemon); a restarted plugin checks the label
+at its first view of the claims allocated here, and leaves a domain nothing here holds any
+more. A domain being deleted takes no new channel claims: its daemons are going away.
 """
 
 from __future__ import annotations
@@ -75,6 +77,10 @@ def daemon_state(domain: JSON | None, node: str) -> DaemonState:
     """The node's daemon of ``domain``: ready, waiting, or failed (pure)."""
     if domain is None:
         return DaemonState(False, "the domain is gone", failed=True)
+    if deleting(domain):
+        # The controller tears the daemons down but leaves the status as it was: a node
+        # still listed Ready has no daemon for long.
+        return DaemonState(False, "the domain is being deleted", failed=True)
     status = domain.get("status") or {}
     for entry in status.get("nodes") or []:
         if isinstance(entry, dict) and entry.get("name") == node:
@@ -85,6 +91,20 @@ def daemon_state(domain: JSON | None, node: str) -> DaemonState:
     return DaemonState(
         False, f"node {node} not in the domain's status yet (its daemon has not started)"
     )
+
+
+def deleting(domain: JSON) -> bool:
+    """Whether ``domain`` is being deleted (its controller is tearing its daemons down)."""
+    return bool((domain.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def refuse_deleting(ref: ClaimRef, domain: JSON, key: str) -> None:
+    """Raise for a channel of a domain being deleted: joining would put the node into a
+    domain whose daemons are going away, and the claim's pod would run without one."""
+    if deleting(domain):
+        raise ImexClaimError(
+            f"claim {ref}: compute domain {key} is being deleted; its channel cannot be used"
+        )
 
 
 def condition_status(
@@ -158,11 +178,20 @@ class Membership:
         self._node = node
         self._path = node_path(node)
 
-    async def join(self, uid: str, domain: str) -> None:
-        """Label the node into ``uid`` unless it is in another domain (then raise)."""
+    async def _meta(self) -> JSON:
         response = await self._client.request("GET", self._path, timeout=10)
         raise_for_status(response, verb="get", resource="nodes", name=self._node)
-        meta = response.json()["metadata"]
+        meta: JSON = response.json()["metadata"]
+        return meta
+
+    async def current(self) -> str | None:
+        """The UID of the domain the node is in, or None."""
+        labels = (await self._meta()).get("labels") or {}
+        return str(labels[self._key]) if labels.get(self._key) else None
+
+    async def join(self, uid: str, domain: str) -> None:
+        """Label the node into ``uid`` unless it is in another domain (then raise)."""
+        meta = await self._meta()
         current = (meta.get("labels") or {}).get(self._key)
         if current == uid:
             return
@@ -231,6 +260,9 @@ class ImexDriver:
         self.membership = Membership(client, names, node)
         self.checkpoint: Checkpoint = load(self._checkpoint_path)
         self._joining: dict[str, _Joining] = {}
+        # ``_joining`` does not survive a restart: the first view of the allocated claims
+        # checks the node's label against what still holds a domain here (see allocated).
+        self._check_label = True
 
     # -- the kubelet's calls ---------------------------------------------------------
 
@@ -268,6 +300,7 @@ class ImexDriver:
             )
         key = f"{domain['metadata']['namespace']}/{domain['metadata']['name']}"
         if imex.kind == "channel":
+            refuse_deleting(ref, domain, key)
             await self.membership.join(imex.domain, key)
             # Until the claim is prepared or deallocated: a prepare that never succeeds (the
             # pod deleted while it waited) must not leave the node in the domain.
@@ -348,16 +381,19 @@ class ImexDriver:
         results: dict[str, UnprepareResult] = {}
         for ref in claims:
             try:
-                record = await asyncio.to_thread(self._forget, ref.uid)
+                # Leave first, forget after: when the leave fails, the record stays and the
+                # kubelet's next unprepare (it calls again on an error) leaves again.
+                record = self.checkpoint.claims.get(ref.uid)
                 if record is not None and record.kind == "channel":
-                    await self._leave_if_unused(record.domain)
+                    await self._leave_if_unused(record.domain, without=ref.uid)
+                await asyncio.to_thread(self._forget, ref.uid)
                 results[ref.uid] = None
             except UNPREPARE_FAILURES as exc:
                 log.warning("imex claim not unprepared", claim=str(ref), error=str(exc))
                 results[ref.uid] = ImexClaimError(f"claim {ref}: {exc}")
         return results
 
-    def _forget(self, claim_uid: str) -> PreparedClaim | None:
+    def _forget(self, claim_uid: str) -> None:
         remove(self._spec_path(claim_uid))
         record = self.checkpoint.claims.get(claim_uid)
         if record is not None:
@@ -366,13 +402,18 @@ class ImexDriver:
             save(self._checkpoint_path, checkpoint)
             self.checkpoint = checkpoint
             log.info("imex claim unprepared", claim_uid=claim_uid, domain_uid=record.domain)
-        return record
 
-    async def _leave_if_unused(self, domain: str) -> None:
-        in_use = any(
-            r.kind == "channel" and r.domain == domain for r in self.checkpoint.claims.values()
-        ) or any(j.domain == domain for j in self._joining.values())
-        if not in_use:
+    def _holds(self, domain: str, *, without: str | None = None) -> bool:
+        """Whether a channel claim other than ``without`` keeps the node in ``domain``:
+        prepared (its unprepare leaves), or joining (allocated() leaves when it goes)."""
+        return any(
+            r.kind == "channel" and r.domain == domain and uid != without
+            for uid, r in self.checkpoint.claims.items()
+        ) or any(j.domain == domain and uid != without for uid, j in self._joining.items())
+
+    async def _leave_if_unused(self, domain: str, *, without: str | None = None) -> None:
+        """Take the node out of ``domain`` unless a claim other than ``without`` holds it."""
+        if not self._holds(domain, without=without):
             await self.membership.leave(domain)
 
     # -- before binding --------------------------------------------------------------
@@ -390,6 +431,7 @@ class ImexDriver:
                     f"{ref.namespace}"
                 )
             key = f"{ref.namespace}/{domain['metadata']['name']}"
+            refuse_deleting(ref, domain, key)
             await self.membership.join(imex.domain, key)
         except ImexClaimError as exc:
             await self._set_condition(ref, CHANNEL_DEVICE, DAEMON_FAILED, str(exc))
@@ -458,7 +500,12 @@ class ImexDriver:
 
     async def allocated(self, claims: Mapping[str, frozenset[str]]) -> None:
         """The claims allocated from this node's pool now: a channel that waited for binding
-        and is no longer allocated stops waiting; its domain may leave the node."""
+        and is no longer allocated stops waiting; its domain may leave the node.
+
+        The binding watcher calls this under the kubelet's lock, with its whole view, first
+        once it has listed the claims: a claim that joined the node before a restart and is
+        still allocated is in that first view.
+        """
         for uid, joining in list(self._joining.items()):
             if claims.get(uid) == joining.devices and uid not in self.checkpoint.claims:
                 continue
@@ -466,7 +513,58 @@ class ImexDriver:
             if joining.task is not None:
                 joining.task.cancel()
             if uid not in self.checkpoint.claims:
-                await self._leave_if_unused(joining.domain)
+                try:
+                    await self._leave_if_unused(joining.domain)
+                except API_FAILURES as exc:
+                    # The entry is gone; the label check below, now and at the next view,
+                    # leaves again.
+                    log.warning(
+                        "node not taken out of compute domain, will retry",
+                        node=self._node,
+                        domain_uid=joining.domain,
+                        error=str(exc),
+                    )
+                    self._check_label = True
+        if self._check_label:
+            await self._check_node_label(claims)
+
+    async def _check_node_label(self, claims: Mapping[str, frozenset[str]]) -> None:
+        """Take the node out of the domain its label names when nothing here holds it: no
+        prepared or joining claim of it, and no channel allocated here that is not prepared
+        (that one may be of the domain, about to be prepared: it is not kicked out, and the
+        next view checks again). Done once the label is settled; an API failure leaves it
+        to the next view."""
+        try:
+            domain = await self.membership.current()
+            if domain is None or self._holds(domain):
+                self._check_label = False
+                return
+            pending = sorted(
+                uid
+                for uid, devices in claims.items()
+                if CHANNEL_DEVICE in devices and uid not in self.checkpoint.claims
+            )
+            if pending:
+                log.info(
+                    "node stays in compute domain while a channel allocated here is prepared",
+                    node=self._node,
+                    domain_uid=domain,
+                    claim_uids=pending,
+                )
+                return
+            log.info(
+                "node in a compute domain no claim here holds: leaving it",
+                node=self._node,
+                domain_uid=domain,
+            )
+            await self.membership.leave(domain)
+            self._check_label = False
+        except API_FAILURES as exc:
+            log.warning(
+                "checking the node's compute domain failed, will retry at the next view",
+                node=self._node,
+                error=str(exc),
+            )
 
     async def close(self) -> None:
         """Stop following domains (on shutdown)."""

@@ -29,6 +29,9 @@ class FakeApi:
         self.domains: dict[tuple[str, str], dict[str, Any]] = {}
         self.conditions: list[tuple[str, str, str]] = []  # claim, type, message
         self.events: list[tuple[str, str]] = []  # reason, message
+        # Requests on the node refused with a 500 (any transient refusal): the next N.
+        self.refuse_label_removals = 0
+        self.refuse_node_reads = 0
 
     def domain(self, namespace: str, name: str, uid: str, ready: bool | None) -> None:
         nodes = (
@@ -56,6 +59,13 @@ class FakeApi:
         raise AssertionError(f"unexpected {method} {path}")
 
     def _node(self, method: str, body: Any, content_type: str) -> Response:
+        refused = Response(500, {}, b'{"message": "etcdserver: request timed out"}')
+        if method == "GET" and self.refuse_node_reads:
+            self.refuse_node_reads -= 1
+            return refused
+        if content_type == "application/json-patch+json" and self.refuse_label_removals:
+            self.refuse_label_removals -= 1
+            return refused
         if method == "GET":
             meta = {"name": NODE, "labels": dict(self.labels), "resourceVersion": str(self.version)}
             return _ok({"metadata": meta})
@@ -234,6 +244,129 @@ async def test_binding_refused_at_once_on_a_node_of_another_domain(tmp_path: Pat
     [(_, kind, message)] = api.conditions
     assert kind == "IMEXDaemonFailed" and "in another compute domain" in message
     assert api.labels == {LABEL: OTHER}
+
+
+async def test_a_failed_leave_is_retried_by_the_kubelets_next_unprepare(tmp_path: Path) -> None:
+    api = FakeApi()
+    api.domain("team", "train", UID, ready=True)
+    driver = _driver(api, tmp_path)
+    [result] = (await driver.prepare([_claim("w", "channel-0")])).values()
+    assert not isinstance(result, Exception), result
+    api.refuse_label_removals = 1
+    ref = ClaimRef("team", "w", "uid-w")
+    first = await driver.unprepare([ref])
+    assert isinstance(first["uid-w"], Exception)  # the kubelet calls again
+    assert api.labels == {LABEL: UID}
+    # The record stays until the node has left: the retry leaves.
+    assert await driver.unprepare([ref]) == {"uid-w": None}
+    assert api.labels == {}
+    assert not list((tmp_path / "cdi").iterdir())
+    assert not _driver(api, tmp_path).checkpoint.claims
+
+
+async def test_unprepare_keeps_the_node_in_a_domain_another_claim_joins(tmp_path: Path) -> None:
+    """The claim deallocated and its device given to a new claim of the same domain before
+    the kubelet unprepared the old one: the node stays for the new one."""
+    api = FakeApi()
+    api.domain("team", "train", UID, ready=True)
+    driver = _driver(api, tmp_path, binding_wait=60)
+    await driver.prepare([_claim("w", "channel-0")])
+    api.domain("team", "train", UID, ready=False)
+    await driver.prepare_before_binding(_claim("v", "channel-0"))
+    assert await driver.unprepare([ClaimRef("team", "w", "uid-w")]) == {"uid-w": None}
+    assert api.labels == {LABEL: UID}
+    await driver.allocated({})  # the new claim went too: now the node leaves
+    assert api.labels == {}
+
+
+async def test_a_restarted_plugin_takes_the_node_out_of_a_domain_no_claim_holds(
+    tmp_path: Path,
+) -> None:
+    """The node joined for a claim whose prepare had not succeeded; the plugin restarted
+    and the claim was deallocated meanwhile: nothing but the label remembers the join."""
+    api = FakeApi()
+    api.domain("team", "train", UID, ready=False)
+    before = _driver(api, tmp_path, ready_wait=0.05)
+    [result] = (await before.prepare([_claim("w", "channel-0")])).values()
+    assert isinstance(result, Exception)  # waiting for the daemon
+    assert api.labels == {LABEL: UID}
+    after = _driver(api, tmp_path)  # the same state dir: a restart
+    await after.allocated({})  # the binding watcher's first view: nothing allocated here
+    assert api.labels == {}
+
+
+async def test_a_restarted_plugin_keeps_the_node_in_a_domain_a_claim_may_hold(
+    tmp_path: Path,
+) -> None:
+    api = FakeApi()
+    api.domain("team", "train", UID, ready=True)
+    prepared = _driver(api, tmp_path / "prepared")
+    await prepared.prepare([_claim("w", "channel-0")])
+    # Prepared before the restart: its unprepare is what leaves.
+    await _driver(api, tmp_path / "prepared").allocated({})
+    assert api.labels == {LABEL: UID}
+
+    api = FakeApi()
+    api.labels[LABEL] = UID
+    api.domain("team", "train", UID, ready=True)
+    driver = _driver(api, tmp_path / "allocated")
+    # A channel allocated here, not prepared yet (its join was before the restart): the
+    # node stays for it, whichever domain it is of, and is checked again at the next view.
+    await driver.allocated({"uid-w": frozenset({"channel-0"})})
+    assert api.labels == {LABEL: UID}
+    await driver.allocated({"uid-w": frozenset({"channel-0"}), "uid-d": frozenset({"daemon-0"})})
+    assert api.labels == {LABEL: UID}
+    await driver.allocated({"uid-d": frozenset({"daemon-0"})})
+    assert api.labels == {}
+
+
+async def test_a_restarted_plugin_checks_its_domain_again_after_an_api_failure(
+    tmp_path: Path,
+) -> None:
+    api = FakeApi()
+    api.labels[LABEL] = UID
+    api.refuse_node_reads = 1
+    driver = _driver(api, tmp_path)
+    await driver.allocated({})  # the API server failed: no error for the binding watcher
+    assert api.labels == {LABEL: UID}
+    api.refuse_label_removals = 1
+    await driver.allocated({"uid-d": frozenset({"daemon-0"})})
+    assert api.labels == {LABEL: UID}
+    await driver.allocated({})
+    assert api.labels == {}
+
+
+async def test_a_channel_of_a_domain_being_deleted_is_not_prepared(tmp_path: Path) -> None:
+    """The controller tears a deleted domain down but leaves its status as it was: the
+    stale Ready must not join the node or give a pod a channel without a daemon."""
+    api = FakeApi()
+    api.domain("team", "train", UID, ready=True)
+    api.domains[("team", "train")]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    driver = _driver(api, tmp_path, ready_wait=60)
+    [result] = (await driver.prepare([_claim("w", "channel-0")])).values()
+    assert isinstance(result, Exception)
+    assert "compute domain team/train is being deleted" in str(result)
+    assert api.labels == {}
+    assert not (tmp_path / "cdi").exists() or not list((tmp_path / "cdi").iterdir())
+
+    await driver.prepare_before_binding(_claim("v", "channel-0"))
+    [(claim, kind, message)] = api.conditions
+    assert (claim, kind) == ("v", "IMEXDaemonFailed") and "is being deleted" in message
+    assert api.labels == {}
+
+
+async def test_binding_gives_up_at_once_on_a_domain_deleted_while_it_waits(
+    tmp_path: Path,
+) -> None:
+    api = FakeApi()
+    api.domain("team", "train", UID, ready=False)
+    driver = _driver(api, tmp_path, binding_wait=60)
+    await driver.prepare_before_binding(_claim("w", "channel-0"))
+    api.domain("team", "train", UID, ready=True)
+    api.domains[("team", "train")]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    await asyncio.wait_for(_settled(driver), 5)
+    [(_, kind, message)] = api.conditions
+    assert kind == "IMEXDaemonFailed" and "the domain is being deleted" in message
 
 
 async def _settled(driver: ImexDriver) -> None:
