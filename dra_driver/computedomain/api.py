@@ -9,11 +9,14 @@ ComputeDomains apply unchanged. Everything that differs between the two is one
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import quote
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+import structlog
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 
 from dra_driver.errors import DriverError
 
@@ -31,6 +34,15 @@ DAEMON_CONFIG_KIND = "ComputeDomainDaemonConfig"
 CLIQUE_LABEL = "nvidia.com/gpu.clique"
 #: The kernel's limit of IMEX channels on a node (``nvidia-caps-imex-channels`` minors).
 MAX_CHANNELS = 2048
+#: An object name the API server accepts for a ResourceClaimTemplate (a lowercase RFC 1123
+#: subdomain, at most 253 characters); the CRD's schema states the same pattern.
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+_DNS_SUBDOMAIN = re.compile(DNS_SUBDOMAIN)
+#: The channel annotation as the controller writes it: ASCII digits only (``str.isdigit``
+#: also takes superscripts, which ``int`` refuses), short enough to be cheap to read.
+_CHANNEL = re.compile(r"[0-9]{1,4}")
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -106,6 +118,19 @@ class _Spec(BaseModel):
 class TemplateRef(_Spec):
     name: str = Field(min_length=1, max_length=253)
 
+    @field_validator("name")
+    @classmethod
+    def _object_name(cls, name: str) -> str:
+        # The controller makes a template of this name: a name the API server refuses would
+        # fail every apply, with nothing on the domain saying why.
+        if _DNS_SUBDOMAIN.fullmatch(name) is None:
+            raise PydanticCustomError(
+                "dns_subdomain",
+                "not a valid object name: lowercase letters, digits, '-' and '.', starting "
+                "and ending with a letter or digit (an RFC 1123 subdomain)",
+            )
+        return name
+
 
 class ChannelSpec(_Spec):
     resource_claim_template: TemplateRef = Field(alias="resourceClaimTemplate")
@@ -161,17 +186,30 @@ def read_domain(obj: JSON, names: ApiNames) -> Domain:
         error = ""
     except SpecError as exc:
         spec, error = None, str(exc)
-    raw_channel = (meta.get("annotations") or {}).get(names.channel_annotation)
-    channel = int(raw_channel) if isinstance(raw_channel, str) and raw_channel.isdigit() else None
+    namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
     status = obj.get("status")
     return Domain(
-        namespace=str(meta.get("namespace") or ""),
-        name=str(meta.get("name") or ""),
+        namespace=namespace,
+        name=name,
         uid=str(meta.get("uid") or ""),
         spec=spec,
         spec_error=error,
         deleting=bool(meta.get("deletionTimestamp")),
         finalizers=tuple(str(f) for f in meta.get("finalizers") or ()),
-        channel=channel if channel is not None and channel < MAX_CHANNELS else None,
+        channel=_channel(
+            (meta.get("annotations") or {}).get(names.channel_annotation), f"{namespace}/{name}"
+        ),
         status=status if isinstance(status, dict) else {},
     )
+
+
+def _channel(raw: object, key: str) -> int | None:
+    """The channel of a domain's annotation; None when it has none or one not written by the
+    controller (anyone who may edit the domain may write anything there: the controller then
+    gives the domain a channel again)."""
+    if raw is None:
+        return None
+    if isinstance(raw, str) and _CHANNEL.fullmatch(raw) and int(raw) < MAX_CHANNELS:
+        return int(raw)
+    log.warning("ignoring the domain's channel annotation", domain=key, value=repr(raw)[:80])
+    return None

@@ -65,8 +65,17 @@ EVENT_REPEAT = 600.0
 RETRY_DELAY = 2.0
 #: Failures that leave a domain to the next round: the API server refused or was away.
 RETRIED: tuple[type[BaseException], ...] = (ApiError, *CONNECTION_ERRORS)
+#: The client errors that pass with time (a conflict, throttling): retried after RETRY_DELAY.
+#: Any other 4xx refuses the request itself (invalid, forbidden, too large), and asking again
+#: in 2 s gets the same answer: the domain waits for the next resync or change instead.
+TRANSIENT_4XX = frozenset({409, 429})
 
 log = structlog.get_logger(__name__)
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether ``exc`` is the API server refusing a request, not a failure that passes."""
+    return isinstance(exc, ApiError) and 400 <= exc.status < 500 and exc.status not in TRANSIENT_4XX
 
 
 def _key(obj: JSON) -> str:
@@ -102,14 +111,28 @@ class DomainView(View):
 
     def listed(self, items: list[JSON]) -> None:
         super().listed(items)
-        self._parsed = {_key(o): read_domain(o, self._names) for o in items}
+        self._parsed = {}
+        for obj in items:
+            if (domain := self._read(obj)) is not None:
+                self._parsed[_key(obj)] = domain
 
     def event(self, kind: str, obj: JSON) -> None:
         super().event(kind, obj)
-        if kind == "DELETED":
+        domain = None if kind == "DELETED" else self._read(obj)
+        if domain is None:
             self._parsed.pop(_key(obj), None)
         else:
-            self._parsed[_key(obj)] = read_domain(obj, self._names)
+            self._parsed[_key(obj)] = domain
+
+    def _read(self, obj: JSON) -> Domain | None:
+        """``obj`` read, or None when reading it fails. The views run in the reflector's
+        callbacks, where an exception ends the controller (and its restart meets the same
+        object): one domain that cannot be read is left alone, never the whole cluster."""
+        try:
+            return read_domain(obj, self._names)
+        except Exception:
+            log.exception("cannot read compute domain, skipping it", domain=_key(obj))
+            return None
 
     def by_uid(self) -> dict[str, Domain]:
         """Every domain by UID."""
@@ -323,6 +346,13 @@ class DomainController:
                 try:
                     await self.reconcile(domain)
                 except RETRIED as exc:
+                    if refused(exc):
+                        log.warning(
+                            "reconcile refused, retried at the next resync",
+                            domain=domain.key,
+                            error=str(exc),
+                        )
+                        continue
                     log.warning("reconcile failed, will retry", domain=domain.key, error=str(exc))
                     asyncio.get_running_loop().call_later(RETRY_DELAY, self._queue, uid)
 
@@ -384,7 +414,18 @@ class DomainController:
                 response = await server_side_apply(
                     self._client, _path(resource, ns, name), body, field_manager=FIELD_MANAGER
                 )
-                raise_for_status(response, verb="apply", resource=resource, name=f"{ns}/{name}")
+                try:
+                    raise_for_status(response, verb="apply", resource=resource, name=f"{ns}/{name}")
+                except ApiError as exc:
+                    if refused(exc):
+                        # The status is written after the applies: without the Event
+                        # nothing on the domain would say why it never becomes ready.
+                        message = (
+                            f"the API server refused {resource} {ns}/{name}: "
+                            f"{exc.status} {exc.message}"
+                        )
+                        await self._emit(domain, "ApplyRefused", message, warning=True)
+                    raise
                 log.info("applied", domain=domain.key, resource=resource, name=f"{ns}/{name}")
             case Delete(resource=resource, namespace=ns, name=name):
                 response = await self._client.request("DELETE", _path(resource, ns, name))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dra_driver.computedomain.api import KIND, PLURAL, ApiNames
+from dra_driver.computedomain.api import DNS_SUBDOMAIN, KIND, PLURAL, ApiNames
 
 JSON = dict[str, Any]
 
@@ -74,9 +74,10 @@ def _spec_schema() -> JSON:
                                 "type": "string",
                                 "minLength": 1,
                                 "maxLength": 253,
+                                "pattern": DNS_SUBDOMAIN,
                                 "description": "Name of the ResourceClaimTemplate the "
-                                "controller makes in the domain's namespace; the job's pods "
-                                "reference it.",
+                                "controller makes in the domain's namespace (an object name: "
+                                "a lowercase RFC 1123 subdomain); the job's pods reference it.",
                             }
                         },
                     },

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from dra_driver.computedomain.api import OWN
+import pytest
+from structlog.testing import capture_logs
+
+from dra_driver.computedomain import controller
+from dra_driver.computedomain.api import OWN, ApiNames, Domain, read_domain
 from dra_driver.computedomain.controller import DomainView
 
 SPEC = {"numNodes": 1, "channel": {"resourceClaimTemplate": {"name": "job-channel"}}}
 
 
-def obj(name: str, uid: str, channel: int | None = None, spec: Any = SPEC) -> dict[str, Any]:
+def obj(name: str, uid: str, channel: int | str | None = None, spec: Any = SPEC) -> dict[str, Any]:
     meta: dict[str, Any] = {"namespace": "team", "name": name, "uid": uid}
     if channel is not None:
         meta["annotations"] = {OWN.channel_annotation: str(channel)}
@@ -47,3 +51,72 @@ def test_a_domain_made_again_under_its_name_is_only_the_new_one() -> None:
     # A relist drops what the watch missed.
     view.listed([])
     assert view.by_uid() == {}
+
+
+@pytest.mark.parametrize("written", ["0", "7", "2047", "0042"])
+def test_a_channel_annotation_is_read(written: str) -> None:
+    view = DomainView(OWN)
+    view.listed([obj("a", "uid-a", written)])
+    assert view.by_uid()["uid-a"].channel == int(written)
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        "\u00b2",  # superscript two: str.isdigit() is True, int() refuses it
+        "\uff13",  # fullwidth three: int() would take it
+        "\u0663",  # Arabic-Indic three, likewise
+        "2048",  # beyond the kernel's channels
+        "99999",
+        "-1",
+        "+3",
+        " 3",
+        "3\n",
+        "",
+        "three",
+        "1" * 5000,
+    ],
+)
+def test_an_odd_channel_annotation_is_no_channel(odd: str) -> None:
+    """Anyone who may edit a domain may write its annotation: a value the controller did not
+    write is logged and read as no channel (the planner gives one again), never raised out
+    of the reflector's callback, which would end the controller for every domain."""
+    view = DomainView(OWN)
+    with capture_logs() as logs:
+        view.listed([obj("a", "uid-a", odd)])
+        view.event("MODIFIED", obj("a", "uid-a", odd))
+    assert view.by_uid()["uid-a"].channel is None
+    warnings = [e for e in logs if e["log_level"] == "warning"]
+    assert warnings and all(e["domain"] == "team/a" for e in warnings)
+
+
+def test_a_domain_that_cannot_be_read_is_skipped_not_fatal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whatever goes wrong reading one domain is logged and that domain skipped: the others
+    are still followed, and nothing is raised into the reflector."""
+    unreadable = {"bad"}
+
+    def read(o: dict[str, Any], names: ApiNames) -> Domain:
+        if o["metadata"]["name"] in unreadable:
+            raise RuntimeError("a bug in reading")
+        return read_domain(o, names)
+
+    monkeypatch.setattr(controller, "read_domain", read)
+    view = DomainView(OWN)
+    with capture_logs() as logs:
+        view.listed([obj("a", "uid-a", 1), obj("bad", "uid-bad", 2)])
+        assert sorted(view.by_uid()) == ["uid-a"]
+        view.event("ADDED", obj("b", "uid-b"))
+        view.event("MODIFIED", obj("bad", "uid-bad", 3))
+        assert sorted(view.by_uid()) == ["uid-a", "uid-b"]
+        unreadable.clear()
+        view.event("MODIFIED", obj("bad", "uid-bad", 4))
+        assert view.by_uid()["uid-bad"].channel == 4
+        # Unreadable again: the old reading is dropped, not planned on as if still current.
+        unreadable.add("bad")
+        view.event("MODIFIED", obj("bad", "uid-bad", 5))
+        assert sorted(view.by_uid()) == ["uid-a", "uid-b"]
+    assert sorted(view.objects) == ["team/a", "team/b", "team/bad"]
+    errors = [e for e in logs if e["log_level"] == "error"]
+    assert [e["domain"] for e in errors] == ["team/bad"] * 3

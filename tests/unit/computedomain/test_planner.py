@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from dra_driver.computedomain.api import NVIDIA, OWN, ApiNames, Domain, read_domain
+from dra_driver.cel.lib_format import dns1123_subdomain
+from dra_driver.computedomain.api import (
+    NVIDIA,
+    OWN,
+    ApiNames,
+    Domain,
+    SpecError,
+    parse_spec,
+    read_domain,
+)
+from dra_driver.computedomain.crd import crd
 from dra_driver.computedomain.objects import DaemonSettings, digest_of
 from dra_driver.computedomain.planner import (
     DAEMON_SETS,
@@ -172,6 +183,12 @@ def test_a_template_of_someone_else_is_never_overwritten() -> None:
             {"channel": {"resourceClaimTemplate": {"name": "t"}}, "numNode": 2},
             "spec.numNode: unknown field",
         ),
+        # A template name the API server refuses: applying it would fail forever, before the
+        # status is written, with nothing on the domain saying why.
+        (
+            {"channel": {"resourceClaimTemplate": {"name": "Training_Channel"}}},
+            "spec.channel.resourceClaimTemplate.name: not a valid object name",
+        ),
     ],
 )
 def test_an_invalid_spec_is_reported_and_makes_nothing(spec: dict[str, Any], message: str) -> None:
@@ -179,6 +196,54 @@ def test_an_invalid_spec_is_reported_and_makes_nothing(spec: dict[str, Any], mes
     actions = plan(Observed(domain=d), OWN, SETTINGS)
     assert kinds(actions) == ["SetStatus", "Emit:InvalidSpec"]
     assert message in actions[-1].message  # type: ignore[union-attr]
+
+
+TEMPLATE_NAMES = [
+    ("t", True),
+    ("training-channel", True),
+    ("job.channel-1", True),
+    ("0", True),
+    ("a" * 253, True),
+    ("a" * 254, False),
+    ("", False),
+    ("Training_Channel", False),
+    ("Training", False),
+    ("-channel", False),
+    ("channel-", False),
+    ("job..channel", False),
+    (".channel", False),
+    ("channel\n", False),
+    ("chännel", False),
+    ("job/channel", False),
+]
+
+
+@pytest.mark.parametrize(("name", "valid"), TEMPLATE_NAMES)
+def test_the_template_name_is_an_object_name_for_the_planner_and_the_crd(
+    name: str, valid: bool
+) -> None:
+    """The planner and the CRD's schema accept the same names: those the API server takes
+    for a ResourceClaimTemplate (a lowercase RFC 1123 subdomain)."""
+    assert (dns1123_subdomain(name) == []) == valid  # the API server's rule (apimachinery's)
+    spec = {"channel": {"resourceClaimTemplate": {"name": name}}}
+    try:
+        parse_spec(spec)
+    except SpecError:
+        assert not valid
+    else:
+        assert valid
+    schema = crd(OWN)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    rules = schema["properties"]["spec"]["properties"]["channel"]["properties"][
+        "resourceClaimTemplate"
+    ]["properties"]["name"]
+    # The API server's regular expressions (RE2) match like Python's search, but "$" matches
+    # only at the very end: \Z here.
+    pattern = rules["pattern"].removesuffix("$") + r"\Z"
+    by_schema = (
+        rules["minLength"] <= len(name) <= rules["maxLength"]
+        and re.search(pattern, name) is not None
+    )
+    assert by_schema == valid
 
 
 def test_no_free_channel_is_reported() -> None:
