@@ -123,6 +123,9 @@ def write_nvml_state(
 NVIDIA_MAJOR, UVM_MAJOR, CAPS_MAJOR = 195, 509, 508
 #: The IMEX channels' major (dynamic on a GPU node): the simulated backend's stand-in.
 IMEX_CHANNELS_MAJOR = 507
+#: The nvidia-caps minor of the IMEX daemon's fabric-imex-mgmt capability (past the MIG
+#: table's minors; the compute domain plugin gives the daemon the device with it).
+IMEX_MGMT_MINOR = 4095
 #: /proc/driver/nvidia-caps/mig-minors: after config and monitor, 15 GPU instances per GPU,
 #: each an access minor followed by the minors of its 8 compute instances.
 GIS_PER_GPU, CIS_PER_GI = 15, 8
@@ -141,14 +144,21 @@ def mig_minors(gpu_minors: Sequence[int]) -> dict[str, int]:
 
 
 def make_device_nodes(root: Path, gpu_minors: Sequence[int]) -> None:
-    """The driver's device nodes under ``root/dev`` and the MIG capability table under
-    ``root/proc``, as a driver root mounted from a driver container has them; the agent reads
-    their numbers and hands the runtime their host paths. Device nodes need root (skipped
+    """The driver's device nodes under ``root/dev``, and under ``root/proc`` the MIG capability
+    table, the IMEX daemon's fabric-imex-mgmt capability and the character device majors, as
+    a driver root mounted from a driver container has them; the agent reads their numbers and
+    hands the runtime their host paths. Device nodes need root (skipped
     otherwise: the table is still written)."""
     table = mig_minors(gpu_minors)
     caps = root / "proc/driver/nvidia-caps"
     caps.mkdir(parents=True, exist_ok=True)
     (caps / "mig-minors").write_text("".join(f"{k} {v}\n" for k, v in table.items()))
+    # The capability file the driver makes on an IMEX-capable node (mode 0444, as decimal).
+    capabilities = root / "proc/driver/nvidia/capabilities"
+    capabilities.mkdir(parents=True, exist_ok=True)
+    (capabilities / "fabric-imex-mgmt").write_text(
+        f"DeviceFileMinor: {IMEX_MGMT_MINOR}\nDeviceFileMode: 292\nDeviceFileModify: 1\n"
+    )
     # The host's character device majors, where the compute domain plugin reads the IMEX
     # channels' (the host's own /proc/devices has no NVIDIA driver here).
     majors = {

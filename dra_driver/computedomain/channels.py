@@ -3,18 +3,29 @@
 A channel claim gets the domain's IMEX channel as a device node
 (``/dev/nvidia-caps-imex-channels/channel<N>``: the major of ``nvidia-caps-imex-channels`` in
 ``/proc/devices``, minor N), or with allocation mode All every channel of the node, and the
-domain in its environment. A daemon claim gets the domain in its environment; the daemon
-finds its binaries in the driver root its pod mounts.
+domain in its environment. A daemon claim gets the domain and the node's NVLink clique
+(``CLIQUE_ID``, empty on a node without one) in its environment and, on a node in a clique,
+the driver's ``fabric-imex-mgmt`` capability device that ``nvidia-imex`` opens
+(``/dev/nvidia-caps/nvidia-cap<minor>``: the major of ``nvidia-caps`` in ``/proc/devices``,
+the minor from ``/proc/driver/nvidia/capabilities/fabric-imex-mgmt``), as the NVIDIA driver
+gives its daemon; the daemon finds its binaries in the driver root its pod mounts.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from dra_driver.cdi.spec import ContainerEdits, Device, DeviceNode, Spec, qualified_name
 from dra_driver.computedomain.api import MAX_CHANNELS
 from dra_driver.computedomain.claimconfig import ImexClaim
+from dra_driver.computedomain.imexconfig import CLIQUE_ENV
 
 CHANNEL_DIR = "/dev/nvidia-caps-imex-channels"
 CHANNELS_DEVICE_NAME = "nvidia-caps-imex-channels"
+CAPS_DIR = "/dev/nvidia-caps"
+CAPS_DEVICE_NAME = "nvidia-caps"
+#: The IMEX daemon's capability, below /proc/driver/nvidia/capabilities.
+FABRIC_IMEX_MGMT = "driver/nvidia/capabilities/fabric-imex-mgmt"
 #: The major a simulated node uses (a real one reads it from /proc/devices); beside the
 #: fixed stand-ins of dra_driver.gpu.container.devnodes.
 SIMULATED_MAJOR = 507
@@ -30,8 +41,8 @@ def cdi_device_id(driver: str, claim_uid: str, device: str) -> str:
     return qualified_name(cdi_kind(driver), f"{claim_uid}-{device}")
 
 
-def imex_major(proc_devices: str) -> int | None:
-    """The character device major of IMEX channels in a ``/proc/devices`` text."""
+def char_major(proc_devices: str, device: str) -> int | None:
+    """The character device major of ``device`` in a ``/proc/devices`` text."""
     in_chars = False
     for line in proc_devices.splitlines():
         stripped = line.strip()
@@ -39,9 +50,40 @@ def imex_major(proc_devices: str) -> int | None:
             in_chars = stripped == "Character devices:"
             continue
         number, _, name = stripped.partition(" ")
-        if in_chars and name.strip() == CHANNELS_DEVICE_NAME and number.isdigit():
+        if in_chars and name.strip() == device and number.isdigit():
             return int(number)
     return None
+
+
+def capability_minor(capability: str) -> int | None:
+    """The device minor in the text of a file below /proc/driver/nvidia/capabilities: its
+    ``DeviceFileMinor: <N>`` line (beside ``DeviceFileMode`` and ``DeviceFileModify``)."""
+    for line in capability.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == "DeviceFileMinor" and value.strip().isdigit():
+            return int(value.strip())
+    return None
+
+
+def capability_node(major: int, minor: int) -> DeviceNode:
+    """The character device of the driver capability with ``minor`` (major of nvidia-caps)."""
+    return DeviceNode(
+        path=f"{CAPS_DIR}/nvidia-cap{minor}", type="c", major=major, minor=minor, permissions="rw"
+    )
+
+
+@dataclass(frozen=True)
+class DaemonEdits:
+    """What the node adds to its IMEX daemon's container beyond the domain."""
+
+    #: The node's NVLink clique ("" without one: the daemon then starts no nvidia-imex).
+    clique: str = ""
+    #: The fabric-imex-mgmt capability device (None: no clique, or it could not be read).
+    imex_mgmt: DeviceNode | None = None
+
+
+#: A node in no NVLink clique: its daemon gets an empty CLIQUE_ID and no device.
+NO_CLIQUE = DaemonEdits()
 
 
 def channel_node(channel: int, major: int) -> DeviceNode:
@@ -56,10 +98,16 @@ def channel_node(channel: int, major: int) -> DeviceNode:
 
 
 def claim_spec(
-    driver: str, claim_uid: str, claim: ImexClaim, domain: str, major: int | None
+    driver: str,
+    claim_uid: str,
+    claim: ImexClaim,
+    domain: str,
+    major: int | None,
+    daemon: DaemonEdits,
 ) -> Spec:
     """The CDI spec of one claim. ``major`` None: the node has no IMEX channels (no NVLink
-    fabric): the container gets the domain's environment only, as the NVIDIA driver does."""
+    fabric): a channel's container gets the domain's environment only, as the NVIDIA driver
+    does. ``daemon``: what a daemon claim's container gets from the node."""
     env = [f"COMPUTE_DOMAIN_UID={claim.domain}", f"COMPUTE_DOMAIN={domain}"]
     nodes: tuple[DeviceNode, ...] = ()
     if claim.kind == "channel":
@@ -67,6 +115,10 @@ def claim_spec(
         env.append(f"NVIDIA_IMEX_CHANNELS={'all' if claim.all_channels else claim.channel}")
         if major is not None:
             nodes = tuple(channel_node(c, major) for c in channels)
+    else:
+        env.append(f"{CLIQUE_ENV}={daemon.clique}")
+        if daemon.imex_mgmt is not None:
+            nodes = (daemon.imex_mgmt,)
     devices = tuple(
         Device(
             name=f"{claim_uid}-{device}",

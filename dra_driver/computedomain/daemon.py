@@ -6,9 +6,19 @@ nodes config equal to the domain's daemon pods:
 - :class:`ImexDaemon`, the core: writes the daemon's config, starts it, restarts it when it
   exits (backing off), and on a new peer set rewrites the nodes config and sends SIGUSR1
   (debounced, and spaced as the daemon wants). It is fed peer sets by whoever follows them.
-- :class:`DomainPods`, the follower: lists and watches the domain's daemon pods and hands
-  the core each new peer set.
+- :class:`DomainPods`, the follower: lists and watches the domain's daemon pods and the
+  domain's nodes, and hands the core each new peer set: the daemons in its own NVLink clique.
 - :func:`run_process`: the two together under SIGTERM, with the API client.
+
+An IMEX domain cannot span NVLink cliques. The daemon learns its own clique from its claim's
+CDI spec (``CLIQUE_ID``, written by the node's compute domain plugin from the node's
+discovery, as the NVIDIA driver passes it) and each peer's from the clique label
+(``nvidia.com/gpu.clique``) the same plugin puts on the peer's Node: the nodes of the domain
+carry the domain's label, so one more watch (of those nodes only, read-only) tells a pod's
+clique by its ``spec.nodeName``. Nothing is written: the daemon needs no right to change
+pods. With an empty ``CLIQUE_ID`` (a node in no clique) no ``nvidia-imex`` runs, as with the
+NVIDIA driver: the process waits for SIGTERM and its readiness probe passes, so the node's
+entry in the domain's status turns Ready.
 
 The readiness probe (``--check``) lives in :mod:`.imexconfig`, away from all of this.
 """
@@ -29,8 +39,9 @@ from urllib.parse import quote
 
 import structlog
 
-from dra_driver.computedomain.api import ApiNames, names_for
+from dra_driver.computedomain.api import CLIQUE_LABEL, ApiNames, names_for
 from dra_driver.computedomain.imexconfig import (
+    CLIQUE_ENV,
     DAEMON,
     DEFAULT_DIR,
     SERVER_PORT,
@@ -340,8 +351,27 @@ class PodApi(Protocol):
     ) -> AsyncIterator[JSON]: ...
 
 
+#: The domain's nodes carry its label; their clique label tells each peer's clique.
+NODES_PATH = "/api/v1/nodes"
+
+
+def _name(obj: JSON) -> str:
+    return str((obj.get("metadata") or {}).get("name"))
+
+
+def node_clique(node: JSON) -> str:
+    """A Node's NVLink clique, from the label its compute domain plugin sets ("" none)."""
+    return str(((node.get("metadata") or {}).get("labels") or {}).get(CLIQUE_LABEL, ""))
+
+
 class DomainPods:
-    """Follows the daemon pods of one domain and reports their peer set on each change."""
+    """Follows the daemon pods of one domain and reports their peer set on each change.
+
+    With ``clique`` (this daemon's), it also follows the domain's nodes and reports only the
+    daemons on nodes of that clique; nothing is reported before both are listed, so the
+    daemon never starts with peers of another clique. ``clique`` None (the claim's CDI spec
+    predates ``CLIQUE_ID``): every daemon of the domain, as before.
+    """
 
     def __init__(
         self,
@@ -351,6 +381,7 @@ class DomainPods:
         uid: str,
         names: ApiNames,
         on_peers: Callable[[frozenset[str]], None],
+        clique: str | None = None,
         logger: Any = None,
     ) -> None:
         self._api = api
@@ -359,29 +390,54 @@ class DomainPods:
         self._label = names.domain_label
         self._selector = f"{names.domain_label}={uid}"
         self._on_peers = on_peers
+        self._clique = clique
         self._log = logger if logger is not None else log
-        self._pods: dict[str, JSON] = {}
+        self._pods: dict[str, JSON] | None = None
+        #: Node name -> its clique; None until listed, or when not followed.
+        self._nodes: dict[str, str] | None = None
         self._reported: frozenset[str] | None = None
 
     def listed(self, items: list[JSON]) -> None:
         """A full listing of the pods."""
-        self._pods = {str((p.get("metadata") or {}).get("name")): p for p in items}
+        self._pods = {_name(p): p for p in items}
         self._report()
 
     def event(self, kind: str, obj: JSON) -> None:
-        """One watch event."""
-        name = str((obj.get("metadata") or {}).get("name"))
+        """One watch event of a pod."""
+        pods = self._pods if self._pods is not None else {}
         if kind == "DELETED":
-            self._pods.pop(name, None)
+            pods.pop(_name(obj), None)
         else:
-            self._pods[name] = obj
+            pods[_name(obj)] = obj
+        self._pods = pods
+        self._report()
+
+    def nodes_listed(self, items: list[JSON]) -> None:
+        """A full listing of the domain's nodes."""
+        self._nodes = {_name(n): node_clique(n) for n in items}
+        self._report()
+
+    def node_event(self, kind: str, obj: JSON) -> None:
+        """One watch event of a node (one that leaves the domain is DELETED for the watch)."""
+        nodes = self._nodes if self._nodes is not None else {}
+        if kind == "DELETED":
+            nodes.pop(_name(obj), None)
+        else:
+            nodes[_name(obj)] = node_clique(obj)
+        self._nodes = nodes
         self._report()
 
     def _report(self) -> None:
-        peers = peer_set(self._pods.values(), self._uid, self._label)
+        if self._pods is None or (self._clique is not None and self._nodes is None):
+            return
+        peers = peer_set(
+            self._pods.values(), self._uid, self._label, self._nodes, self._clique or ""
+        )
         if peers != self._reported:
             self._reported = peers
-            self._log.info("domain daemons", peers=sorted(peers), pods=len(self._pods))
+            self._log.info(
+                "domain daemons", peers=sorted(peers), pods=len(self._pods), clique=self._clique
+            )
             self._on_peers(peers)
 
     async def run(self) -> None:
@@ -389,17 +445,29 @@ class DomainPods:
         from dra_driver.resourceslice.reflector import Reflector
         from dra_driver.resourceslice.reporting import ApiErrorReporter
 
-        await Reflector(
-            lambda: self._api.list_objects(self._path, "pods", label_selector=self._selector),
-            lambda version, timeout: self._api.watch_objects(
-                self._path, "pods", "", version, timeout, label_selector=self._selector
-            ),
-            resource="pods",
-            on_listed=self.listed,
-            on_event=self.event,
-            log=self._log,
-            reporter=ApiErrorReporter(self._log),
-        ).run()
+        def reflector(
+            path: str,
+            resource: str,
+            on_listed: Callable[[list[JSON]], None],
+            on_event: Callable[[str, JSON], None],
+        ) -> Reflector:
+            return Reflector(
+                lambda: self._api.list_objects(path, resource, label_selector=self._selector),
+                lambda version, timeout: self._api.watch_objects(
+                    path, resource, "", version, timeout, label_selector=self._selector
+                ),
+                resource=resource,
+                on_listed=on_listed,
+                on_event=on_event,
+                log=self._log,
+                reporter=ApiErrorReporter(self._log),
+            )
+
+        async with asyncio.TaskGroup() as group:
+            group.create_task(reflector(self._path, "pods", self.listed, self.event).run())
+            if self._clique is not None:
+                nodes = reflector(NODES_PATH, "nodes", self.nodes_listed, self.node_event)
+                group.create_task(nodes.run())
 
 
 # -- the process ---------------------------------------------------------------------------
@@ -416,13 +484,16 @@ class DaemonOptions:
     node: str
     port: int
     directory: Path
+    #: The node's NVLink clique ("" none; None: the claim's CDI spec does not say).
+    clique: str | None = None
 
 
 def daemon_options(
     settings: Settings, ns: argparse.Namespace, environ: Mapping[str, str]
 ) -> DaemonOptions:
     """The options from the flags (or their DRA_* variables), else the downward API's
-    variables the DaemonSet sets (POD_IP, POD_NAMESPACE, NODE_NAME)."""
+    variables the DaemonSet sets (POD_IP, POD_NAMESPACE, NODE_NAME); the clique from the
+    claim's CDI spec (CLIQUE_ID)."""
 
     def value(attr: str, fallback: str = "") -> str:
         given = getattr(ns, attr, None)
@@ -436,6 +507,7 @@ def daemon_options(
         node=settings.node_name or environ.get("NODE_NAME", ""),
         port=int(getattr(ns, "imex_port", None) or SERVER_PORT),
         directory=Path(value("imex_dir") or DEFAULT_DIR),
+        clique=environ.get(CLIQUE_ENV),
     )
     missing = [
         flag
@@ -468,6 +540,24 @@ async def run_process(settings: Settings, ns: argparse.Namespace) -> int:
     domain = options.domain or options.domain_uid
     structlog.contextvars.bind_contextvars(domain=domain, node=options.node)
     bound = log.bind(domain=domain, node=options.node)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if options.clique == "":
+        # As the NVIDIA driver: no clique, no NVLink fabric to broker; the probe passes.
+        bound.info(
+            "the node is in no NVLink clique (empty CLIQUE_ID): no nvidia-imex to run, "
+            "waiting for SIGTERM"
+        )
+        await stop.wait()
+        return 0
+    if options.clique is None:
+        bound.warning(
+            "the daemon claim's CDI spec has no CLIQUE_ID (prepared by an older compute "
+            "domain plugin): peering with every daemon of the domain, whatever its clique; "
+            "delete this pod to have its claim prepared again"
+        )
     try:
         binary = find_tool(settings.driver_root, DAEMON)
     except ToolNotFound as exc:
@@ -482,10 +572,6 @@ async def run_process(settings: Settings, ns: argparse.Namespace) -> int:
         pod_ip=options.pod_ip, files=ImexFiles(options.directory), port=options.port
     )
     core = ImexDaemon(binary, config, domain=domain, logger=bound)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     client = await KubeClient.create(settings.kubeconfig)
     follower = DomainPods(
         RawApi(client),
@@ -493,9 +579,12 @@ async def run_process(settings: Settings, ns: argparse.Namespace) -> int:
         uid=options.domain_uid,
         names=names_for(settings.compat),
         on_peers=core.set_peers,
+        clique=options.clique,
         logger=bound,
     )
-    bound.info("imex daemon starting", binary=str(binary), pod_ip=options.pod_ip)
+    bound.info(
+        "imex daemon starting", binary=str(binary), pod_ip=options.pod_ip, clique=options.clique
+    )
     tasks: list[asyncio.Future[Any]] = [
         asyncio.ensure_future(core.run()),
         asyncio.ensure_future(follower.run()),

@@ -2,8 +2,9 @@
 
 The pure part: the daemon's config file (the real ``nvidia-imex`` format, ``KEY=VALUE``
 lines), its nodes config (one peer address a line) and the peer set read from the domain's
-daemon pods. Beside it the few file-system look-ups the readiness probe needs: where the
-driver root keeps the IMEX tools, and running ``nvidia-imex-ctl -q``.
+daemon pods and their nodes' NVLink cliques. Beside it the few file-system look-ups the
+readiness probe needs: where the driver root keeps the IMEX tools, and running
+``nvidia-imex-ctl -q``.
 
 The probe runs every two seconds, so this module imports nothing beyond the standard
 library: the probe's path must not load the API client or asyncio's subprocess machinery.
@@ -12,6 +13,7 @@ library: the probe's path must not load the API client or asyncio's subprocess m
 from __future__ import annotations
 
 import ipaddress
+import os
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping
@@ -41,6 +43,10 @@ HOST_CONFIGS = (
     "etc/nvidia-imex/nodes_config.cfg",
     "etc/systemd/system/multi-user.target.wants/nvidia-imex.service",
 )
+#: The daemon container's NVLink clique, from its claim's CDI spec (the node's compute domain
+#: plugin writes it): empty on a node in no clique, where no nvidia-imex runs; absent when an
+#: older plugin prepared the claim.
+CLIQUE_ENV = "CLIQUE_ID"
 #: What ``nvidia-imex-ctl -q`` prints when the daemon is connected and serving.
 READY = "READY"
 #: Seconds the probe waits for ``nvidia-imex-ctl`` (the kubelet gives the probe 10).
@@ -140,9 +146,26 @@ def pod_peer(pod: Mapping[str, Any], uid: str, label: str) -> str:
     return str(status.get("podIP") or "")
 
 
-def peer_set(pods: Iterable[Mapping[str, Any]], uid: str, label: str) -> frozenset[str]:
-    """The addresses of the domain's daemons among ``pods``."""
-    return frozenset(filter(None, (pod_peer(p, uid, label) for p in pods)))
+def peer_set(
+    pods: Iterable[Mapping[str, Any]],
+    uid: str,
+    label: str,
+    cliques: Mapping[str, str] | None = None,
+    own: str = "",
+) -> frozenset[str]:
+    """The addresses of the domain's daemons among ``pods``.
+
+    With ``cliques`` (node name -> the node's NVLink clique), only those on nodes of clique
+    ``own``: an IMEX domain cannot span NVLink cliques, so a domain whose pods landed on two
+    racks runs one IMEX domain per rack (the NVIDIA driver writes the same-clique daemons
+    only). A pod on a node whose clique is not known yet is left out until it is.
+    """
+    return frozenset(
+        address
+        for pod in pods
+        if (address := pod_peer(pod, uid, label))
+        and (cliques is None or cliques.get(str((pod.get("spec") or {}).get("nodeName"))) == own)
+    )
 
 
 def tool_paths(driver_root: Path, name: str) -> tuple[Path, ...]:
@@ -200,7 +223,11 @@ def check(driver_root: Path, files: ImexFiles) -> tuple[bool, str]:
 
 
 def run_check(driver_root: Path, directory: str | None) -> int:
-    """``imex-daemon --check``: 0 when ready; else 1 with the reason on stderr."""
+    """``imex-daemon --check``: 0 when ready; else 1 with the reason on stderr. On a node in
+    no NVLink clique there is no daemon to ask: ready (as the NVIDIA driver's check), so the
+    domain's workloads there start with the domain's environment only."""
+    if os.environ.get(CLIQUE_ENV) == "":
+        return 0
     ready, said = check(driver_root, ImexFiles(Path(directory) if directory else DEFAULT_DIR))
     if ready:
         return 0

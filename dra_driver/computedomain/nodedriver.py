@@ -33,7 +33,12 @@ import structlog
 from dra_driver import resourceapi
 from dra_driver.cdi.writer import remove, spec_file_name, write_atomic
 from dra_driver.computedomain.api import ApiNames
-from dra_driver.computedomain.channels import cdi_device_id, claim_spec
+from dra_driver.computedomain.channels import (
+    NO_CLIQUE,
+    DaemonEdits,
+    cdi_device_id,
+    claim_spec,
+)
 from dra_driver.computedomain.claimconfig import ImexClaim, ImexClaimError, read_claim
 from dra_driver.computedomain.nodedevices import CHANNEL_DEVICE, DAEMON_FAILED, DAEMON_READY
 from dra_driver.computedomain.nodelabel import node_path, remove_domain_label
@@ -242,6 +247,7 @@ class ImexDriver:
         state_dir: Path,
         cdi_root: Path,
         major: int | None,
+        daemon: DaemonEdits = NO_CLIQUE,
         ready_wait: float = READY_WAIT,
         binding_wait: float = BINDING_WAIT,
         poll: float = POLL,
@@ -253,6 +259,8 @@ class ImexDriver:
         self._checkpoint_path = state_dir / "imex-claims.json"
         self._cdi_root = cdi_root
         self._major = major
+        #: What a daemon claim's container gets from the node (its clique, the capability).
+        self._daemon = daemon
         self._ready_wait = ready_wait
         self._binding_wait = binding_wait
         self._poll = poll
@@ -341,7 +349,7 @@ class ImexDriver:
     def _write(self, ref: ClaimRef, imex: ImexClaim, key: str) -> PreparedClaim:
         """Spec first, then the record: a crash between leaves a spec no record names,
         which the kubelet's retry rewrites and its unprepare removes (by claim UID)."""
-        spec = claim_spec(self._driver, ref.uid, imex, key, self._major)
+        spec = claim_spec(self._driver, ref.uid, imex, key, self._major, self._daemon)
         write_atomic(self._spec_path(ref.uid), spec.to_json())
         record = PreparedClaim(
             namespace=ref.namespace,

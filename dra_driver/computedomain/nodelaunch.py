@@ -11,14 +11,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import structlog
 
 from dra_driver import exitcodes
 from dra_driver.computedomain.api import CLIQUE_LABEL, ApiNames, names_for
-from dra_driver.computedomain.channels import SIMULATED_MAJOR, imex_major
+from dra_driver.computedomain.channels import (
+    CAPS_DEVICE_NAME,
+    CHANNELS_DEVICE_NAME,
+    FABRIC_IMEX_MGMT,
+    NO_CLIQUE,
+    SIMULATED_MAJOR,
+    DaemonEdits,
+    capability_minor,
+    capability_node,
+    char_major,
+)
 from dra_driver.computedomain.imexconfig import host_configs
 from dra_driver.computedomain.nodedevices import imex_devices
 from dra_driver.computedomain.nodedriver import ImexDriver
@@ -38,18 +48,51 @@ from dra_driver.settings import Settings, SettingsError
 log = structlog.get_logger(__name__)
 
 
+def _proc_texts(driver_root: Path, relative: str) -> Iterator[str]:
+    """The texts of a /proc file, the driver root's own first (the stand-in driver has one;
+    the host's /proc has no NVIDIA driver there), then the host's; unreadable ones skipped."""
+    for proc in (driver_root / "proc", Path("/proc")):
+        try:
+            yield (proc / relative).read_text()
+        except OSError:
+            continue
+
+
+def _major(driver_root: Path, device: str) -> int | None:
+    found = (char_major(text, device) for text in _proc_texts(driver_root, "devices"))
+    return next((major for major in found if major is not None), None)
+
+
 def channel_major(driver_root: Path, simulated: bool, clique: str | None) -> int | None:
     """The IMEX channels' device major: from the host's /proc/devices (through the driver
     root when it has its own, as the stand-in driver does); a simulated node with a clique
     uses a fixed stand-in. None: no channels (no NVLink fabric, or no IMEX support)."""
-    for path in (driver_root / "proc" / "devices", Path("/proc/devices")):
-        try:
-            major = imex_major(path.read_text())
-        except OSError:
-            continue
-        if major is not None:
-            return major
+    major = _major(driver_root, CHANNELS_DEVICE_NAME)
+    if major is not None:
+        return major
     return SIMULATED_MAJOR if simulated and clique else None
+
+
+def daemon_edits(driver_root: Path, clique: str | None) -> DaemonEdits:
+    """What the node's IMEX daemon container gets: the node's clique and, in a clique, the
+    fabric-imex-mgmt capability device ``nvidia-imex`` opens (the NVIDIA driver's plugin
+    injects the same node). When its minor or the nvidia-caps major cannot be read the
+    daemon gets no device: a warning says so (a real ``nvidia-imex`` then fails to start)."""
+    if not clique:
+        return NO_CLIQUE
+    minors = (capability_minor(text) for text in _proc_texts(driver_root, FABRIC_IMEX_MGMT))
+    minor = next((m for m in minors if m is not None), None)
+    major = _major(driver_root, CAPS_DEVICE_NAME)
+    if minor is None or major is None:
+        log.warning(
+            "the fabric-imex-mgmt capability cannot be read: the node's IMEX daemon gets no "
+            "capability device",
+            capability=f"/proc/{FABRIC_IMEX_MGMT}",
+            minor=minor,
+            nvidia_caps_major=major,
+        )
+        return DaemonEdits(clique=clique)
+    return DaemonEdits(clique=clique, imex_mgmt=capability_node(major, minor))
 
 
 def desired_pool(names: ApiNames, node: str, clique: str | None, binding: bool) -> DesiredPool:
@@ -116,11 +159,23 @@ async def run_compute_domain_plugin(settings: Settings) -> int:
     inventory = await discover_async(discovery)
     clique = node_clique(inventory)
     major = channel_major(settings.driver_root, settings.backend == "simulated", clique)
-    log.info("imex devices", clique=clique or "none", channel_major=major)
+    daemon = daemon_edits(settings.driver_root, clique)
+    log.info(
+        "imex devices",
+        clique=clique or "none",
+        channel_major=major,
+        imex_mgmt=daemon.imex_mgmt.path if daemon.imex_mgmt else None,
+    )
     client = await KubeClient.create(settings.kubeconfig, context=settings.context)
     state_dir = settings.plugins_dir / names.driver
     driver = ImexDriver(
-        client, names, node, state_dir=state_dir, cdi_root=settings.cdi_root, major=major
+        client,
+        names,
+        node,
+        state_dir=state_dir,
+        cdi_root=settings.cdi_root,
+        major=major,
+        daemon=daemon,
     )
     slices = SliceController(
         client, driver=names.driver, node_name=node, field_manager=names.driver

@@ -8,7 +8,13 @@ from typing import Any
 
 import pytest
 
-from dra_driver.computedomain.channels import claim_spec, imex_major
+from dra_driver.computedomain.channels import (
+    NO_CLIQUE,
+    DaemonEdits,
+    capability_node,
+    char_major,
+    claim_spec,
+)
 from dra_driver.computedomain.claimconfig import ImexClaim, ImexClaimError, read_claim
 from dra_driver.computedomain.nodedevices import imex_devices
 from dra_driver.computedomain.nodedriver import condition_status, daemon_state
@@ -104,51 +110,83 @@ Block devices:
 
 
 @pytest.mark.parametrize(
-    ("text", "major"),
+    ("text", "device", "major"),
     [
-        (PROC_DEVICES, 234),
-        ("Character devices:\n  1 mem\n", None),
-        ("Block devices:\n 99 nvidia-caps-imex-channels\n", None),  # not a character device
-        ("", None),
+        (PROC_DEVICES, "nvidia-caps-imex-channels", 234),
+        (PROC_DEVICES, "nvidia-caps", 508),  # the whole name, not a prefix of another
+        ("Character devices:\n  1 mem\n", "nvidia-caps-imex-channels", None),
+        # Not a character device.
+        ("Block devices:\n 99 nvidia-caps-imex-channels\n", "nvidia-caps-imex-channels", None),
+        ("", "nvidia-caps", None),
     ],
 )
-def test_imex_major(text: str, major: int | None) -> None:
-    assert imex_major(text) == major
+def test_char_major(text: str, device: str, major: int | None) -> None:
+    assert char_major(text, device) == major
+
+
+DAEMON = ImexClaim("daemon", UID, ("daemon-0",), ("daemon",))
+IN_CLIQUE = DaemonEdits("c.1", capability_node(508, 4095))
 
 
 @pytest.mark.parametrize(
-    ("imex", "major", "nodes", "channels_env"),
+    ("imex", "major", "daemon", "nodes", "env_has"),
     [
-        (ImexClaim("channel", UID, ("channel-0",), ("channel",), channel=3), 234, [3], "3"),
+        (
+            ImexClaim("channel", UID, ("channel-0",), ("channel",), channel=3),
+            234,
+            IN_CLIQUE,  # for the daemon only
+            [("/dev/nvidia-caps-imex-channels/channel3", 234, 3)],
+            {"NVIDIA_IMEX_CHANNELS": "3", "CLIQUE_ID": None},
+        ),
         (
             ImexClaim("channel", UID, ("channel-0",), ("channel",), all_channels=True),
             234,
-            list(range(2048)),
-            "all",
+            NO_CLIQUE,
+            [(f"/dev/nvidia-caps-imex-channels/channel{c}", 234, c) for c in range(2048)],
+            {"NVIDIA_IMEX_CHANNELS": "all"},
         ),
         # No NVLink fabric: the environment, no device node.
-        (ImexClaim("channel", UID, ("channel-0",), ("channel",), channel=3), None, [], "3"),
-        (ImexClaim("daemon", UID, ("daemon-0",), ("daemon",)), 234, [], None),
+        (
+            ImexClaim("channel", UID, ("channel-0",), ("channel",), channel=3),
+            None,
+            NO_CLIQUE,
+            [],
+            {"NVIDIA_IMEX_CHANNELS": "3"},
+        ),
+        # The daemon of a node in a clique: its clique and the fabric-imex-mgmt capability
+        # device nvidia-imex opens; never a channel.
+        (
+            DAEMON,
+            234,
+            IN_CLIQUE,
+            [("/dev/nvidia-caps/nvidia-cap4095", 508, 4095)],
+            {"CLIQUE_ID": "c.1", "NVIDIA_IMEX_CHANNELS": None},
+        ),
+        # In a clique, but the capability could not be read: the clique, no device.
+        (DAEMON, 234, DaemonEdits("c.1"), [], {"CLIQUE_ID": "c.1"}),
+        # In no clique: an empty CLIQUE_ID (the daemon runs no nvidia-imex), no device.
+        (DAEMON, None, NO_CLIQUE, [], {"CLIQUE_ID": "", "NVIDIA_IMEX_CHANNELS": None}),
     ],
 )
 def test_claim_spec(
-    imex: ImexClaim, major: int | None, nodes: list[int], channels_env: str | None
+    imex: ImexClaim,
+    major: int | None,
+    daemon: DaemonEdits,
+    nodes: list[tuple[str, int, int]],
+    env_has: dict[str, str | None],
 ) -> None:
-    spec = claim_spec(DRIVER, "c1", imex, "team/train", major).to_json()
+    spec = claim_spec(DRIVER, "c1", imex, "team/train", major, daemon).to_json()
     assert schema_errors(spec) == []
     assert spec["kind"] == f"k8s.{DRIVER}/claim"
     [device] = spec["devices"]
     assert device["name"] == f"c1-{imex.devices[0]}"
     edits = device["containerEdits"]
-    got = [n["minor"] for n in edits.get("deviceNodes", [])]
+    got = [(n["path"], n["major"], n["minor"]) for n in edits.get("deviceNodes", [])]
     assert got == nodes
-    assert all(
-        n["major"] == major and n["path"].endswith(f"channel{n['minor']}")
-        for n in edits.get("deviceNodes", [])
-    )
+    assert all(n["type"] == "c" for n in edits.get("deviceNodes", []))
     env = dict(e.split("=", 1) for e in edits["env"])
     assert env["COMPUTE_DOMAIN_UID"] == UID and env["COMPUTE_DOMAIN"] == "team/train"
-    assert env.get("NVIDIA_IMEX_CHANNELS") == channels_env
+    assert {k: env.get(k) for k in env_has} == env_has
 
 
 def test_devices_published_with_and_without_binding_conditions() -> None:
