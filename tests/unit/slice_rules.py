@@ -14,11 +14,16 @@ from dra_driver.resourceapi import LIST_KINDS
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# The API's semverRe; its own copy, so the checker does not trust the driver's. ASCII and
+# fullmatch as in Go (\d is ASCII only there, and $ does not match before a newline).
 SEMVER = re.compile(
     r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
     r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
-    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$",
+    re.ASCII,
 )
+# DeviceAttributeMaxValueLength, compared with Go's len(): bytes, not characters.
+MAX_VALUE_BYTES = 64
 QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|[KMGTPE]i|[mkMGTPE]|)$")
 
 
@@ -68,10 +73,12 @@ def check_device(device: dict[str, Any]) -> list[str]:
                 errors.append(f"{name}/{key}: a list-type attribute must be a non-empty list")
             for item in val:
                 errors += check_device({"name": name, "attributes": {key: {kind[:-1]: item}}})
-        elif kind == "string" and (not isinstance(val, str) or len(val) > 64):
-            errors.append(f"{name}/{key}: string longer than 64")
-        elif kind == "version" and (len(val) > 64 or not SEMVER.match(val)):
-            errors.append(f"{name}/{key}: {val!r} is not semver <= 64")
+        elif kind == "string" and (not isinstance(val, str) or len(val.encode()) > MAX_VALUE_BYTES):
+            errors.append(f"{name}/{key}: string longer than {MAX_VALUE_BYTES} bytes")
+        elif kind == "version" and (
+            len(val.encode()) > MAX_VALUE_BYTES or not SEMVER.fullmatch(val)
+        ):
+            errors.append(f"{name}/{key}: {val!r} is not semver <= {MAX_VALUE_BYTES} bytes")
         elif kind == "int" and not isinstance(val, int):
             errors.append(f"{name}/{key}: int expected")
         elif kind == "bool" and not isinstance(val, bool):

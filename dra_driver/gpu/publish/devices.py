@@ -18,22 +18,43 @@ STANDARD_DOMAIN = "resource.kubernetes.io"
 
 JSON = dict[str, Any]
 
-_SEMVER_CORE = re.compile(r"^(\d+)(?:\.(\d+))?(?:\.(\d+))?(.*)$")
+# DOTALL: whatever follows the numbers, newlines included, is judged (and dropped) as a whole.
+_SEMVER_CORE = re.compile(r"^(\d+)(?:\.(\d+))?(?:\.(\d+))?(.*)$", re.DOTALL)
+
+# A pre-release identifier: a number without leading zeros, or [0-9A-Za-z-] with a non-digit.
+_PRE_RELEASE_ID = r"(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)"
+#: Semantic Versioning 2.0 (semver.org's pattern), as the API server checks version attributes
+#: (``semverRe``); use with ``fullmatch``. ASCII: Go's ``\d`` is ASCII only, Python's is not.
+SEMVER = re.compile(
+    r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    rf"(?:-({_PRE_RELEASE_ID}(?:\.{_PRE_RELEASE_ID})*))?"
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?",
+    re.ASCII,
+)
+
+#: The API's limit for string and version attribute values, in bytes (Go's ``len``).
+MAX_STRING = 64
 
 
 def to_semver(version: str) -> str:
     """Normalise an NVIDIA version string to semver 2.0 (the API validates versions).
 
     ``560.35.03`` -> ``560.35.3`` (no leading zeros), ``12.6`` -> ``12.6.0``, ``9.0`` -> ``9.0.0``.
-    Anything after the numeric core (e.g. ``-rc1``) is dropped unless it is a valid pre-release.
+    Anything after the numeric core (e.g. ``-rc1``) is kept only if the result is valid semver
+    of at most :data:`MAX_STRING` bytes (``-01`` is not: a numeric pre-release has no leading
+    zero), else dropped. Raises ValueError for text without a numeric core, or whose core alone
+    is longer than the API accepts.
     """
     match = _SEMVER_CORE.match(version.strip())
     if not match:
         raise ValueError(f"not a version: {version!r}")
     major, minor, patch, rest = match.groups()
     core = ".".join(str(int(p or 0)) for p in (major, minor, patch))
-    if re.fullmatch(r"-[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*", rest or ""):
-        return core + rest
+    if len(core) > MAX_STRING:
+        raise ValueError(f"version {version!r} is longer than {MAX_STRING} bytes")
+    full = core + (rest or "")
+    if SEMVER.fullmatch(full) and len(full.encode()) <= MAX_STRING:
+        return full
     return core
 
 
@@ -48,12 +69,18 @@ def quantity(value: int) -> str:
     return format_quantity(value)
 
 
-MAX_STRING = 64  # the API's limit for string and version attribute values
+def fit_string(value: str) -> str:
+    """``value`` cut to at most :data:`MAX_STRING` UTF-8 bytes, never inside a character.
+
+    NVML names may be up to 96 bytes, and names decoded with replacement characters carry
+    U+FFFD, three bytes each: a cut by characters can still be too long for the API.
+    """
+    # Only the cut can leave an incomplete character, at the end: "ignore" drops just that.
+    return value.encode()[:MAX_STRING].decode(errors="ignore")
 
 
 def _string(value: str) -> JSON:
-    # NVML names may be up to 96 bytes; the API accepts 64 characters.
-    return {"string": value[:MAX_STRING]}
+    return {"string": fit_string(value)}
 
 
 def _int(value: int) -> JSON:
@@ -140,7 +167,7 @@ def list_attributes(gpu: Gpu) -> JSON:
     Empty for GPUs without MIG."""
     if not gpu.mig.capable or not gpu.mig_profiles:
         return {}
-    profiles = sorted({p.name[:MAX_STRING] for p in gpu.mig_profiles})
+    profiles = sorted({fit_string(p.name) for p in gpu.mig_profiles})
     return {"migProfiles": {"strings": profiles}}
 
 

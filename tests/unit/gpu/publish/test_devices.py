@@ -12,12 +12,13 @@ from dra_driver.gpu.discovery.simulated import BUILTIN_PROFILES, SimulatedDiscov
 from dra_driver.gpu.inventory import Fabric, Gpu, Inventory, MigDevice, MigState, Placement
 from dra_driver.gpu.publish.catalog import build_catalog
 from dra_driver.gpu.publish.devices import (
+    fit_string,
     mig_device_name,
     quantity,
     to_semver,
 )
 from dra_driver.resourceslice.pool import render_pool, slice_name
-from tests.unit.slice_rules import check_pool
+from tests.unit.slice_rules import SEMVER, check_pool
 
 
 @pytest.mark.parametrize(
@@ -29,15 +30,67 @@ from tests.unit.slice_rules import check_pool
         ("535", "535.0.0"),
         ("580.95.05", "580.95.5"),
         ("1.2.3-rc1", "1.2.3-rc1"),
+        ("1.2.3-rc.1+build.5", "1.2.3-rc.1+build.5"),
+        # A numeric pre-release identifier with a leading zero is no semver (the API refuses
+        # it): the suffix goes, as does one that would take the version past 64 bytes.
+        ("550.54.14-01", "550.54.14"),
+        ("12.4-rc.01", "12.4.0"),
+        ("1.2.3-" + "a" * 59, "1.2.3"),
+        ("1.2.3-" + "a" * 58, "1.2.3-" + "a" * 58),
     ],
 )
 def test_to_semver(raw: str, semver: str) -> None:
     assert to_semver(raw) == semver
+    assert SEMVER.fullmatch(semver) and len(semver.encode()) <= 64
 
 
 def test_to_semver_rejects_garbage() -> None:
     with pytest.raises(ValueError):
         to_semver("abc")
+    with pytest.raises(ValueError, match="longer than 64 bytes"):
+        to_semver("1" * 65)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    core=st.from_regex(r"\d{1,6}(\.\d{1,6}){0,2}", fullmatch=True),
+    # A suffix that does not continue the numbers: whatever follows them is what is judged.
+    start=st.sampled_from("-+ a\ufffd"),
+    rest=st.text(st.sampled_from("0123456789abz-.+\ufffd")) | st.text(),
+)
+def test_to_semver_always_makes_a_version_the_api_accepts(core: str, start: str, rest: str) -> None:
+    version = to_semver(core + start + rest)
+    assert SEMVER.fullmatch(version) and len(version.encode()) <= 64
+
+
+@pytest.mark.parametrize(
+    ("value", "fitted"),
+    [
+        ("NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"),
+        ("x" * 70, "x" * 64),
+        # U+FFFD is three bytes: 21 of them fill 63, the 22nd would split at byte 64.
+        ("\ufffd" * 30, "\ufffd" * 21),
+        ("x" * 62 + "\ufffd", "x" * 62),
+    ],
+)
+def test_fit_string_cuts_by_bytes_between_characters(value: str, fitted: str) -> None:
+    assert fit_string(value) == fitted
+
+
+def test_string_attributes_are_cut_to_64_bytes_not_characters() -> None:
+    """The API counts a string attribute's bytes (Go's ``len``). NVML names are decoded with
+    replacement characters (U+FFFD, three bytes each), so 64 characters can be too many."""
+    gpu = SimulatedDiscovery("dgx-h100", "n1").discover().gpus[0]
+    name = "NVIDIA \ufffd\ufffd" + "X" * 80  # what nvml_text makes of a name with stray bytes
+    inventory = Inventory(
+        driver_version="580.65.06",
+        cuda_driver_version="13.0",
+        gpus=(gpu.model_copy(update={"product_name": name}),),
+    )
+    slices = render_pool(build_catalog(inventory).pool("node-1"))
+    assert check_pool(slices) == []
+    product = slices[0]["spec"]["devices"][0]["attributes"]["productName"]["string"]
+    assert len(product.encode()) == 64 and name.startswith(product)
 
 
 @pytest.mark.parametrize(
@@ -132,7 +185,10 @@ def test_long_names_are_hashed_into_valid_slice_names() -> None:
 
 # --- property: any inventory NVML could report renders slices the API server accepts -----
 
-_text = st.text(st.characters(min_codepoint=32, max_codepoint=126), min_size=1, max_size=100)
+# Any printable text NVML could hand over, replacement characters and other non-ASCII included.
+_text = st.text(st.characters(min_codepoint=32, codec="utf-8"), min_size=1, max_size=100) | st.text(
+    st.sampled_from("NVIDIA \ufffd"), min_size=1, max_size=100
+)
 _version = st.tuples(st.integers(0, 999), st.integers(0, 99), st.integers(0, 99)).map(
     lambda t: f"{t[0]}.{t[1]:02d}.{t[2]:02d}"
 )

@@ -35,6 +35,17 @@ def test_only_mig_capable_gpus_list_their_profiles() -> None:
     assert {"1g.10gb", "3g.40gb", "7g.80gb"} <= set(profiles)
 
 
+def test_listed_profile_names_are_cut_to_64_bytes() -> None:
+    # Each list item is held to the limit of a single string: 64 bytes (Go's len), so a name
+    # with replacement characters (three bytes each) is cut by bytes, between characters.
+    h100 = SimulatedDiscovery("dgx-h100", "n").discover().gpus[0]
+    odd = h100.mig_profiles[0].model_copy(update={"name": "1g.10gb" + "\ufffd" * 30})
+    gpu = h100.model_copy(update={"mig_profiles": (odd, *h100.mig_profiles[1:])})
+    names = list_attributes(gpu)["migProfiles"]["strings"]
+    assert "1g.10gb" + "\ufffd" * 19 in names  # 7 + 19 * 3 = 64 bytes
+    assert all(len(n.encode()) <= 64 for n in names)
+
+
 async def test_published_on_whole_gpus_until_the_server_refuses_lists() -> None:
     inventory = SimulatedDiscovery("mixed", "n").discover()
     publishing = NodePublishing(None, inventory, list_attributes=True)
