@@ -8,6 +8,8 @@ A shared GPU is published with ``allowMultipleAllocations: true``: the scheduler
 several claims and counts what each consumes of its capacities (DRAConsumableCapacity):
 
 - ``memory``: the GPU's memory; a request takes at least 1Gi, in steps of 1Gi (default 1Gi).
+  A selected GPU with less than 2Gi (a unified-memory GPU such as GB10 has none of its own) is
+  published whole instead: the API server refuses that request policy on it.
 - ``compute``: 100 (percent of the GPU's SMs); a request takes 0 (no limit, the default) to 100.
 - ``multiprocessors``: stays readable for selectors but is never consumed (``validValues [0]``);
   ask for SMs through ``compute``.
@@ -33,6 +35,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from dra_driver.errors import PrepareError
 from dra_driver.gpu.allocation import AllocatedDevice, Share
 from dra_driver.gpu.inventory import Inventory
@@ -42,18 +46,39 @@ from dra_driver.gpu.sharing.strategy import Strategy, sharable
 from dra_driver.gpu.state.checkpoint import ClaimRecord
 from dra_driver.quantity import QuantityError, parse_quantity
 
+log = structlog.get_logger(__name__)
+
 JSON = dict[str, Any]
 GIB = 2**30
 
 #: The requestPolicy of a shared GPU's ``memory``: 1Gi steps, at least 1Gi.
 MEMORY_STEP = GIB
+#: The least memory a shared GPU can have: the API server refuses a request policy whose
+#: minimum (one step), or minimum plus one step, is more than the capacity
+#: (validateRequestPolicyRange), and with it the whole slice.
+MIN_SHARED_MEMORY = 2 * MEMORY_STEP
 #: The ``compute`` capacity: a percentage of the GPU's SMs.
 COMPUTE_TOTAL = 100
 
 
 def shared_uuids(inventory: Inventory, selection: Selection) -> frozenset[str]:
-    """UUIDs of the GPUs to share: selected and not in MIG mode."""
-    return frozenset(g.uuid for g in inventory.gpus if selection.matches(g) and not g.mig_enabled)
+    """UUIDs of the GPUs to share: selected, not in MIG mode, with at least
+    :data:`MIN_SHARED_MEMORY`.
+
+    A selected GPU with less memory (a unified-memory GPU such as GB10 is published with memory
+    0) is left out, with a warning, and so published whole.
+    """
+    candidates = [g for g in inventory.gpus if selection.matches(g) and not g.mig_enabled]
+    for gpu in candidates:
+        if gpu.memory_bytes < MIN_SHARED_MEMORY:
+            log.warning(
+                "GPU has too little memory of its own to be shared by memory; publishing it whole",
+                gpu=gpu.uuid,
+                minor=gpu.minor,
+                memory_bytes=gpu.memory_bytes,
+                needed_bytes=MIN_SHARED_MEMORY,
+            )
+    return frozenset(g.uuid for g in candidates if g.memory_bytes >= MIN_SHARED_MEMORY)
 
 
 def memory_policy() -> JSON:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
 from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
 from dra_driver.gpu.publish.catalog import build_catalog
@@ -53,6 +54,27 @@ def test_selection_picks_gpus_not_in_mig_mode() -> None:
     assert shared_uuids(inventory, parse_selection("all")) == {by_minor[2].uuid, by_minor[3].uuid}
     assert shared_uuids(inventory, parse_selection("model:l4")) == {by_minor[3].uuid}
     assert shared_uuids(inventory, parse_selection("index:0,3")) == {by_minor[3].uuid}
+
+
+@pytest.mark.parametrize(("memory", "shared"), [(0, False), (2 * GIB - 1, False), (2 * GIB, True)])
+def test_gpus_with_too_little_memory_are_published_whole(memory: int, shared: bool) -> None:
+    """The API server refuses a memory request policy whose minimum (1Gi), or minimum plus one
+    step, is more than the capacity, and with it the slice. A unified-memory GPU (GB10) is
+    published with memory 0: selected for sharing, it is published whole, with a warning."""
+    inventory = SimulatedDiscovery("l4x4", NODE).discover()
+    small = inventory.gpus[0].model_copy(
+        update={"product_name": "NVIDIA GB10", "memory_bytes": memory}
+    )
+    inventory = inventory.model_copy(update={"gpus": (small, *inventory.gpus[1:])})
+    with structlog.testing.capture_logs() as logs:
+        uuids = shared_uuids(inventory, parse_selection("all"))
+    assert (small.uuid in uuids) is shared
+    assert uuids >= {g.uuid for g in inventory.gpus[1:]}
+    warned = [e["gpu"] for e in logs if e["log_level"] == "warning"]
+    assert warned == ([] if shared else [small.uuid])
+    slices = render_pool(build_catalog(inventory, shared=uuids).pool(NODE, DRIVER))
+    assert check_pool(slices) == []
+    assert _devices(slices)["gpu-0"].get("allowMultipleAllocations", False) is shared
 
 
 # --- publishing ---------------------------------------------------------------------------
