@@ -168,6 +168,11 @@ class Gpu(_Model):
     multiprocessors: int = Field(ge=0)
     mig: MigState = MigState()
     mig_profiles: tuple[MigProfile, ...] = ()
+    # All the GPU's MIG compute and memory slices when mig_profiles lists only some of its
+    # profiles (--mig-profiles); None: the slices mig_profiles span. See
+    # dra_driver.gpu.publish.mig_capacity.totals.
+    mig_compute_slices: int | None = Field(default=None, ge=1)
+    mig_memory_slices: int | None = Field(default=None, ge=1)
     mig_devices: tuple[MigDevice, ...] = ()
     fabric: Fabric = Fabric()
 

@@ -46,24 +46,19 @@ class NoPlacement(SlicesError):
     """The slices fit the GPU by count, but no placement of the profile is free."""
 
 
-def compute_slices(gpu: Gpu) -> int:
-    """The GPU's compute slices: those of its largest profile."""
-    return max((p.slice_count for p in gpu.mig_profiles), default=0)
-
-
 def offered(gpu: Gpu) -> dict[tuple[int, int], MigProfile]:
     """(compute, memory slices) -> the profile a share of that size becomes.
 
     Of profiles with equal slices the plain one wins (``1g.10gb`` over ``1g.10gb+me``); the
     full size is the whole GPU, not a profile.
     """
-    full = (compute_slices(gpu), memory_slices(gpu))
+    full = totals(gpu)
     out: dict[tuple[int, int], MigProfile] = {}
     for profile in sorted(gpu.mig_profiles, key=lambda p: ("+" in p.name, p.name)):
         if not profile.placements:
             continue
         key = (profile.slice_count, profile.placements[0].size)
-        if key != full:
+        if Slices(*key) != full:
             out.setdefault(key, profile)
     return out
 
@@ -82,13 +77,13 @@ def capacity_device(device: JSON, gpu: Gpu) -> JSON:
     Its ``memory`` and ``multiprocessors`` stay readable for selectors but are never
     consumed (``validValues [0]``): what a share takes is counted in slices.
     """
-    sizes = offered(gpu)
+    sizes, whole = offered(gpu), totals(gpu)
     capacity = {
         name: {**value, "requestPolicy": {"default": "0", "validValues": ["0"]}}
         for name, value in (device.get("capacity") or {}).items()
     }
-    capacity[COMPUTE] = _policy(compute_slices(gpu), (c for c, _ in sizes))
-    capacity[MEMORY] = _policy(memory_slices(gpu), (m for _, m in sizes))
+    capacity[COMPUTE] = _policy(whole.compute, (c for c, _ in sizes))
+    capacity[MEMORY] = _policy(whole.memory, (m for _, m in sizes))
     return {**device, "allowMultipleAllocations": True, "capacity": capacity}
 
 
@@ -116,6 +111,25 @@ class Slices:
         return f"{COMPUTE} {self.compute}, {MEMORY} {self.memory}"
 
 
+def totals(gpu: Gpu) -> Slices:
+    """All the GPU's slices: compute those of its largest profile, memory those its
+    placements span (7 and 8 on A100 and H100). A share of all of them is the whole GPU.
+
+    ``--mig-profiles`` narrows the GPU's profiles before the catalogue is built, and those left
+    need not span the GPU (``1g.10gb`` alone spans 1 compute and 7 memory slices of an H100):
+    published as totals they would let the scheduler fit one 1g.10gb share per GPU where seven
+    fit. So :func:`~dra_driver.gpu.publish.profiles.restrict_profiles` keeps the totals of the
+    full list on the GPU (``mig_compute_slices``, ``mig_memory_slices``), used here, and the
+    narrowed list only narrows the sizes offered. Publishing (:func:`capacity_device`) and
+    prepare (:func:`is_whole`, :func:`profile_for`) both count with these totals.
+    """
+    compute = gpu.mig_compute_slices
+    if compute is None:
+        compute = max((p.slice_count for p in gpu.mig_profiles), default=0)
+    memory = gpu.mig_memory_slices
+    return Slices(compute, memory_slices(gpu) if memory is None else memory)
+
+
 def slices_of(capacity: Mapping[str, Any] | None) -> Slices:
     """The slices an allocation result's ``consumedCapacity`` counted (unqualified names)."""
     plain = {str(k).rpartition("/")[2]: v for k, v in (capacity or {}).items()}
@@ -124,7 +138,7 @@ def slices_of(capacity: Mapping[str, Any] | None) -> Slices:
 
 def is_whole(gpu: Gpu, slices: Slices) -> bool:
     """Whether a share counted as every slice of the GPU (the whole GPU)."""
-    return (slices.compute, slices.memory) == (compute_slices(gpu), memory_slices(gpu))
+    return slices == totals(gpu)
 
 
 def profile_for(gpu: Gpu, slices: Slices) -> MigProfile:

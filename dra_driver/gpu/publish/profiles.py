@@ -44,22 +44,32 @@ def parse_profiles(text: str) -> frozenset[str]:
 def restrict_profiles(inventory: Inventory, names: Collection[str]) -> Inventory:
     """``inventory`` with each GPU's MIG profiles cut down to ``names`` (all when empty).
 
+    Each MIG-capable GPU keeps the slice totals of its full profile list
+    (:func:`~dra_driver.gpu.publish.mig_capacity.totals`): the chosen profiles need not span
+    the GPU, and by MIG capacity a GPU is published with, and prepared against, all its slices.
+
     Names no GPU of the node supports are logged, not refused: one DaemonSet setting serves
     nodes with different GPU models (an A100's 1g.5gb is an H100's 1g.10gb).
     """
+    # Here, not at the top: start-up checks --mig-profiles before it loads the models.
+    from dra_driver.gpu.publish.mig_capacity import totals
+
     if not names:
         return inventory
     supported = {p.name for gpu in inventory.gpus for p in gpu.mig_profiles}
     unknown = sorted(set(names) - supported)
     if unknown and supported:
         log.info("MIG profiles no GPU of this node supports", profiles=unknown)
-    gpus = tuple(
-        gpu.model_copy(
-            update={"mig_profiles": tuple(p for p in gpu.mig_profiles if p.name in names)}
-        )
-        for gpu in inventory.gpus
-    )
-    return inventory.model_copy(update={"gpus": gpus})
+    gpus = []
+    for gpu in inventory.gpus:
+        update: dict[str, object] = {
+            "mig_profiles": tuple(p for p in gpu.mig_profiles if p.name in names)
+        }
+        if gpu.mig_profiles:
+            whole = totals(gpu)
+            update |= {"mig_compute_slices": whole.compute, "mig_memory_slices": whole.memory}
+        gpus.append(gpu.model_copy(update=update))
+    return inventory.model_copy(update={"gpus": tuple(gpus)})
 
 
 def published_inventory(inventory: Inventory, dynamic: bool, profiles: str) -> Inventory:

@@ -11,15 +11,17 @@ import pytest
 from dra_driver.gpu.discovery.simulated import build_inventory, load_profile
 from dra_driver.gpu.inventory import Gpu, Inventory, Placement
 from dra_driver.gpu.mig.simulated import SIMULATED_STATE_FILE, SimulatedMig
-from dra_driver.gpu.publish.catalog import CAPACITY, build_catalog
+from dra_driver.gpu.publish.catalog import CAPACITY, PLACEMENTS, build_catalog
 from dra_driver.gpu.publish.mig_capacity import (
     Slices,
     SlicesError,
     choose_placement,
+    is_whole,
     offered,
     profile_for,
     slices_of,
 )
+from dra_driver.gpu.publish.profiles import published_inventory
 from dra_driver.gpu.state.checkpoint import ClaimState
 from dra_driver.gpu.state.device_state import ClaimError, DeviceState
 from dra_driver.gpu.state.evidence import Evidence
@@ -39,10 +41,11 @@ def _h100() -> Gpu:
     return _inventory().gpus[0]
 
 
-def _state(tmp_path: Path, profile: str = SINGLE_H100) -> DeviceState:
+def _state(tmp_path: Path, profile: str = SINGLE_H100, mig_profiles: str = "") -> DeviceState:
+    # As the agent wires it: the MIG backend knows every profile, the catalogue the chosen.
     inventory = _inventory(profile)
     return DeviceState(
-        inventory=inventory,
+        inventory=published_inventory(inventory, True, mig_profiles),
         driver_name=DRIVER,
         node_name=NODE,
         cdi_root=tmp_path / "cdi",
@@ -97,6 +100,25 @@ def test_each_gpu_is_one_device_shared_by_its_mig_slices() -> None:
     # Memory and SMs stay readable for selectors but are never consumed.
     assert capacity["memory"]["requestPolicy"] == {"default": "0", "validValues": ["0"]}
     assert devices[0]["attributes"]["type"] == {"string": "gpu"}
+
+
+def test_mig_profiles_narrow_the_sizes_not_the_gpus_slices() -> None:
+    """--mig-profiles=1g.10gb: the profile left spans 1 compute and 7 memory slices of an
+    H100. The GPU must still be published with all 7 and 8, else the scheduler (which only
+    counts) fits one 1g.10gb share per GPU where seven fit, as the placement layout with the
+    same setting publishes seven placements."""
+    inventory = published_inventory(_inventory("dgx-h100"), True, "1g.10gb")
+    gpu0 = build_catalog(inventory, dynamic=True, layout=CAPACITY).published()[0]
+    compute, memory = gpu0["capacity"]["computeSlices"], gpu0["capacity"]["memorySlices"]
+    assert (compute["value"], memory["value"]) == ("7", "8")
+    assert compute["requestPolicy"] == {"default": "7", "validValues": ["1", "7"]}
+    assert memory["requestPolicy"] == {"default": "8", "validValues": ["1", "8"]}
+    placed = build_catalog(inventory, dynamic=True, layout=PLACEMENTS).groups[0]
+    assert len([n for n in placed if "-mig-1g10gb-" in n]) == 7
+    # Prepare counts with the same totals: all slices are the whole GPU, one is a 1g.10gb.
+    gpu = inventory.gpus[0]
+    assert is_whole(gpu, Slices(7, 8)) and not is_whole(gpu, Slices(1, 7))
+    assert profile_for(gpu, Slices(1, 1)).name == "1g.10gb"
 
 
 def test_binding_conditions_go_on_every_gpu_device() -> None:
@@ -214,6 +236,20 @@ def test_a_share_without_a_share_id_or_slices_is_refused(tmp_path: Path) -> None
     assert "has no shareID" in str(out["a"])
     assert "match no MIG profile" in str(out["b"])
     assert _instances(tmp_path) == []
+
+
+def test_with_mig_profiles_the_published_shares_fit_on_the_gpu(tmp_path: Path) -> None:
+    # Seven 1g.10gb shares fit by count (computeSlices 7) and by position; an eighth does
+    # not by position, and all slices are still the whole GPU.
+    state = _state(tmp_path, mig_profiles="1g.10gb")
+    out = state.prepare([_claim(str(i), _share(str(i), 1, 1)) for i in range(7)])
+    assert all(isinstance(v, list) for v in out.values()), out
+    assert _instances(tmp_path) == [(i, 1) for i in range(7)]
+    out = state.prepare([_claim("8", _share("8", 1, 1))])
+    assert isinstance(out["8"], NoPlacementError)
+    state.unprepare([ClaimRef("ns", f"claim-{i}", str(i)) for i in range(7)])
+    out = state.prepare([_claim("w", _share("w", 7, 8))])
+    assert isinstance(out["w"], list) and _instances(tmp_path) == []
 
 
 def test_a_restart_keeps_the_shares_and_their_mig_devices(tmp_path: Path) -> None:
