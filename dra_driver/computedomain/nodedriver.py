@@ -14,9 +14,8 @@ must not start before that daemon is ready, so:
 
 A node belongs to one domain at a time; a claim of another domain fails with a message
 naming the domain that holds the node. When the last channel claim of a domain leaves the
-node, so does the node's label (and with it the daemon); a restarted plugin checks the label
-at its first view of the claims allocated here, and leaves a domain nothing here holds any
-more. A domain being deleted takes no new channel claims: its daemons are going away.
+node, so does the node's label (and with it the daemon). A domain being deleted takes no new
+channel claims: its daemons are going away.
 """
 
 from __future__ import annotations
@@ -189,11 +188,6 @@ class Membership:
         meta: JSON = response.json()["metadata"]
         return meta
 
-    async def current(self) -> str | None:
-        """The UID of the domain the node is in, or None."""
-        labels = (await self._meta()).get("labels") or {}
-        return str(labels[self._key]) if labels.get(self._key) else None
-
     async def join(self, uid: str, domain: str) -> None:
         """Label the node into ``uid`` unless it is in another domain (then raise)."""
         meta = await self._meta()
@@ -268,9 +262,6 @@ class ImexDriver:
         self.membership = Membership(client, names, node)
         self.checkpoint: Checkpoint = load(self._checkpoint_path)
         self._joining: dict[str, _Joining] = {}
-        # ``_joining`` does not survive a restart: the first view of the allocated claims
-        # checks the node's label against what still holds a domain here (see allocated).
-        self._check_label = True
 
     # -- the kubelet's calls ---------------------------------------------------------
 
@@ -508,12 +499,7 @@ class ImexDriver:
 
     async def allocated(self, claims: Mapping[str, frozenset[str]]) -> None:
         """The claims allocated from this node's pool now: a channel that waited for binding
-        and is no longer allocated stops waiting; its domain may leave the node.
-
-        The binding watcher calls this under the kubelet's lock, with its whole view, first
-        once it has listed the claims: a claim that joined the node before a restart and is
-        still allocated is in that first view.
-        """
+        and is no longer allocated stops waiting; its domain may leave the node."""
         for uid, joining in list(self._joining.items()):
             if claims.get(uid) == joining.devices and uid not in self.checkpoint.claims:
                 continue
@@ -521,58 +507,7 @@ class ImexDriver:
             if joining.task is not None:
                 joining.task.cancel()
             if uid not in self.checkpoint.claims:
-                try:
-                    await self._leave_if_unused(joining.domain)
-                except API_FAILURES as exc:
-                    # The entry is gone; the label check below, now and at the next view,
-                    # leaves again.
-                    log.warning(
-                        "node not taken out of compute domain, will retry",
-                        node=self._node,
-                        domain_uid=joining.domain,
-                        error=str(exc),
-                    )
-                    self._check_label = True
-        if self._check_label:
-            await self._check_node_label(claims)
-
-    async def _check_node_label(self, claims: Mapping[str, frozenset[str]]) -> None:
-        """Take the node out of the domain its label names when nothing here holds it: no
-        prepared or joining claim of it, and no channel allocated here that is not prepared
-        (that one may be of the domain, about to be prepared: it is not kicked out, and the
-        next view checks again). Done once the label is settled; an API failure leaves it
-        to the next view."""
-        try:
-            domain = await self.membership.current()
-            if domain is None or self._holds(domain):
-                self._check_label = False
-                return
-            pending = sorted(
-                uid
-                for uid, devices in claims.items()
-                if CHANNEL_DEVICE in devices and uid not in self.checkpoint.claims
-            )
-            if pending:
-                log.info(
-                    "node stays in compute domain while a channel allocated here is prepared",
-                    node=self._node,
-                    domain_uid=domain,
-                    claim_uids=pending,
-                )
-                return
-            log.info(
-                "node in a compute domain no claim here holds: leaving it",
-                node=self._node,
-                domain_uid=domain,
-            )
-            await self.membership.leave(domain)
-            self._check_label = False
-        except API_FAILURES as exc:
-            log.warning(
-                "checking the node's compute domain failed, will retry at the next view",
-                node=self._node,
-                error=str(exc),
-            )
+                await self._leave_if_unused(joining.domain)
 
     async def close(self) -> None:
         """Stop following domains (on shutdown)."""

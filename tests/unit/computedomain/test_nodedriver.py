@@ -29,9 +29,8 @@ class FakeApi:
         self.domains: dict[tuple[str, str], dict[str, Any]] = {}
         self.conditions: list[tuple[str, str, str]] = []  # claim, type, message
         self.events: list[tuple[str, str]] = []  # reason, message
-        # Requests on the node refused with a 500 (any transient refusal): the next N.
+        # Label removals refused with a 500 (any transient refusal): the next N.
         self.refuse_label_removals = 0
-        self.refuse_node_reads = 0
 
     def domain(self, namespace: str, name: str, uid: str, ready: bool | None) -> None:
         nodes = (
@@ -60,9 +59,6 @@ class FakeApi:
 
     def _node(self, method: str, body: Any, content_type: str) -> Response:
         refused = Response(500, {}, b'{"message": "etcdserver: request timed out"}')
-        if method == "GET" and self.refuse_node_reads:
-            self.refuse_node_reads -= 1
-            return refused
         if content_type == "application/json-patch+json" and self.refuse_label_removals:
             self.refuse_label_removals -= 1
             return refused
@@ -276,63 +272,6 @@ async def test_unprepare_keeps_the_node_in_a_domain_another_claim_joins(tmp_path
     assert await driver.unprepare([ClaimRef("team", "w", "uid-w")]) == {"uid-w": None}
     assert api.labels == {LABEL: UID}
     await driver.allocated({})  # the new claim went too: now the node leaves
-    assert api.labels == {}
-
-
-async def test_a_restarted_plugin_takes_the_node_out_of_a_domain_no_claim_holds(
-    tmp_path: Path,
-) -> None:
-    """The node joined for a claim whose prepare had not succeeded; the plugin restarted
-    and the claim was deallocated meanwhile: nothing but the label remembers the join."""
-    api = FakeApi()
-    api.domain("team", "train", UID, ready=False)
-    before = _driver(api, tmp_path, ready_wait=0.05)
-    [result] = (await before.prepare([_claim("w", "channel-0")])).values()
-    assert isinstance(result, Exception)  # waiting for the daemon
-    assert api.labels == {LABEL: UID}
-    after = _driver(api, tmp_path)  # the same state dir: a restart
-    await after.allocated({})  # the binding watcher's first view: nothing allocated here
-    assert api.labels == {}
-
-
-async def test_a_restarted_plugin_keeps_the_node_in_a_domain_a_claim_may_hold(
-    tmp_path: Path,
-) -> None:
-    api = FakeApi()
-    api.domain("team", "train", UID, ready=True)
-    prepared = _driver(api, tmp_path / "prepared")
-    await prepared.prepare([_claim("w", "channel-0")])
-    # Prepared before the restart: its unprepare is what leaves.
-    await _driver(api, tmp_path / "prepared").allocated({})
-    assert api.labels == {LABEL: UID}
-
-    api = FakeApi()
-    api.labels[LABEL] = UID
-    api.domain("team", "train", UID, ready=True)
-    driver = _driver(api, tmp_path / "allocated")
-    # A channel allocated here, not prepared yet (its join was before the restart): the
-    # node stays for it, whichever domain it is of, and is checked again at the next view.
-    await driver.allocated({"uid-w": frozenset({"channel-0"})})
-    assert api.labels == {LABEL: UID}
-    await driver.allocated({"uid-w": frozenset({"channel-0"}), "uid-d": frozenset({"daemon-0"})})
-    assert api.labels == {LABEL: UID}
-    await driver.allocated({"uid-d": frozenset({"daemon-0"})})
-    assert api.labels == {}
-
-
-async def test_a_restarted_plugin_checks_its_domain_again_after_an_api_failure(
-    tmp_path: Path,
-) -> None:
-    api = FakeApi()
-    api.labels[LABEL] = UID
-    api.refuse_node_reads = 1
-    driver = _driver(api, tmp_path)
-    await driver.allocated({})  # the API server failed: no error for the binding watcher
-    assert api.labels == {LABEL: UID}
-    api.refuse_label_removals = 1
-    await driver.allocated({"uid-d": frozenset({"daemon-0"})})
-    assert api.labels == {LABEL: UID}
-    await driver.allocated({})
     assert api.labels == {}
 
 
