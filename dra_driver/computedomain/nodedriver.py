@@ -380,9 +380,11 @@ class ImexDriver:
         results: dict[str, UnprepareResult] = {}
         for ref in claims:
             try:
-                # Leave first, forget after: when the leave fails, the record stays and the
-                # kubelet's next unprepare (it calls again on an error) leaves again.
+                # The spec (its pod is gone), then the node's domain, then the record: when
+                # the leave fails, the record stays and the kubelet's next unprepare (it calls
+                # again on an error) leaves again.
                 record = self.checkpoint.claims.get(ref.uid)
+                await asyncio.to_thread(remove, self._spec_path(ref.uid))
                 if record is not None and record.kind == "channel":
                     await self._leave_if_unused(record.domain, without=ref.uid)
                 await asyncio.to_thread(self._forget, ref.uid)
@@ -393,7 +395,6 @@ class ImexDriver:
         return results
 
     def _forget(self, claim_uid: str) -> None:
-        remove(self._spec_path(claim_uid))
         record = self.checkpoint.claims.get(claim_uid)
         if record is not None:
             claims = {k: v for k, v in self.checkpoint.claims.items() if k != claim_uid}
