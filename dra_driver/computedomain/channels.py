@@ -41,20 +41,6 @@ def cdi_device_id(driver: str, claim_uid: str, device: str) -> str:
     return qualified_name(cdi_kind(driver), f"{claim_uid}-{device}")
 
 
-def char_major(proc_devices: str, device: str) -> int | None:
-    """The character device major of ``device`` in a ``/proc/devices`` text."""
-    in_chars = False
-    for line in proc_devices.splitlines():
-        stripped = line.strip()
-        if stripped.endswith(":"):
-            in_chars = stripped == "Character devices:"
-            continue
-        number, _, name = stripped.partition(" ")
-        if in_chars and name.strip() == device and number.isdigit():
-            return int(number)
-    return None
-
-
 def capability_minor(capability: str) -> int | None:
     """The device minor in the text of a file below /proc/driver/nvidia/capabilities: its
     ``DeviceFileMinor: <N>`` line (beside ``DeviceFileMode`` and ``DeviceFileModify``)."""

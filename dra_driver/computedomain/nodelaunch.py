@@ -27,7 +27,6 @@ from dra_driver.computedomain.channels import (
     DaemonEdits,
     capability_minor,
     capability_node,
-    char_major,
 )
 from dra_driver.computedomain.imexconfig import host_configs
 from dra_driver.computedomain.nodedevices import imex_devices
@@ -41,6 +40,7 @@ from dra_driver.kube import KubeClient
 from dra_driver.kubeletplugin.binding import BindingWatcher
 from dra_driver.kubeletplugin.claims import KubeClaimFetcher
 from dra_driver.kubeletplugin.plugin import Plugin, PluginConfig
+from dra_driver.procdevices import char_major
 from dra_driver.resourceslice.controller import SliceController
 from dra_driver.resourceslice.pool import DesiredPool, SliceContent
 from dra_driver.settings import Settings, SettingsError

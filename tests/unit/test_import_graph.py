@@ -24,6 +24,7 @@ FRAMEWORK = (
     "dra_driver.kubeconfig",
     "dra_driver.errors",
     "dra_driver.resourceapi",
+    "dra_driver.procdevices",
 )
 
 Graph = dict[str, set[str]]
@@ -166,7 +167,7 @@ def test_the_gpu_driver_reaches_outside_only_for_the_framework_and_small_helpers
     # Not the API client, the claim status writer, the settings or CEL: the agent wires those.
     allowed = ("dra_driver.cdi", "dra_driver.kubeletplugin", "dra_driver.resourceslice.pool")
     allowed += ("dra_driver.errors", "dra_driver.faults", "dra_driver.metrics")
-    allowed += ("dra_driver.quantity", "dra_driver.output")
+    allowed += ("dra_driver.quantity", "dra_driver.output", "dra_driver.procdevices")
     allowed += ("dra_driver.resourceapi",)  # the API's names and time format, no client
     graph = import_graph()
     outside = sorted(

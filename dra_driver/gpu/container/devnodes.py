@@ -21,6 +21,7 @@ from pathlib import Path
 import structlog
 
 from dra_driver.cdi.spec import DeviceNode
+from dra_driver.procdevices import char_major
 
 log = structlog.get_logger(__name__)
 
@@ -50,20 +51,6 @@ _REGISTERED: list[tuple[re.Pattern[str], str, Callable[[re.Match[str]], int]]] =
     (re.compile(r"^/dev/nvidia-uvm-tools$"), "nvidia-uvm", lambda m: 1),
     (re.compile(r"^/dev/nvidia-caps/nvidia-cap(\d+)$"), "nvidia-caps", lambda m: int(m.group(1))),
 ]
-
-
-def char_major(proc_devices: str, name: str) -> int | None:
-    """The major of the character device driver ``name`` in a ``/proc/devices`` text."""
-    in_chars = False
-    for line in proc_devices.splitlines():
-        stripped = line.strip()
-        if stripped.endswith(":"):
-            in_chars = stripped == "Character devices:"
-            continue
-        number, _, driver = stripped.partition(" ")
-        if in_chars and driver.strip() == name and number.isdigit():
-            return int(number)
-    return None
 
 
 def registered_driver(path: str) -> tuple[str, int] | None:

@@ -12,7 +12,6 @@ from dra_driver.computedomain.channels import (
     NO_CLIQUE,
     DaemonEdits,
     capability_node,
-    char_major,
     claim_spec,
 )
 from dra_driver.computedomain.claimconfig import ImexClaim, ImexClaimError, read_claim
@@ -96,32 +95,6 @@ def test_a_claim_the_node_cannot_serve_says_what_to_fix(
 def test_a_config_for_another_request_does_not_apply() -> None:
     with pytest.raises(ImexClaimError, match="no ComputeDomainChannelConfig"):
         read_claim(claim("channel-0", channel_params(), requests=("other",)), DRIVER)
-
-
-PROC_DEVICES = """Character devices:
-  1 mem
-195 nvidia
-234 nvidia-caps-imex-channels
-508 nvidia-caps
-
-Block devices:
-234 nvidia-caps-imex-channels
-"""
-
-
-@pytest.mark.parametrize(
-    ("text", "device", "major"),
-    [
-        (PROC_DEVICES, "nvidia-caps-imex-channels", 234),
-        (PROC_DEVICES, "nvidia-caps", 508),  # the whole name, not a prefix of another
-        ("Character devices:\n  1 mem\n", "nvidia-caps-imex-channels", None),
-        # Not a character device.
-        ("Block devices:\n 99 nvidia-caps-imex-channels\n", "nvidia-caps-imex-channels", None),
-        ("", "nvidia-caps", None),
-    ],
-)
-def test_char_major(text: str, device: str, major: int | None) -> None:
-    assert char_major(text, device) == major
 
 
 DAEMON = ImexClaim("daemon", UID, ("daemon-0",), ("daemon",))
