@@ -41,7 +41,16 @@ from dra_driver.computedomain.channels import (
 from dra_driver.computedomain.claimconfig import ImexClaim, ImexClaimError, read_claim
 from dra_driver.computedomain.nodedevices import CHANNEL_DEVICE, DAEMON_FAILED, DAEMON_READY
 from dra_driver.computedomain.nodelabel import node_path, remove_domain_label
-from dra_driver.computedomain.nodestate import Checkpoint, PreparedClaim, load, save
+from dra_driver.computedomain.nodestate import (
+    CHECKPOINT,
+    JOINING,
+    Checkpoint,
+    Joining,
+    JoiningClaim,
+    PreparedClaim,
+    load,
+    save,
+)
 from dra_driver.events import post_event
 from dra_driver.kube import KubeClient, server_side_apply
 from dra_driver.kubeletplugin.interfaces import (
@@ -250,7 +259,8 @@ class ImexDriver:
         self._names = names
         self._driver = names.driver
         self._node = node
-        self._checkpoint_path = state_dir / "imex-claims.json"
+        self._checkpoint_path = state_dir / CHECKPOINT
+        self._joining_path = state_dir / JOINING
         self._cdi_root = cdi_root
         self._major = major
         #: What a daemon claim's container gets from the node (its clique, the capability).
@@ -260,8 +270,14 @@ class ImexDriver:
         self._poll = poll
         self.domains = Domains(client, names)
         self.membership = Membership(client, names, node)
-        self.checkpoint: Checkpoint = load(self._checkpoint_path)
-        self._joining: dict[str, _Joining] = {}
+        self.checkpoint: Checkpoint = load(self._checkpoint_path, Checkpoint)
+        #: Kept in a file too: after a restart, the first list of allocated claims
+        #: (:meth:`allocated`) still takes the node out of a domain whose joining claim
+        #: went away meanwhile.
+        self._joining: dict[str, _Joining] = {
+            uid: _Joining(ClaimRef(j.namespace, j.name, uid), j.domain, frozenset(j.devices))
+            for uid, j in load(self._joining_path, Joining).claims.items()
+        }
 
     # -- the kubelet's calls ---------------------------------------------------------
 
@@ -300,14 +316,13 @@ class ImexDriver:
         key = f"{domain['metadata']['namespace']}/{domain['metadata']['name']}"
         if imex.kind == "channel":
             refuse_deleting(ref, domain, key)
-            await self.membership.join(imex.domain, key)
             # Until the claim is prepared or deallocated: a prepare that never succeeds (the
             # pod deleted while it waited) must not leave the node in the domain.
-            self._joining.setdefault(ref.uid, _Joining(ref, imex.domain, frozenset(imex.devices)))
+            await self._join(_Joining(ref, imex.domain, frozenset(imex.devices)), key)
             await self._wait_ready(ref, imex.domain, key)
         record = await asyncio.to_thread(self._write, ref, imex, key)
         # The checkpoint holds the claim now; it no longer waits to join.
-        joined = self._joining.pop(ref.uid, None)
+        joined = await self._stop_joining(ref.uid)
         if joined is not None and joined.task is not None:
             joined.task.cancel()
         log.info(
@@ -336,6 +351,51 @@ class ImexDriver:
                     f"{self._node} {waited} ({state.said}); the kubelet tries again"
                 )
             await asyncio.sleep(self._poll)
+
+    async def _join(self, joining: _Joining, key: str) -> _Joining:
+        """Record ``joining``, then label the node into its domain; the entry that stands is
+        returned (the claim's earlier one, when it joins the same domain with the same
+        devices). Recorded first: a crash right after the label was set still leaves a
+        record that says whose label it is. A join refused because the node is in another
+        domain forgets what it recorded; after any other failure the label may have been set,
+        so the record stays (the claim's deallocation takes it, and the label if it is ours)."""
+        uid = joining.ref.uid
+        known = self._joining.get(uid)
+        if known is not None and (known.domain, known.devices) == (
+            joining.domain,
+            joining.devices,
+        ):
+            joining = known
+        else:
+            known = None
+            self._joining[uid] = joining
+            await asyncio.to_thread(self._save_joining)
+        try:
+            await self.membership.join(joining.domain, key)
+        except ImexClaimError:
+            if known is None:
+                await self._stop_joining(uid)
+            raise
+        return joining
+
+    async def _stop_joining(self, claim_uid: str) -> _Joining | None:
+        """Forget that ``claim_uid`` joins the node (the caller leaves if it must)."""
+        joining = self._joining.pop(claim_uid, None)
+        if joining is not None:
+            await asyncio.to_thread(self._save_joining)
+        return joining
+
+    def _save_joining(self) -> None:
+        claims = {
+            uid: JoiningClaim(
+                namespace=j.ref.namespace,
+                name=j.ref.name,
+                domain=j.domain,
+                devices=sorted(j.devices),
+            )
+            for uid, j in self._joining.items()
+        }
+        save(self._joining_path, Joining(claims=claims))
 
     def _write(self, ref: ClaimRef, imex: ImexClaim, key: str) -> PreparedClaim:
         """Spec first, then the record: a crash between leaves a spec no record names,
@@ -432,12 +492,12 @@ class ImexDriver:
                 )
             key = f"{ref.namespace}/{domain['metadata']['name']}"
             refuse_deleting(ref, domain, key)
-            await self.membership.join(imex.domain, key)
+            joining = await self._join(_Joining(ref, imex.domain, frozenset(imex.devices)), key)
         except ImexClaimError as exc:
             await self._set_condition(ref, CHANNEL_DEVICE, DAEMON_FAILED, str(exc))
             return
-        joining = _Joining(ref, imex.domain, frozenset(imex.devices))
-        self._joining[ref.uid] = joining
+        if joining.task is not None:
+            joining.task.cancel()  # one follower per claim
         joining.task = asyncio.create_task(self._follow(joining, key))
 
     async def _follow(self, joining: _Joining, key: str) -> None:
@@ -504,7 +564,7 @@ class ImexDriver:
         for uid, joining in list(self._joining.items()):
             if claims.get(uid) == joining.devices and uid not in self.checkpoint.claims:
                 continue
-            del self._joining[uid]
+            await self._stop_joining(uid)
             if joining.task is not None:
                 joining.task.cancel()
             if uid not in self.checkpoint.claims:

@@ -213,7 +213,7 @@ def test_condition_status_names_one_device() -> None:
 
 def test_checkpoint_round_trip_and_a_corrupt_one_is_kept_aside(tmp_path: Path) -> None:
     path = tmp_path / "imex-claims.json"
-    assert load(path) == Checkpoint()
+    assert load(path, Checkpoint) == Checkpoint()
     record = PreparedClaim(
         namespace="team",
         name="w",
@@ -224,7 +224,7 @@ def test_checkpoint_round_trip_and_a_corrupt_one_is_kept_aside(tmp_path: Path) -
         cdi_ids=["k8s.x/claim=c1-channel-0"],
     )
     save(path, Checkpoint(claims={"c1": record}))
-    assert load(path).claims["c1"] == record
+    assert load(path, Checkpoint).claims["c1"] == record
     path.write_text(json.dumps({"version": 9}))
-    assert load(path) == Checkpoint()
+    assert load(path, Checkpoint) == Checkpoint()
     assert (tmp_path / "imex-claims.json.corrupt").read_text() == '{"version": 9}'

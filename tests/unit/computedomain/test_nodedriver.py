@@ -308,6 +308,65 @@ async def test_binding_gives_up_at_once_on_a_domain_deleted_while_it_waits(
     assert kind == "IMEXDaemonFailed" and "the domain is being deleted" in message
 
 
+async def test_a_restarted_driver_still_leaves_for_a_claim_that_went_while_it_was_down(
+    tmp_path: Path,
+) -> None:
+    """The node joined for a channel waiting for binding; the plugin restarted, and the claim
+    was deallocated meanwhile. The first list of allocated claims takes the node out."""
+    api = FakeApi()
+    api.domain("team", "train", UID, ready=False)
+    driver = _driver(api, tmp_path, binding_wait=60)
+    await driver.prepare_before_binding(_claim("w", "channel-0"))
+    assert api.labels == {LABEL: UID}
+    await driver.close()
+    restarted = _driver(api, tmp_path, binding_wait=60)
+    # Still allocated: the node stays for it.
+    await restarted.allocated({"uid-w": frozenset({"channel-0"})})
+    assert api.labels == {LABEL: UID}
+    await restarted.allocated({})
+    assert api.labels == {}
+    # And it is forgotten for good: another restart has nothing to leave.
+    assert not _driver(api, tmp_path)._joining
+
+
+async def test_a_restarted_driver_knows_the_node_joined_for_a_waiting_prepare(
+    tmp_path: Path,
+) -> None:
+    """A prepare that waited for the daemon (no binding conditions) joined the node; a
+    restarted plugin keeps the node in the domain while the claim stays allocated, takes it
+    out when the claim goes, and records a claim as prepared when the kubelet's retry
+    succeeds."""
+    api = FakeApi()
+    api.domain("team", "train", UID, ready=False)
+    driver = _driver(api, tmp_path, ready_wait=0.05)
+    waited = await driver.prepare([_claim("w", "channel-0")])
+    assert "is not ready after" in str(waited["uid-w"])
+    assert api.labels == {LABEL: UID}
+    restarted = _driver(api, tmp_path, ready_wait=0.05)
+    await restarted.allocated({"uid-w": frozenset({"channel-0"})})
+    assert api.labels == {LABEL: UID}
+    await restarted.allocated({})
+    assert api.labels == {}
+    api.domain("team", "train", UID, ready=True)
+    [result] = (await restarted.prepare([_claim("w", "channel-0")])).values()
+    assert not isinstance(result, Exception), result
+    assert not _driver(api, tmp_path)._joining
+    assert "uid-w" in _driver(api, tmp_path).checkpoint.claims
+    assert await restarted.unprepare([ClaimRef("team", "w", "uid-w")]) == {"uid-w": None}
+    assert api.labels == {}
+
+
+async def test_a_join_refused_by_another_domain_records_nothing(tmp_path: Path) -> None:
+    api = FakeApi()
+    api.labels[LABEL] = OTHER
+    api.domain("team", "train", UID, ready=True)
+    driver = _driver(api, tmp_path)
+    await driver.prepare_before_binding(_claim("w", "channel-0"))
+    await driver.prepare([_claim("v", "channel-0")])
+    assert not driver._joining
+    assert not _driver(api, tmp_path)._joining
+
+
 async def _settled(driver: ImexDriver) -> None:
     tasks = [j.task for j in driver._joining.values() if j.task is not None]
     await asyncio.gather(*tasks)
