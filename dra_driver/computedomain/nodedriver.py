@@ -197,27 +197,32 @@ class Membership:
         meta: JSON = response.json()["metadata"]
         return meta
 
-    async def join(self, uid: str, domain: str) -> None:
+    async def join(self, uid: str, domain: str, *, attempts: int = 3) -> None:
         """Label the node into ``uid`` unless it is in another domain (then raise)."""
-        meta = await self._meta()
-        current = (meta.get("labels") or {}).get(self._key)
-        if current == uid:
-            return
-        if current:
-            raise ImexClaimError(
-                f"node {self._node} is in another compute domain ({current}); a node serves "
-                f"one domain at a time, so {domain} cannot use it until that domain leaves"
-            )
-        # The resourceVersion makes this a compare-and-swap: two domains cannot both join.
-        patch = {
-            "metadata": {
-                "labels": {self._key: uid},
-                "resourceVersion": meta["resourceVersion"],
+        for attempt in range(1, attempts + 1):
+            meta = await self._meta()
+            current = (meta.get("labels") or {}).get(self._key)
+            if current == uid:
+                return
+            if current:
+                raise ImexClaimError(
+                    f"node {self._node} is in another compute domain ({current}); a node "
+                    f"serves one domain at a time, so {domain} cannot use it until that "
+                    "domain leaves"
+                )
+            # The resourceVersion makes this a compare-and-swap: two domains cannot both
+            # join. A conflict (anything else updated the Node) reads the node again.
+            patch = {
+                "metadata": {
+                    "labels": {self._key: uid},
+                    "resourceVersion": meta["resourceVersion"],
+                }
             }
-        }
-        response = await self._client.request(
-            "PATCH", self._path, body=patch, content_type="application/merge-patch+json"
-        )
+            response = await self._client.request(
+                "PATCH", self._path, body=patch, content_type="application/merge-patch+json"
+            )
+            if response.status != 409 or attempt == attempts:
+                break
         raise_for_status(response, verb="patch", resource="nodes", name=self._node)
         log.info("node joined compute domain", node=self._node, domain=domain, domain_uid=uid)
 
@@ -279,10 +284,29 @@ class ImexDriver:
             for uid, j in load(self._joining_path, Joining).claims.items()
         }
 
+    def _reload(self) -> None:
+        """Take up what another plugin of the node wrote (a surge update runs the new one
+        beside the old, on the same files): every call runs under the node lock both take,
+        so the files are the truth when it starts. A follower of a claim the other plugin
+        prepared or let go stops."""
+        self.checkpoint = load(self._checkpoint_path, Checkpoint)
+        claims = load(self._joining_path, Joining).claims
+        for uid, known in list(self._joining.items()):
+            j = claims.get(uid)
+            if j is None or (j.domain, frozenset(j.devices)) != (known.domain, known.devices):
+                del self._joining[uid]
+                if known.task is not None:
+                    known.task.cancel()
+        for uid, j in claims.items():
+            if uid not in self._joining:
+                ref = ClaimRef(j.namespace, j.name, uid)
+                self._joining[uid] = _Joining(ref, j.domain, frozenset(j.devices))
+
     # -- the kubelet's calls ---------------------------------------------------------
 
     async def prepare(self, claims: Sequence[ClaimToPrepare]) -> Mapping[str, PrepareResult]:
         """Prepare each claim (one failing fails only itself)."""
+        await asyncio.to_thread(self._reload)
         results: dict[str, PrepareResult] = {}
         for claim in claims:
             try:
@@ -437,6 +461,7 @@ class ImexDriver:
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, UnprepareResult]:
         """Remove each claim's spec and record; a domain whose last channel claim left
         the node takes its label off the node."""
+        await asyncio.to_thread(self._reload)
         results: dict[str, UnprepareResult] = {}
         for ref in claims:
             try:
@@ -481,6 +506,7 @@ class ImexDriver:
     async def prepare_before_binding(self, claim: ClaimToPrepare) -> None:
         """A channel allocated here: join the node to the domain and follow the node's
         daemon until it is ready (then the scheduler binds the pod) or given up on."""
+        await asyncio.to_thread(self._reload)
         ref = claim.ref
         try:
             imex = read_claim(claim, self._driver)
@@ -561,14 +587,23 @@ class ImexDriver:
     async def allocated(self, claims: Mapping[str, frozenset[str]]) -> None:
         """The claims allocated from this node's pool now: a channel that waited for binding
         and is no longer allocated stops waiting; its domain may leave the node."""
+        await asyncio.to_thread(self._reload)
         for uid, joining in list(self._joining.items()):
             if claims.get(uid) == joining.devices and uid not in self.checkpoint.claims:
                 continue
-            await self._stop_joining(uid)
             if joining.task is not None:
                 joining.task.cancel()
             if uid not in self.checkpoint.claims:
-                await self._leave_if_unused(joining.domain)
+                try:
+                    await self._leave_if_unused(joining.domain, without=uid)
+                except API_FAILURES as exc:
+                    # The record stays until the node has left: the next list of allocated
+                    # claims (or a restarted plugin's first) leaves again.
+                    log.warning(
+                        "leaving compute domain failed", claim=str(joining.ref), error=str(exc)
+                    )
+                    continue
+            await self._stop_joining(uid)
 
     async def close(self) -> None:
         """Stop following domains (on shutdown)."""

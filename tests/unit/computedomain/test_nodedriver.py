@@ -367,6 +367,80 @@ async def test_a_join_refused_by_another_domain_records_nothing(tmp_path: Path) 
     assert not _driver(api, tmp_path)._joining
 
 
+async def test_a_failed_leave_after_deallocation_is_kept_and_retried(tmp_path: Path) -> None:
+    """The channel that joined the node for binding is deallocated; removing the label fails
+    once (the API server answers 500). The binding watcher must not die of it, and the join
+    must stay recorded so that the node still leaves the domain (here: after a restart)."""
+    api = FakeApi()
+    api.domain("team", "train", UID, ready=False)
+    driver = _driver(api, tmp_path, binding_wait=60)
+    await driver.prepare_before_binding(_claim("w", "channel-0"))
+    assert api.labels == {LABEL: UID}
+    api.refuse_label_removals = 1
+    await driver.allocated({})  # raising here ends the binding watcher, and the plugin
+    assert api.labels == {LABEL: UID}
+    await driver.close()
+    restarted = _driver(api, tmp_path)
+    await restarted.allocated({})
+    assert api.labels == {}
+    assert not _driver(api, tmp_path)._joining
+
+
+class _BusyNodeApi(FakeApi):
+    """Something else (the kubelet, another controller's label) updates the Node between
+    the driver's read and its patch, once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.concurrent_updates = 1
+
+    def _node(self, method: str, body: Any, content_type: str) -> Response:
+        response = super()._node(method, body, content_type)
+        if method == "GET" and self.concurrent_updates:
+            self.concurrent_updates -= 1
+            self.version += 1
+        return response
+
+
+async def test_a_join_is_not_failed_by_an_unrelated_update_of_the_node(tmp_path: Path) -> None:
+    api = _BusyNodeApi()
+    api.domain("team", "train", UID, ready=True)
+    [result] = (await _driver(api, tmp_path).prepare([_claim("w", "channel-0")])).values()
+    assert not isinstance(result, Exception), result
+    assert api.labels == {LABEL: UID}
+
+    api = _BusyNodeApi()
+    api.domain("team", "train", UID, ready=False)
+    driver = _driver(api, tmp_path / "binding", binding_wait=60)
+    # Raising here makes the binding watcher set IMEXDaemonFailed: the pod is sent elsewhere.
+    await driver.prepare_before_binding(_claim("v", "channel-0"))
+    assert api.labels == {LABEL: UID}
+    await driver.close()
+
+
+async def test_a_channel_the_old_plugin_prepared_in_a_surge_update_still_leaves(
+    tmp_path: Path,
+) -> None:
+    """A surge update runs the new plugin beside the old one on the same state directory
+    and node lock. The new one read the state at its start while the old one still served
+    the kubelet (a prepare waiting for the daemon, say); the kubelet then unprepares the
+    claim through the new one. The node must leave the domain, and the old plugin's record
+    must not be overwritten by the new one's next write."""
+    api = FakeApi()
+    api.domain("team", "train", UID, ready=True)
+    old = _driver(api, tmp_path)
+    new = _driver(api, tmp_path)  # starts beside it, reading the state
+    [result] = (await old.prepare([_claim("w", "channel-0")])).values()
+    assert not isinstance(result, Exception), result
+    # The new plugin prepares another claim (the domain's daemon, here) ...
+    [daemon] = (await new.prepare([_claim("d", "daemon-0", namespace="dra")])).values()
+    assert not isinstance(daemon, Exception), daemon
+    assert set(_driver(api, tmp_path).checkpoint.claims) == {"uid-w", "uid-d"}
+    # ... and unprepares the old plugin's channel: the node leaves with it.
+    assert await new.unprepare([ClaimRef("team", "w", "uid-w")]) == {"uid-w": None}
+    assert api.labels == {}
+
+
 async def _settled(driver: ImexDriver) -> None:
     tasks = [j.task for j in driver._joining.values() if j.task is not None]
     await asyncio.gather(*tasks)
