@@ -93,26 +93,41 @@ def _mps_edits(
     """MPS client settings for the claim's devices that asked for MPS or are shares of a
     shared GPU, in CUDA's units; the daemon's pipe (and shm) directories mounted."""
     env = [f"CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_IN_CONTAINER}"]
-    limits: list[str] = []
+    # A client sees the GPUs its daemon serves (the daemon's CUDA_VISIBLE_DEVICES, in claim
+    # order), numbered from 0: the limits are keyed by that number, not the claim index.
+    served: list[str] = []
+    limits: dict[int, int] = {}
     percentage: int | None = None
-    for ordinal, device in enumerate(devices):
+
+    def client_ordinal(uuid: str) -> int:
+        if uuid not in served:
+            served.append(uuid)
+        return served.index(uuid)
+
+    for index, device in enumerate(devices):
         if device.share is not None:
-            # A share's limits are what the scheduler counted for it.
-            limits.append(f"{ordinal}={mps_limit(device.share.memory_bytes)}")
+            # A share's limits are what the scheduler counted for it (a claim's shares of
+            # one GPU add up).
+            ordinal = client_ordinal(device.uuid)
+            limits[ordinal] = limits.get(ordinal, 0) + device.share.memory_bytes
             percentage = device.share.thread_percentage or percentage
             continue
+        if device.strategy != "MPS":
+            continue
+        ordinal = client_ordinal(device.uuid)
         mps = mps_config(device.config)
         if mps is None:
             continue
-        limit = mps.pinned_limit(ordinal, device.uuid)
+        limit = mps.pinned_limit(index, device.uuid)  # config keys count the claim's devices
         if limit is not None:
-            limits.append(f"{ordinal}={mps_limit(limit)}")
+            limits[ordinal] = limit
         if mps.default_active_thread_percentage is not None:
             percentage = mps.default_active_thread_percentage
     if percentage is not None:
         env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={percentage}")
     if limits:
-        env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={','.join(limits)}")
+        pinned = ",".join(f"{o}={mps_limit(n)}" for o, n in sorted(limits.items()))
+        env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={pinned}")
     mounts = [
         Mount(host_path=mps_host_dir, container_path=MPS_PIPE_IN_CONTAINER, options=("rbind", "rw"))
     ]

@@ -42,19 +42,20 @@ def mps_limit(nbytes: int) -> str:
     return f"{nbytes // MIB}M"
 
 
-def config_limits(configs: Sequence[tuple[str, MpsConfig | None]]) -> MpsLimits:
+def config_limits(configs: Sequence[tuple[int, str, MpsConfig | None]]) -> MpsLimits:
     """The daemon defaults from the MPS configs of a claim's devices, in the daemon's order.
 
-    ``configs`` is (device UUID, its MPS config) per device the daemon serves; a per-device
-    limit is found by the device's ordinal or by its UUID, like the container variables.
+    ``configs`` is (the device's index in the claim, its UUID, its MPS config) per device
+    the daemon serves; a per-device limit is found by that index or by the UUID, as for the
+    container's variables, and set for the device's ordinal in the daemon.
     """
     percentage: int | None = None
     pinned: list[tuple[int, str]] = []
     multi_user = False
-    for ordinal, (uuid, mps) in enumerate(configs):
+    for ordinal, (index, uuid, mps) in enumerate(configs):
         if mps is None:
             continue
-        limit = mps.pinned_limit(ordinal, uuid)
+        limit = mps.pinned_limit(index, uuid)
         if limit is not None:
             pinned.append((ordinal, mps_limit(limit)))
         if mps.default_active_thread_percentage is not None:
@@ -150,11 +151,11 @@ class Mps(Strategy):
     ) -> None:
         """Record the claim's daemon with the limits of its devices' MPS configs."""
         own = [
-            (rec.uuid, mps_config(device.config))
+            (devices.index(device), rec.uuid, mps_config(device.config))
             for device, rec in sharable(devices, record)
             if device.share is None and device.strategy == "MPS"
         ]
         if own:
-            uuids = [uuid for uuid, _ in own if uuid]
+            uuids = [uuid for _, uuid, _ in own if uuid]
             daemon = daemon_for(mps_root, claim_daemon_id(claim_uid), uuids, config_limits(own))
             record.mps = to_record(daemon)

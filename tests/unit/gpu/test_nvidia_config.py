@@ -88,7 +88,7 @@ def test_multi_user_and_numeric_limits_reach_the_daemon() -> None:
         _mps(multiUser=True, defaultPinnedDeviceMemoryLimit="1Gi"), where="c", apis=NVIDIA
     )
     assert config.sharing is not None and config.sharing.mps_config is not None
-    limits = config_limits([("GPU-1", config.sharing.mps_config)])
+    limits = config_limits([(0, "GPU-1", config.sharing.mps_config)])
     assert limits.multi_user and limits.pinned_memory == ((0, "1024M"),)
 
 

@@ -124,8 +124,11 @@ def test_daemon_limits_from_config() -> None:
             "defaultPerDevicePinnedMemoryLimit": {"GPU-B": "1Gi"},
         }
     )
-    limits = config_limits([("GPU-A", cfg), ("GPU-B", cfg), ("GPU-C", None)])
+    limits = config_limits([(0, "GPU-A", cfg), (1, "GPU-B", cfg), (2, "GPU-C", None)])
     assert limits == MpsLimits(30, ((0, "4096M"), (1, "1024M")))
+    # Keyed by the claim's index, set for the daemon's ordinal (a plain device came first).
+    by_index = cfg.model_copy(update={"default_per_device_pinned_memory_limit": {"1": "2Gi"}})
+    assert config_limits([(1, "GPU-B", by_index)]).pinned_memory == ((0, "2048M"),)
     assert mps_limit(10 * 2**30 + 5) == "10240M"
     daemon = MpsDaemon("d", ("GPU-A",), Path("/p"), Path("/l"), Path("/s"), limits)
     assert control_commands(daemon) == [
