@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,6 +102,9 @@ class Journal:
         :meth:`reset`."""
         self.path = path
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        # Like a file object's: a journal dropped unclosed (the state of an agent that failed
+        # to start, or was replaced) does not keep its descriptor.
+        self._closer = weakref.finalize(self, os.close, self._fd)
         self.size = os.fstat(self._fd).st_size
         self._emptied = False
         if empty:
@@ -147,6 +151,5 @@ class Journal:
 
     def close(self) -> None:
         """Close the file (idempotent)."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        self._closer()
+        self._fd = -1

@@ -119,3 +119,29 @@ def test_opening_to_read_later_leaves_the_journal_as_it_is(tmp_path: Path) -> No
     assert _replayed(tmp_path / "j") == {}
     assert kept.appendable
     kept.close()
+
+
+def test_a_journal_dropped_unclosed_closes_its_file(tmp_path: Path) -> None:
+    """The state of an agent that failed to start (or a replaced one) keeps no descriptor: a
+    test model or a retrying caller would otherwise run out of them."""
+
+    def open_journals() -> int:
+        fds = Path("/proc/self/fd")
+        return sum(1 for fd in fds.iterdir() if _link(fd) == str(tmp_path / "j"))
+
+    journal = Journal(tmp_path / "j")
+    assert open_journals() == 1
+    del journal
+    assert open_journals() == 0
+    closed = Journal(tmp_path / "j")
+    closed.close()
+    closed.close()  # idempotent
+    del closed
+    assert open_journals() == 0
+
+
+def _link(fd: Path) -> str:
+    try:
+        return os.readlink(fd)
+    except OSError:  # the directory's own descriptor, closed by now
+        return ""
