@@ -89,7 +89,7 @@ def write_atomic(
         if sync and sync_dir:
             _fsync_dir(path.parent)
     except OSError as exc:
-        raise DurableWriteError(exc.errno, f"cannot write {path}: {_reason(exc)}") from exc
+        raise write_error(path, exc) from exc
 
 
 def _replace(path: Path, payload: bytes, fault: str | None, sync: bool) -> None:
@@ -131,6 +131,11 @@ def _create_temp(path: Path) -> tuple[int, Path]:
 
 def _reason(exc: OSError) -> str:
     return exc.strerror or str(exc) or type(exc).__name__
+
+
+def write_error(path: Path, exc: OSError) -> DurableWriteError:
+    """The error for a failed write of ``path``: names the file and keeps the errno."""
+    return DurableWriteError(exc.errno, f"cannot write {path}: {_reason(exc)}")
 
 
 def is_temp_file(name: str, prefix: str = "") -> bool:

@@ -33,7 +33,7 @@ from typing import Any
 import structlog
 
 from dra_driver import faults
-from dra_driver.cdi.writer import DurableWriteError, fsync_dir, write_all
+from dra_driver.cdi.writer import fsync_dir, write_all, write_error
 
 log = structlog.get_logger(__name__)
 
@@ -101,7 +101,10 @@ class Journal:
         snapshot); otherwise it is left as it is, and nothing may be appended before a
         :meth:`reset`."""
         self.path = path
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        try:
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise write_error(path, exc) from exc
         # Like a file object's: a journal dropped unclosed (the state of an agent that failed
         # to start, or was replaced) does not keep its descriptor.
         self._closer = weakref.finalize(self, os.close, self._fd)
@@ -124,14 +127,16 @@ class Journal:
         except OSError as exc:
             # A cut line would end every later read there: take the batch back out.
             os.ftruncate(self._fd, before)
-            reason = exc.strerror or str(exc) or type(exc).__name__
-            raise DurableWriteError(exc.errno, f"cannot write {self.path}: {reason}") from exc
+            raise write_error(self.path, exc) from exc
         self.size = before + len(payload)
 
     def reset(self) -> None:
         """Empty the journal (after a snapshot that holds everything it held)."""
-        os.ftruncate(self._fd, 0)
-        os.fsync(self._fd)
+        try:
+            os.ftruncate(self._fd, 0)
+            os.fsync(self._fd)
+        except OSError as exc:
+            raise write_error(self.path, exc) from exc
         self.size = 0
         if not self._emptied:
             # A created file's name is durable only once its directory is synced; the

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from dra_driver.cdi.writer import DurableWriteError
 from dra_driver.gpu.state.journal import Change, Journal, encode, read
 
 
@@ -145,3 +146,21 @@ def _link(fd: Path) -> str:
         return os.readlink(fd)
     except OSError:  # the directory's own descriptor, closed by now
         return ""
+
+
+def test_a_full_disk_while_emptying_the_journal_names_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Emptying the journal (at start-up and after every snapshot) on a full disk fails as
+    every other write of the state does: an error that names the file."""
+    journal = Journal(tmp_path / "j")
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(DurableWriteError, match=f"cannot write {tmp_path / 'j'}: No space"):
+        journal.reset()
+    journal.close()
+    with pytest.raises(DurableWriteError, match=r"cannot write .*: No such file or directory"):
+        Journal(tmp_path / "gone" / "j")
