@@ -164,6 +164,19 @@ class SharingManager:
             except SharingError as exc:
                 log.error("restarting MPS daemon failed", daemon=daemon_id, error=str(exc))
 
+    def revive(self, claim: str, record: ClaimRecord) -> None:
+        """Start again the daemons of a prepared claim that died (a crash, the OOM killer):
+        the kubelet prepares the claim again for each new pod, which would hang on a dead
+        daemon's pipe. Raises :class:`SharingError`."""
+        if self.backend is None:
+            return
+        for daemon_id, daemon in mpsplan.daemons_in_use([record]).items():
+            if not self.backend.mps_running(daemon_id, Path(daemon.pipe_dir)):
+                self.backend.start_mps(mpsplan.from_record(daemon))
+                log.warning(
+                    "restarted MPS daemon of a prepared claim", claim=claim, daemon=daemon_id
+                )
+
     def pipe_and_shm(self, record: ClaimRecord) -> tuple[str, str] | None:
         """The MPS pipe and shm directories the claim's containers get, if it uses MPS."""
         daemon = record.mps or next((d.mps for d in record.devices if d.mps), None)

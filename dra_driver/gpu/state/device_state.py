@@ -293,6 +293,15 @@ class DeviceState:
                     and done.state is ClaimState.PREPARE_COMPLETED
                     and self.spec_path(uid).exists()
                 ):
+                    try:
+                        # A new pod of the claim: its MPS daemon must run (it may have died).
+                        self._sharing.revive(str(claim.ref), done)
+                    except (SharingError, OSError) as exc:
+                        out[uid] = ClaimError(
+                            f"claim {claim.ref}: its MPS daemon is not running and cannot be "
+                            f"started again: {exc}"
+                        )
+                        continue
                     out[uid] = prepared_devices(done)
                     continue
                 try:

@@ -17,6 +17,7 @@ import structlog
 
 from dra_driver.gpu.container.claim_spec import cdi_device_id
 from dra_driver.gpu.publish.catalog import Catalog
+from dra_driver.gpu.sharing import mps as mpsplan
 from dra_driver.gpu.sharing.backend import SharingError
 from dra_driver.gpu.sharing.manager import SharingManager
 from dra_driver.gpu.state import checkpoint
@@ -64,7 +65,12 @@ def start(
     else:
         evidence = drop_gone(evidence, remove_artifacts)
         data = rebuild(
-            evidence, catalog=catalog, carver=carver, node_name=node_name, boot_id=file.boot_id
+            evidence,
+            catalog=catalog,
+            carver=carver,
+            node_name=node_name,
+            boot_id=file.boot_id,
+            mps_root=sharing.mps_root,
         )
     # A reboot that leaves no claim to drop still changes the boot the records belong to.
     rebooted = data.boot_id != file.boot_id
@@ -133,7 +139,13 @@ def drop_gone(
 
 
 def rebuild(
-    evidence: Evidence, *, catalog: Catalog, carver: Carver, node_name: str, boot_id: str
+    evidence: Evidence,
+    *,
+    catalog: Catalog,
+    carver: Carver,
+    node_name: str,
+    boot_id: str,
+    mps_root: Path | None = None,
 ) -> CheckpointData:
     """A checkpoint with a prepared record for every claim whose CDI spec exists."""
     data = CheckpointData(boot_id=boot_id)
@@ -146,6 +158,8 @@ def rebuild(
             name=api.name if api else "",
             devices=devices,
         )
+        if mps_root is not None:
+            _mps_records(uid, spec, data.claims[uid], catalog, mps_root)
         log.warning(
             "claim recovered from its CDI spec",
             claim=f"{api.namespace}/{api.name}" if api else "",
@@ -191,6 +205,31 @@ def _device_records(
             )
         )
     return records
+
+
+def _mps_records(
+    uid: str, spec: SpecOnDisk, record: ClaimRecord, catalog: Catalog, mps_root: Path
+) -> None:
+    """Name in a rebuilt record the MPS daemon its spec mounts, and mark shares of shared
+    GPUs as shares: the daemon is then stopped with its last claim and other shares may join
+    the GPU. The limits set through the daemon's pipe are not known any more."""
+    mounted = {
+        Path(p).parent.name
+        for p in spec.host_paths
+        if Path(p).parent.parent == mps_root and Path(p).name == "pipe"
+    }
+    for device in record.devices:
+        entry = catalog.entries.get(device.device_name)
+        if device.share_id and entry is not None and entry.shared:
+            device.consumed_capacity = device.consumed_capacity or {}
+            daemon_id = mpsplan.gpu_daemon_id(entry.gpu.minor)
+            if daemon_id in mounted:
+                daemon = mpsplan.daemon_for(mps_root, daemon_id, [entry.gpu.uuid])
+                device.mps = mpsplan.to_record(daemon)
+    own = mpsplan.claim_daemon_id(uid)
+    if own in mounted:
+        uuids = [d.uuid for d in record.devices if d.uuid and d.sharing != "admin"]
+        record.mps = mpsplan.to_record(mpsplan.daemon_for(mps_root, own, uuids))
 
 
 def daemons_in_specs(evidence: Evidence, mps_root: Path) -> frozenset[str]:
