@@ -333,7 +333,14 @@ class HostSharing:
 
     def _launch(self, daemon: MpsDaemon) -> None:
         prefix, root = self._host()
-        tool = root / Path(self._tool(MPS_CONTROL)).relative_to(self.driver_root)
+        found = Path(self._tool(MPS_CONTROL))
+        if not found.is_relative_to(self.driver_root):
+            # The daemon runs the host's copy, which only the driver root names.
+            raise SharingError(
+                f"{MPS_CONTROL} is not in the driver root {self.driver_root} (only at "
+                f"{found}): set --driver-root to where the host's NVIDIA driver is mounted"
+            )
+        tool = root / found.relative_to(self.driver_root)
         argv = [
             *prefix, "sh", "-c", LAUNCH_SCRIPT, "sh",
             str(daemon.shm_dir), self.shm_size, self._group(daemon.daemon_id), str(tool), "-d",

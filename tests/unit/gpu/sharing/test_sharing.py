@@ -4,6 +4,7 @@ recorded in the checkpoint before they are taken, undone at unprepare and after 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +12,15 @@ import pytest
 
 from dra_driver.gpu.config import MpsConfig
 from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
-from dra_driver.gpu.sharing.backend import MpsDaemon, MpsLimits
-from dra_driver.gpu.sharing.host import control_commands, timeslice_failed
-from dra_driver.gpu.sharing.mps import config_limits, daemons_to_stop, gpu_daemon_id, mps_limit
+from dra_driver.gpu.sharing.backend import MpsDaemon, MpsLimits, SharingError
+from dra_driver.gpu.sharing.host import HostSharing, control_commands, timeslice_failed
+from dra_driver.gpu.sharing.mps import (
+    config_limits,
+    daemon_for,
+    daemons_to_stop,
+    gpu_daemon_id,
+    mps_limit,
+)
 from dra_driver.gpu.sharing.simulated import SimulatedSharing
 from dra_driver.gpu.sharing.timeslicing import timeslice_value, to_reset
 from dra_driver.gpu.state.checkpoint import ClaimRecord, ClaimState, DeviceRecord, MpsRecord
@@ -241,3 +248,21 @@ def test_reboot_drops_claims_and_undoes_their_sharing(tmp_path: Path) -> None:
     _state(tmp_path, sim, boot_id="boot-2")
     assert sim.read().mps["m"].state == "stopped"
     assert sim.read().gpus[_uuid(3)].timeslice == "Default"
+
+
+def test_an_mps_tool_outside_the_driver_root_fails_the_daemon_with_what_to_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon runs the host's copy of the tool, which only the driver root names: one
+    found elsewhere on PATH fails the start with a SharingError (its claim's error), not a
+    ValueError that would fail every claim of the batch."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "nvidia-cuda-mps-control"
+    tool.write_text("#!/bin/sh\nexit 0\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ.get('PATH', '')}")
+    backend = HostSharing(tmp_path / "mps", tmp_path / "driver-root")
+    daemon = daemon_for(tmp_path / "mps", "claim-1", ["GPU-1"])
+    with pytest.raises(SharingError, match=r"is not in the driver root .*--driver-root"):
+        backend.start_mps(daemon)
