@@ -125,7 +125,9 @@ class SharingManager:
                     self.backend.stop_mps(daemon.daemon, Path(daemon.pipe_dir))
                     log.info("MPS daemon stopped", daemon=daemon.daemon)
                 shutil.rmtree(self.mps_root / daemon.daemon, ignore_errors=True)
-            except SharingError as exc:
+            except (SharingError, OSError) as exc:
+                # An OSError too (the daemon's record on a full disk): the claim's unprepare
+                # fails alone and the kubelet retries it.
                 errors.append(str(exc))
         if self.backend is not None:
             for strategy in reversed(self.strategies):
@@ -153,7 +155,7 @@ class SharingManager:
                 self.backend.stop_mps(daemon_id, self.mps_root / daemon_id / "pipe")
                 shutil.rmtree(self.mps_root / daemon_id, ignore_errors=True)
                 log.info("stopped MPS daemon no prepared claim uses", daemon=daemon_id)
-            except SharingError as exc:
+            except (SharingError, OSError) as exc:
                 log.error("stopping MPS daemon failed", daemon=daemon_id, error=str(exc))
         for daemon_id, record in in_use.items():
             if self.backend.mps_running(daemon_id, Path(record.pipe_dir)):
@@ -161,7 +163,7 @@ class SharingManager:
             try:
                 self.backend.start_mps(mpsplan.from_record(record))
                 log.warning("restarted MPS daemon of prepared claims", daemon=daemon_id)
-            except SharingError as exc:
+            except (SharingError, OSError) as exc:
                 log.error("restarting MPS daemon failed", daemon=daemon_id, error=str(exc))
 
     def revive(self, claim: str, record: ClaimRecord) -> None:

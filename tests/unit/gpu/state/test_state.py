@@ -403,6 +403,25 @@ def test_a_claim_whose_sharing_step_fails_on_the_node_fails_alone(
     assert _stored_states(tmp_path) == {"a": "PrepareCompleted"}
 
 
+def test_a_claim_whose_daemon_cannot_be_stopped_on_the_node_fails_its_unprepare_alone(
+    tmp_path: Path,
+) -> None:
+    """The stop of B's daemon fails on the node (a full disk under its record): B's unprepare
+    fails, says why, and keeps B recorded for the kubelet's retry; A in the same batch goes."""
+    error = OSError(errno.ENOSPC, "No space left on device", "/x/mps-daemons/b.json")
+    sharing = FailingSharing(tmp_path / "sim.json", "b", None, stop_error=error)
+    state = _state(tmp_path, sharing=sharing)
+    out = state.prepare([_claim("a", "gpu-2", config=MPS), _claim("b", "gpu-3", config=MPS)])
+    assert isinstance(out["a"], list) and isinstance(out["b"], list)
+    done = state.unprepare([ClaimRef("ns", "claim-a", "a"), ClaimRef("ns", "claim-b", "b")])
+    assert done["a"] is None
+    assert isinstance(done["b"], ClaimError) and "No space left on device" in str(done["b"])
+    assert _stored_states(tmp_path) == {"b": "PrepareCompleted"}
+    sharing.stop_error = None  # the disk has room again: the kubelet's retry goes through
+    assert state.unprepare([ClaimRef("ns", "claim-b", "b")]) == {"b": None}
+    assert _stored_states(tmp_path) == {}
+
+
 def test_a_restart_after_a_batch_with_a_failed_claim_keeps_the_claims_pods_use(
     tmp_path: Path,
 ) -> None:
