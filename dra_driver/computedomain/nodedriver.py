@@ -586,8 +586,10 @@ class ImexDriver:
 
     async def allocated(self, claims: Mapping[str, frozenset[str]]) -> None:
         """The claims allocated from this node's pool now: a channel that waited for binding
-        and is no longer allocated stops waiting; its domain may leave the node."""
+        and is no longer allocated stops waiting; its domain may leave the node. A leave the
+        API server failed is raised after the others were tried (the watcher calls again)."""
         await asyncio.to_thread(self._reload)
+        failed: BaseException | None = None
         for uid, joining in list(self._joining.items()):
             if claims.get(uid) == joining.devices and uid not in self.checkpoint.claims:
                 continue
@@ -597,13 +599,16 @@ class ImexDriver:
                 try:
                     await self._leave_if_unused(joining.domain, without=uid)
                 except API_FAILURES as exc:
-                    # The record stays until the node has left: the next list of allocated
-                    # claims (or a restarted plugin's first) leaves again.
+                    # The record stays until the node has left: the watcher's next call (or
+                    # a restarted plugin's first) leaves again.
                     log.warning(
                         "leaving compute domain failed", claim=str(joining.ref), error=str(exc)
                     )
+                    failed = failed or exc
                     continue
             await self._stop_joining(uid)
+        if failed is not None:
+            raise failed
 
     async def close(self) -> None:
         """Stop following domains (on shutdown)."""

@@ -57,7 +57,8 @@ class BindingDriver(Protocol):
 
     async def allocated(self, claims: Mapping[str, frozenset[str]]) -> None:
         """Every claim allocated from this node's pool: UID -> device names (the whole
-        view, after each change); preparations before binding of any other are undone."""
+        view, after each change); preparations before binding of any other are undone.
+        Raising makes the watcher hand the same view over again a second later."""
         ...
 
 
@@ -251,8 +252,18 @@ class BindingWatcher:
                 for uid, c in claims.items()
             }
             if allocated != seen:
-                seen = allocated
-                await self._locked(functools.partial(self._driver.allocated, allocated))
+                try:
+                    await self._locked(functools.partial(self._driver.allocated, allocated))
+                    seen = allocated
+                except Exception as exc:
+                    # The driver's undo of a deallocated claim failed (the API server, the
+                    # disk): watching goes on, and the same claims are handed over again.
+                    self._log.warning(
+                        "the driver failed to handle the allocated claims, will retry",
+                        error=str(exc) or type(exc).__name__,
+                        retry_in=RETRY_DELAY,
+                    )
+                    asyncio.get_running_loop().call_later(RETRY_DELAY, self._changed.set)
             live = {(uid, _allocated_at(c), allocated[uid]) for uid, c in claims.items()}
             # Forget allocations that are over, so a new one of the same claim is handled.
             self._started &= live

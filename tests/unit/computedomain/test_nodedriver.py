@@ -13,6 +13,7 @@ from dra_driver.computedomain.api import OWN
 from dra_driver.computedomain.nodedriver import ImexDriver
 from dra_driver.kube import Response
 from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare
+from dra_driver.resourceslice.rawapi import ApiError
 
 NODE = "n0"
 UID = "d0000000-0000-4000-8000-000000000001"
@@ -369,15 +370,17 @@ async def test_a_join_refused_by_another_domain_records_nothing(tmp_path: Path) 
 
 async def test_a_failed_leave_after_deallocation_is_kept_and_retried(tmp_path: Path) -> None:
     """The channel that joined the node for binding is deallocated; removing the label fails
-    once (the API server answers 500). The binding watcher must not die of it, and the join
-    must stay recorded so that the node still leaves the domain (here: after a restart)."""
+    once (the API server answers 500). The failure is raised (the binding watcher hands the
+    claims over again a second later) and the join stays recorded, so the node still
+    leaves the domain: at the watcher's next call, or after a restart."""
     api = FakeApi()
     api.domain("team", "train", UID, ready=False)
     driver = _driver(api, tmp_path, binding_wait=60)
     await driver.prepare_before_binding(_claim("w", "channel-0"))
     assert api.labels == {LABEL: UID}
     api.refuse_label_removals = 1
-    await driver.allocated({})  # raising here ends the binding watcher, and the plugin
+    with pytest.raises(ApiError):
+        await driver.allocated({})
     assert api.labels == {LABEL: UID}
     await driver.close()
     restarted = _driver(api, tmp_path)

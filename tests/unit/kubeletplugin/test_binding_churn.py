@@ -139,6 +139,33 @@ async def test_a_claim_added_while_the_driver_is_told_the_allocations_is_handled
         assert driver.prepared.count("b") == 1
 
 
+async def test_a_driver_failing_the_allocated_claims_gets_them_again_and_watching_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The driver's undo of a deallocated claim fails (the API server, the disk): the
+    watcher logs it, hands the same view over again a little later, and keeps preparing."""
+    monkeypatch.setattr(binding, "RETRY_DELAY", 0.05)
+
+    class Failing(GatedDriver):
+        async def allocated(self, claims: Mapping[str, frozenset[str]]) -> None:
+            await super().allocated(claims)
+            if len(self.allocations) == 1:
+                raise ApiError(
+                    500,
+                    "InternalError",
+                    "etcdserver: request timed out",
+                    verb="patch",
+                    resource="nodes",
+                )
+
+    driver = Failing()
+    async with acting(None, driver) as (watcher, task):
+        watcher._on_listed([_claim("a", "dev-0")])
+        await until("the view handed over again", lambda: len(driver.allocations) == 2, task)
+        assert driver.allocations[1] == driver.allocations[0] == {"uid-a": {"dev-0"}}
+        await until("the claim prepared", lambda: driver.prepared == ["a"], task)
+
+
 async def test_claims_that_change_while_another_is_prepared_are_handled_as_they_are_now() -> None:
     driver = GatedDriver()
     driver.prepare_gate.clear()
