@@ -239,6 +239,7 @@ class BindingWatcher:
 
     async def _act(self) -> None:
         seen: dict[str, frozenset[str]] | None = None
+        failures = 0  # driver.allocated() failures in a row
         while True:
             await self._changed.wait()
             self._changed.clear()
@@ -254,16 +255,19 @@ class BindingWatcher:
             if allocated != seen:
                 try:
                     await self._locked(functools.partial(self._driver.allocated, allocated))
-                    seen = allocated
+                    seen, failures = allocated, 0
                 except Exception as exc:
                     # The driver's undo of a deallocated claim failed (the API server, the
                     # disk): watching goes on, and the same claims are handed over again.
+                    delay = min(RETRY_CAP, RETRY_DELAY * 2**failures)
+                    failures += 1
                     self._log.warning(
                         "the driver failed to handle the allocated claims, will retry",
                         error=str(exc) or type(exc).__name__,
-                        retry_in=RETRY_DELAY,
+                        attempt=failures,
+                        retry_in=delay,
                     )
-                    asyncio.get_running_loop().call_later(RETRY_DELAY, self._changed.set)
+                    asyncio.get_running_loop().call_later(delay, self._changed.set)
             live = {(uid, _allocated_at(c), allocated[uid]) for uid, c in claims.items()}
             # Forget allocations that are over, so a new one of the same claim is handled.
             self._started &= live
