@@ -20,8 +20,9 @@ JSON = dict[str, Any]
 #: Maps keyed by user-chosen names; a path pattern writes one of their keys as ``*``.
 NAMED_MAPS = frozenset({"attributes", "capacity", "counters"})
 
-#: Subtrees whose string leaves are resource quantities.
-_QUANTITY_SUBTREES = frozenset({"capacity", "counters"})
+#: Subtrees whose string leaves are resource quantities (``nodeAllocatableResources``: its
+#: overhead and multipliers; its one string, ``capacityKey``, is a name and never parses as one).
+_QUANTITY_SUBTREES = frozenset({"capacity", "counters", "nodeAllocatableResources"})
 
 
 @lru_cache(maxsize=4096)
