@@ -25,6 +25,13 @@ SEMVER = re.compile(
 # DeviceAttributeMaxValueLength, compared with Go's len(): bytes, not characters.
 MAX_VALUE_BYTES = 64
 QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|[KMGTPE]i|[mkMGTPE]|)$")
+# Label names and values (taint keys and values, binding conditions), as IsQualifiedName.
+_LABEL_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+# ResourceSliceMaxCounterSets, ...CountersPerCounterSet, ...DeviceCounterConsumptionsPerDevice,
+# ...CountersPerDeviceCounterConsumption, DeviceTaintsMaxLength (4 in 1.34),
+# BindingConditionsMaxSize and BindingFailureConditionsMaxSize.
+MAX_COUNTER_SETS, MAX_COUNTERS, MAX_CONSUMPTIONS, MAX_TAINTS, MAX_CONDITIONS = 8, 32, 2, 16, 4
+TAINT_EFFECTS = frozenset({"None", "NoSchedule", "NoExecute"})
 
 
 def is_subdomain(value: str, limit: int = 253) -> bool:
@@ -48,6 +55,69 @@ def _device_is_extended(device: dict[str, Any]) -> bool:
         or device.get("consumesCounters")
         or any(k in v for v in attrs.values() for k in LIST_KINDS)
     )
+
+
+def is_label_name(name: str) -> bool:
+    prefix, sep, rest = name.rpartition("/")
+    if sep and not is_subdomain(prefix):
+        return False
+    return len(rest) <= 63 and bool(_LABEL_PART.match(rest))
+
+
+def check_counters(where: str, counters: Any) -> list[str]:
+    """A counter map: 1 to 32 counters, DNS-label names, quantity values."""
+    if not isinstance(counters, dict) or not counters:
+        return [f"{where}: counters are required"]
+    errors = [] if len(counters) <= MAX_COUNTERS else [f"{where}: {len(counters)} counters > 32"]
+    for name, counter in counters.items():
+        if len(name) > 63 or not DNS_LABEL.match(name):
+            errors.append(f"{where}: counter name {name!r} is not a DNS label")
+        if not QUANTITY.match(str((counter or {}).get("value", ""))):
+            errors.append(f"{where}/{name}: {counter!r} is not a quantity")
+    return errors
+
+
+def check_device_extras(device: dict[str, Any]) -> list[str]:
+    """consumesCounters, taints and binding conditions of one device."""
+    name = device.get("name", "")
+    errors = []
+    consumptions = device.get("consumesCounters") or []
+    if len(consumptions) > MAX_CONSUMPTIONS:
+        errors.append(f"{name}: {len(consumptions)} consumesCounters > {MAX_CONSUMPTIONS}")
+    sets = [c.get("counterSet", "") for c in consumptions]
+    if len(set(sets)) != len(sets):
+        errors.append(f"{name}: duplicate counterSet in consumesCounters")
+    for consumption in consumptions:
+        counter_set = consumption.get("counterSet", "")
+        if len(counter_set) > 63 or not DNS_LABEL.match(counter_set):
+            errors.append(f"{name}: counterSet {counter_set!r} is not a DNS label")
+        errors += check_counters(f"{name}/{counter_set}", consumption.get("counters"))
+    taints = device.get("taints") or []
+    if len(taints) > MAX_TAINTS:
+        errors.append(f"{name}: {len(taints)} taints > {MAX_TAINTS}")
+    for taint in taints:
+        if not is_label_name(str(taint.get("key", ""))):
+            errors.append(f"{name}: taint key {taint.get('key')!r} is not a label name")
+        value = str(taint.get("value", ""))
+        if value and (len(value) > 63 or not _LABEL_PART.match(value)):
+            errors.append(f"{name}: taint value {value!r} is not a label value")
+        if taint.get("effect") not in TAINT_EFFECTS:
+            errors.append(f"{name}: taint effect {taint.get('effect')!r} is not supported")
+    ready = device.get("bindingConditions") or []
+    failed = device.get("bindingFailureConditions") or []
+    for field, conditions in (("bindingConditions", ready), ("bindingFailureConditions", failed)):
+        if len(conditions) > MAX_CONDITIONS:
+            errors.append(f"{name}: {len(conditions)} {field} > {MAX_CONDITIONS}")
+        if len(set(conditions)) != len(conditions):
+            errors.append(f"{name}: duplicate {field}")
+        errors += [
+            f"{name}: {field} {c!r} is not a label name" for c in conditions if not is_label_name(c)
+        ]
+    if bool(ready) != bool(failed):
+        errors.append(f"{name}: bindingConditions and bindingFailureConditions go together")
+    if set(ready) & set(failed):
+        errors.append(f"{name}: bindingFailureConditions overlap bindingConditions")
+    return errors
 
 
 def check_device(device: dict[str, Any]) -> list[str]:
@@ -166,8 +236,19 @@ def check_slice(obj: dict[str, Any]) -> list[str]:
         errors.append(f"exactly one node selector, got {selectors}")
     devices = spec.get("devices") or []
     counters = spec.get("sharedCounters") or []
-    if devices and counters:
+    # The server checks for set fields (non-nil), not for non-empty ones.
+    if spec.get("devices") is not None and spec.get("sharedCounters") is not None:
         errors.append("devices and sharedCounters in one slice")
+    if len(counters) > MAX_COUNTER_SETS:
+        errors.append(f"{len(counters)} counter sets > {MAX_COUNTER_SETS}")
+    set_names = [c.get("name", "") for c in counters]
+    if len(set(set_names)) != len(set_names):
+        errors.append("duplicate counter set names")
+    for counter_set in counters:
+        set_name = counter_set.get("name", "")
+        if len(set_name) > 63 or not DNS_LABEL.match(set_name):
+            errors.append(f"counter set name {set_name!r} is not a DNS label")
+        errors += check_counters(set_name, counter_set.get("counters"))
     limit = 64 if any(_device_is_extended(d) for d in devices) else 128
     if len(devices) > limit:
         errors.append(f"{len(devices)} devices > {limit}")
@@ -175,7 +256,7 @@ def check_slice(obj: dict[str, Any]) -> list[str]:
     if len(set(names)) != len(names):
         errors.append("duplicate device names")
     for device in devices:
-        errors += check_device(device)
+        errors += check_device(device) + check_device_extras(device)
     return errors
 
 
