@@ -134,7 +134,10 @@ def _match_inputs(settings: Settings, ns: argparse.Namespace) -> dict[str, Any]:
         if _is_file(ns.claim):
             inputs["claim"] = sources.load_one(ns.claim, ("ResourceClaim", "ResourceClaimTemplate"))
         if ns.slices:
-            inputs["devices"] = sources.slice_file_devices(ns.slices)
+            try:
+                inputs["devices"] = sources.slice_file_devices(ns.slices)
+            except _MALFORMED as exc:
+                raise InputError(f"{ns.slices}: malformed ResourceSlice: {exc}") from None
         elif settings.profile:
             inputs["devices"] = sources.profile_devices(
                 settings.profile, settings.node_name or "node", settings.driver_name
@@ -142,6 +145,10 @@ def _match_inputs(settings: Settings, ns: argparse.Namespace) -> dict[str, Any]:
     except sources.SourceError as exc:
         raise InputError(str(exc)) from None
     return inputs
+
+
+#: What reading a hand-written object of the wrong shape raises (a list where a map belongs...).
+_MALFORMED = (AttributeError, TypeError, ValueError, KeyError)
 
 
 def _run_match(settings: Settings, ns: argparse.Namespace) -> int:
@@ -159,7 +166,10 @@ def _run_match(settings: Settings, ns: argparse.Namespace) -> int:
     except InputError as exc:
         return _fail("match", str(exc), exc.status)
     classes = {(c.get("metadata") or {}).get("name", ""): c for c in inputs.get("classes", [])}
-    sets = selector_sets(inputs.get("class"), inputs.get("claim"), classes)
+    try:
+        sets = selector_sets(inputs.get("class"), inputs.get("claim"), classes)
+    except _MALFORMED as exc:
+        return _fail("match", f"malformed DeviceClass or claim: {exc}", exitcodes.ERROR)
     if not sets:
         return _fail("match", "the claim has no requests", exitcodes.ERROR)
     devices = inputs["devices"]

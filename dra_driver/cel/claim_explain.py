@@ -10,6 +10,7 @@ distinct values). Devices of one allocation come from one node, so pools are jud
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -64,11 +65,13 @@ class PoolReport:
     matching: list[str] = field(default_factory=list)
     busy: dict[str, str] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    #: Matching devices with a NoSchedule/NoExecute taint the request does not tolerate.
+    tainted: dict[str, str] = field(default_factory=dict)
 
     @property
     def available(self) -> list[str]:
-        """Matching devices not allocated to another claim."""
-        return [d for d in self.matching if d not in self.busy]
+        """Matching devices not allocated to another claim and not tainted."""
+        return [d for d in self.matching if d not in self.busy and d not in self.tainted]
 
     def to_json(self) -> JSON:
         """A JSON-ready dict."""
@@ -80,6 +83,7 @@ class PoolReport:
             "selectors": [{"origin": o, "expression": e, "remaining": n} for o, e, n in self.steps],
             "matching": self.matching,
             "allocatedToOthers": self.busy,
+            "tainted": self.tainted,
             "available": self.available,
             "errors": self.errors,
         }
@@ -128,9 +132,19 @@ class ClaimReport:
 
     @property
     def blocking(self) -> list[str]:
-        """Every blocking reason, prefixed with its request (constraints last)."""
+        """Every blocking reason, prefixed with its request (constraints last).
+
+        A firstAvailable request blocks only when none of its subrequests can be satisfied:
+        the scheduler then uses the first one that can.
+        """
+        blocked = {r.name for r in self.requests if r.blocking}
+        satisfied = {
+            name for name, subs in self.alternatives.items() if any(s not in blocked for s in subs)
+        }
         out = []
         for request in self.requests:
+            if request.name.partition("/")[0] in satisfied:
+                continue
             out += [f"request {request.name}: {b}" for b in request.blocking]
         return out + self.constraints
 
@@ -148,7 +162,7 @@ class ClaimReport:
 
 def _enough(request: RequestReport, pool: PoolReport) -> bool:
     if request.all_devices:
-        return bool(pool.matching) and not pool.busy and not pool.errors
+        return bool(pool.matching) and not pool.busy and not pool.tainted and not pool.errors
     return len(pool.available) >= request.count
 
 
@@ -173,7 +187,9 @@ def explain_request(
     for device in devices:
         by_pool[(device.driver, device.pool)].append(device)
     for (driver, pool), members in sorted(by_pool.items()):
-        report.pools.append(_pool_report(driver, pool, members, selectors, busy, variables))
+        report.pools.append(
+            _pool_report(driver, pool, members, selectors, busy, variables, request)
+        )
     _judge(report)
     return report
 
@@ -185,8 +201,11 @@ def _pool_report(
     selectors: list[Selector],
     busy: Mapping[str, str],
     variables: Mapping[str, dict[str, Any] | EvalError],
+    request: Request | None = None,
 ) -> PoolReport:
     report = PoolReport(driver, pool, members[0].node, len(members))
+    admin = request is not None and request.admin_access
+    tolerations = request.tolerations if request is not None else ()
     remaining = Counter[str]()
     for device in members:
         prepared = variables.get(device.id)
@@ -203,10 +222,35 @@ def _pool_report(
             remaining[str(i)] += 1
         if result.verdict is Verdict.MATCH:
             report.matching.append(device.name)
-            if device.id in busy and not device.data.get("allowMultipleAllocations"):
+            shared = device.data.get("allowMultipleAllocations") or admin
+            if device.id in busy and not shared:
                 report.busy[device.name] = busy[device.id]
+            taint = _untolerated_taint(device, tolerations)
+            if taint:
+                report.tainted[device.name] = taint
     report.steps = [(s.origin, s.expression, remaining[str(i)]) for i, s in enumerate(selectors)]
     return report
+
+
+def _tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
+    effect = toleration.get("effect") or ""
+    if effect and effect != taint.get("effect"):
+        return False
+    key = toleration.get("key") or ""
+    if toleration.get("operator") == "Exists":
+        return not key or key == taint.get("key")
+    return key == taint.get("key") and (toleration.get("value") or "") == (taint.get("value") or "")
+
+
+def _untolerated_taint(device: Device, tolerations: Sequence[Mapping[str, Any]]) -> str:
+    """``key=value:effect`` of the first taint that keeps the scheduler off the device."""
+    for taint in device.data.get("taints") or []:
+        if not isinstance(taint, Mapping) or taint.get("effect") not in ("NoSchedule", "NoExecute"):
+            continue
+        if not any(_tolerates(t, taint) for t in tolerations):
+            value = f"={taint['value']}" if taint.get("value") else ""
+            return f"{taint.get('key', '')}{value}:{taint['effect']}"
+    return ""
 
 
 def _judge(report: RequestReport) -> None:
@@ -226,7 +270,7 @@ def _judge(report: RequestReport) -> None:
     if report.all_devices:
         report.blocking.append(
             "allocationMode All needs every matching device of a pool free; "
-            "no pool has matching devices that are all unallocated"
+            "no pool has matching devices that are all unallocated (and untainted)"
         )
     elif matching == 0:
         report.blocking.append("no device in any pool matches the selectors")
@@ -234,7 +278,9 @@ def _judge(report: RequestReport) -> None:
         report.blocking.append(
             f"needs {report.count} device(s) from one pool; the most any pool has available is "
             f"{len(best.available)} (pool {best.pool}: {len(best.matching)} matching, "
-            f"{len(best.busy)} allocated to other claims)"
+            f"{len(best.busy)} allocated to other claims"
+            + (f", {len(best.tainted)} tainted without a toleration" if best.tainted else "")
+            + ")"
         )
 
 
@@ -266,26 +312,36 @@ def explain_constraints(
     """Blocking reasons from ``spec.devices.constraints`` over the requests' available devices."""
     problems = []
     for constraint in (spec.get("devices") or {}).get("constraints") or []:
-        names = constraint.get("requests") or list(reports)
-        involved = [reports[n] for n in _leaves(names, reports)]
-        if not involved:
-            continue
+        names = constraint.get("requests") or _parents(reports)
         if constraint.get("matchAttribute"):
-            problem = _match_attribute(str(constraint["matchAttribute"]), involved, devices)
+            attribute, check = str(constraint["matchAttribute"]), _match_attribute
         elif constraint.get("distinctAttribute"):
-            problem = _distinct_attribute(str(constraint["distinctAttribute"]), involved, devices)
+            attribute, check = str(constraint["distinctAttribute"]), _distinct_attribute
         else:
             continue
-        if problem:
-            problems.append(problem)
+        # A firstAvailable request takes part with the one subrequest the scheduler picks:
+        # the constraint holds when it holds for some choice of subrequests.
+        found = []
+        for choice in itertools.product(*_leaves(names, reports)):
+            found.append(check(attribute, [reports[n] for n in choice], devices) if choice else "")
+            if not found[-1]:
+                break
+        if found and found[-1]:
+            problems.append(found[0])
     return problems
 
 
-def _leaves(names: Iterable[str], reports: Mapping[str, RequestReport]) -> list[str]:
-    # A constraint naming a firstAvailable request applies to each of its subrequests.
+def _parents(reports: Mapping[str, RequestReport]) -> list[str]:
+    return list(dict.fromkeys(r.partition("/")[0] for r in reports))
+
+
+def _leaves(names: Iterable[str], reports: Mapping[str, RequestReport]) -> list[list[str]]:
+    # Per named request, the leaves it may be satisfied by: itself, or one of its subrequests.
     out = []
     for name in names:
-        out += [r for r in reports if r == name or r.startswith(name + "/")]
+        leaves = [r for r in reports if r == name or r.startswith(name + "/")]
+        if leaves:
+            out.append(leaves)
     return out
 
 

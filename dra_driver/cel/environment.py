@@ -191,11 +191,15 @@ def device_variables(device: Mapping[str, Any], driver: str) -> dict[str, Any]:
     when an attribute cannot be represented (the scheduler then fails every selector on it).
     """
     attributes = DomainMap()
-    for name, attribute in (device.get("attributes") or {}).items():
+    for name, attribute in _entries(device, "attributes"):
+        if not isinstance(attribute, Mapping):
+            raise EvalError(f"attribute {name}: unsupported attribute value {attribute!r}")
         domain, key = split_name(name, driver)
         attributes.setdefault(domain, {})[key] = attribute_value(name, attribute)
     capacity = DomainMap()
-    for name, entry in (device.get("capacity") or {}).items():
+    for name, entry in _entries(device, "capacity"):
+        if not isinstance(entry, Mapping) or "value" not in entry:
+            raise EvalError(f"capacity {name}: {entry!r} is not {{value: QUANTITY}}")
         domain, key = split_name(name, driver)
         try:
             capacity.setdefault(domain, {})[key] = parse_quantity(str(entry["value"]))
@@ -209,6 +213,13 @@ def device_variables(device: Mapping[str, Any], driver: str) -> dict[str, Any]:
             "allowMultipleAllocations": bool(device.get("allowMultipleAllocations", False)),
         }
     }
+
+
+def _entries(device: Mapping[str, Any], field: str) -> list[tuple[str, Any]]:
+    entries = device.get(field) or {}
+    if not isinstance(entries, Mapping):
+        raise EvalError(f"{field}: {entries!r} is not a map")
+    return [(str(name), value) for name, value in entries.items()]
 
 
 def evaluate(program: Program, variables: dict[str, Any]) -> Outcome:

@@ -61,6 +61,10 @@ class Request:
     count: int = 1
     all_devices: bool = False
     subrequests: tuple[Request, ...] = ()
+    #: ``adminAccess``: devices allocated to other claims may be allocated again.
+    admin_access: bool = False
+    #: ``tolerations``: the device taints this request tolerates.
+    tolerations: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass
@@ -147,6 +151,8 @@ def _request(raw: Mapping[str, Any], name: str) -> Request:
         selectors=tuple(_cel_expressions(raw.get("selectors"))),
         count=int(raw.get("count", 1) or 1),
         all_devices=mode == "All",
+        admin_access=raw.get("adminAccess") is True,
+        tolerations=tuple(t for t in raw.get("tolerations") or [] if isinstance(t, Mapping)),
     )
 
 

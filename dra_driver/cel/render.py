@@ -51,6 +51,9 @@ def _pool_lines(pool: PoolReport) -> list[str]:
     if pool.busy:
         owners = ", ".join(f"{d} -> {c}" for d, c in pool.busy.items())
         lines.append(f"      allocated to other claims: {owners}")
+    if pool.tainted:
+        taints = ", ".join(f"{d} ({t})" for d, t in pool.tainted.items())
+        lines.append(f"      tainted, not tolerated by the request: {taints}")
     lines.append(
         f"      available: {len(pool.available)}"
         + (f" ({', '.join(pool.available)})" if pool.available else "")

@@ -217,3 +217,27 @@ def test_version_is_the_installed_packages(capsys: pytest.CaptureFixture[str]) -
         main(["--version"])
     assert exc.value.code == 0
     assert capsys.readouterr().out == f"dra-driver {version('dra-driver')}\n"
+
+
+def test_match_commands_in_the_docs_parse() -> None:
+    # Every `dra-driver match ...` the docs tell a user to type must be a valid command line.
+    import argparse
+    import re
+    import shlex
+
+    from dra_driver.cel_commands import MATCH
+    from dra_driver.settings import add_arguments
+
+    root = Path(__file__).resolve().parents[2]
+    texts = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    commands = [m for t in texts for m in re.findall(r"`dra-driver match ([^`]*)`", t.read_text())]
+    assert commands
+    for command in commands:
+        parser = argparse.ArgumentParser(exit_on_error=False)
+        add_arguments(parser, MATCH.fields, **MATCH.defaults)
+        assert MATCH.arguments is not None
+        MATCH.arguments(parser)
+        try:
+            parser.parse_args(shlex.split(command))
+        except (argparse.ArgumentError, SystemExit) as exc:
+            raise AssertionError(f"dra-driver match {command}: {exc}") from None

@@ -215,3 +215,65 @@ def test_allocated_devices_skips_the_claim_itself() -> None:
     report = explain_claim(mine, CLASSES, SLICES, [mine, other])
     assert report.allocated == [f"gpu: {DRIVER}/node-a/gpu-0"]
     assert claim_text(report).startswith("claim ns/c: allocated")
+
+
+def test_untolerated_taint_makes_a_device_unavailable() -> None:
+    # The agent taints a GPU with an Xid error NoSchedule; the scheduler does not allocate it
+    # to a request without a matching toleration.
+    taint = {"key": f"{DRIVER}/xid", "value": "79", "effect": "NoSchedule"}
+    slices = [slice_("node-b", {**gpu("gpu-0", "A100", 0), "taints": [taint]})]
+    report = explain_claim(claim("c", [exactly("gpu")]), CLASSES, slices, [])
+    assert report.requests[0].pools[0].available == []
+    assert report.blocking and "tainted" in report.blocking[0]
+    assert "gpu.dra.dev/xid=79:NoSchedule" in claim_text(report)
+    tolerant = exactly("gpu")
+    tolerant["exactly"]["tolerations"] = [{"key": f"{DRIVER}/xid", "operator": "Exists"}]
+    assert explain_claim(claim("c", [tolerant]), CLASSES, slices, []).blocking == []
+    untainted = {**gpu("gpu-0", "A100", 0), "taints": [{**taint, "effect": "None"}]}
+    informational = [slice_("node-b", untainted)]
+    assert explain_claim(claim("c", [exactly("gpu")]), CLASSES, informational, []).blocking == []
+
+
+def test_admin_access_may_use_devices_of_other_claims() -> None:
+    other = claim("other", [exactly("gpu")], allocated=[("gpu", "node-b", "gpu-0")])
+    admin = exactly("gpu")
+    admin["exactly"]["adminAccess"] = True
+    slices = [slice_("node-b", gpu("gpu-0", "A100", 0))]
+    assert explain_claim(claim("c", [exactly("gpu")]), CLASSES, slices, [other]).blocking
+    assert explain_claim(claim("c", [admin]), CLASSES, slices, [other]).blocking == []
+
+
+def test_first_available_blocks_only_when_no_subrequest_fits() -> None:
+    req = {
+        "name": "gpu",
+        "firstAvailable": [
+            {
+                "name": "b200",
+                "deviceClassName": DRIVER,
+                "selectors": [{"cel": {"expression": f'{A}.productName == "B200"'}}],
+            },
+            {"name": "any", "deviceClassName": DRIVER},
+        ],
+    }
+    report = explain_claim(claim("c", [req]), CLASSES, SLICES, [])
+    assert report.requests[0].blocking  # the first choice alone cannot be satisfied ...
+    assert report.blocking == []  # ... but the scheduler falls back to the second
+    only_b200 = {**req, "firstAvailable": req["firstAvailable"][:1]}
+    assert explain_claim(claim("c", [only_b200]), CLASSES, SLICES, []).blocking
+
+
+def test_constraint_over_first_available_uses_one_subrequest() -> None:
+    def sub(name: str, product: str) -> dict[str, Any]:
+        expression = f'{A}.productName == "{product}"'
+        return {
+            "name": name,
+            "deviceClassName": DRIVER,
+            "selectors": [{"cel": {"expression": expression}}],
+        }
+
+    req = {"name": "gpu", "firstAvailable": [sub("h100", "H100"), sub("a100", "A100")]}
+    # gpu/h100 -> node-a gpu-0 and b -> node-a gpu-1 share productName H100.
+    constraint = {"requests": ["gpu", "b"], "matchAttribute": f"{DRIVER}/productName"}
+    report = explain_claim(claim("c", [req, exactly("b")], [constraint]), CLASSES, SLICES, [])
+    assert report.constraints == []
+    assert report.blocking == []

@@ -236,3 +236,34 @@ def test_explain_claim_command_has_a_positional_argument() -> None:
     assert EXPLAIN_CLAIM.arguments is not None
     EXPLAIN_CLAIM.arguments(parser)
     assert parser.parse_args(["ns/claim"]).claim == "ns/claim"
+
+
+def test_malformed_inputs_are_messages_not_tracebacks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    klass = tmp_path / "class.yaml"
+    klass.write_text(yaml.safe_dump(device_class("gpu.dra.dev", "true")))
+
+    def slices(*devices: Any) -> str:
+        path = tmp_path / "slices.yaml"
+        spec = {"driver": DRIVER, "pool": {"name": "n"}, "devices": list(devices)}
+        path.write_text(yaml.safe_dump({"kind": "ResourceSlice", "spec": spec}))
+        return str(path)
+
+    # A capacity written as a bare quantity, an attribute without its type: errors on the device.
+    for device in (
+        {"name": "d0", "capacity": {"memory": "80Gi"}},
+        {"name": "d0", "capacity": {"memory": {}}},
+        {"name": "d0", "attributes": {"model": 3}},
+    ):
+        assert run(MATCH, "--class", str(klass), "--slices", slices(device)) == 4
+        assert "d0      n     error" in capsys.readouterr().out
+    assert run(MATCH, "--class", str(klass), "--slices", slices("d0")) == 1
+    assert "malformed ResourceSlice" in capsys.readouterr().err
+    claim = tmp_path / "claim.yaml"
+    request = {"name": "gpu", "exactly": {"deviceClassName": DRIVER, "count": "two"}}
+    claim.write_text(
+        yaml.safe_dump({"kind": "ResourceClaim", "spec": {"devices": {"requests": [request]}}})
+    )
+    assert run(MATCH, "--claim", str(claim), "--profile", "l4x4") == 1
+    assert "malformed" in capsys.readouterr().err
