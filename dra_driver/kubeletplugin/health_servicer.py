@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
 from types import ModuleType
@@ -22,6 +23,12 @@ HEALTH_VERSIONS = ("v1alpha1.DRAResourceHealth", "v1.DRAResourceHealth")
 #: The kubelet truncates longer messages; doing it here keeps the marker predictable.
 MAX_MESSAGE_LEN = 1024
 _ELLIPSIS = "..."
+#: How long the kubelet trusts a device's health when ``health_check_timeout_seconds`` is 0;
+#: it stamps each device with the time of the last message naming it and shows the health
+#: as Unknown once this much time has passed, so unchanged health is sent again well before.
+KUBELET_DEFAULT_TIMEOUT = 30.0
+#: Messages per timeout: the list is re-sent after a third of the shortest timeout.
+REFRESHES_PER_TIMEOUT = 3
 
 
 def truncate_message(message: str) -> str:
@@ -41,13 +48,33 @@ class HealthServicer:
         self._node = node_name
 
     async def NodeWatchResources(self, request: Any, context: Any) -> AsyncIterator[Any]:
-        """Send the complete device list each time the source produces one."""
+        """Send the complete device list each time the source produces one, and again
+        before the kubelet's health timeout while it produces nothing new."""
         log.info("health stream opened", node=self._node, api=self._pb2.DESCRIPTOR.package)
         stream = self._source.watch()
+        pending: asyncio.Future[Sequence[DeviceHealth]] | None = None
+        latest: Sequence[DeviceHealth] | None = None
         try:
-            async for devices in stream:
-                yield self._response(devices)
+            while True:
+                if pending is None:
+                    # One read of the source at a time, kept across refreshes: cancelling it
+                    # would end the source's stream.
+                    pending = asyncio.ensure_future(anext(stream))
+                wait = None if latest is None else _refresh_interval(latest)
+                done, _ = await asyncio.wait({pending}, timeout=wait)
+                if done:
+                    try:
+                        latest = pending.result()
+                    except StopAsyncIteration:
+                        return
+                    finally:
+                        pending = None
+                assert latest is not None
+                yield self._response(latest)
         finally:
+            if pending is not None:
+                pending.cancel()
+                await asyncio.gather(pending, return_exceptions=True)
             # Close the source's generator now (not at garbage collection) so that whatever it
             # holds open for this stream is released when the kubelet disconnects.
             aclose = getattr(stream, "aclose", None)
@@ -68,6 +95,13 @@ class HealthServicer:
             entry.device.pool_name = d.pool_name
             entry.device.device_name = d.device_name
         return response
+
+
+def _refresh_interval(devices: Sequence[DeviceHealth]) -> float:
+    """How long the kubelet may go without a message about ``devices``, divided by
+    :data:`REFRESHES_PER_TIMEOUT`."""
+    timeouts = [d.timeout_seconds or KUBELET_DEFAULT_TIMEOUT for d in devices]
+    return min(timeouts, default=KUBELET_DEFAULT_TIMEOUT) / REFRESHES_PER_TIMEOUT
 
 
 def add_health_servicers(server: Any, source: HealthSource, node_name: str) -> None:

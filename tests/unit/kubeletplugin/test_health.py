@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -96,3 +97,32 @@ def test_truncate_message() -> None:
     assert truncate_message("a" * MAX_MESSAGE_LEN) == "a" * MAX_MESSAGE_LEN
     cut = truncate_message("a" * (MAX_MESSAGE_LEN + 1))
     assert len(cut) == MAX_MESSAGE_LEN and cut.endswith("...")
+
+
+async def test_a_stream_with_nothing_new_refreshes_the_kubelet_before_its_health_timeout(
+    short_dir: Path,
+    driver: FakeDriver,
+    fetcher: FakeFetcher,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The kubelet stamps each device with the time it last heard of it and shows the
+    device's health as Unknown once ``health_check_timeout_seconds`` (30 s when 0) passed
+    without a message. Health that does not change must still be re-sent before that."""
+    from dra_driver.kubeletplugin import health_servicer
+
+    # Scaled down: a timeout of 0.6 s must be refreshed well within 0.6 s.
+    monkeypatch.setattr(health_servicer, "KUBELET_DEFAULT_TIMEOUT", 0.6, raising=False)
+    source = ListHealthSource([[DeviceHealth(NODE, "gpu-0", HealthStatus.UNHEALTHY, "XID 79")]])
+    async with (
+        Plugin(config_for(short_dir), driver, fetcher, health=source) as p,
+        channel(p.paths.dra) as ch,
+    ):
+        call = h1_grpc.DRAResourceHealthStub(ch).NodeWatchResources(
+            h1_pb2.NodeWatchResourcesRequest()
+        )
+        first = await call.read()
+        started = time.monotonic()
+        again = await asyncio.wait_for(call.read(), 2.0)
+        assert time.monotonic() - started < 0.6
+        call.cancel()
+    assert _flatten(again) == _flatten(first) == [(NODE, "gpu-0", h1_pb2.UNHEALTHY, "XID 79")]
