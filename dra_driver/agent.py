@@ -60,6 +60,8 @@ log = structlog.get_logger(__name__)
 
 MIG_MINORS = Path("/proc/driver/nvidia-caps/mig-minors")
 REGISTRATION_GRACE = 10.0
+#: Seconds the claim status queued by the last calls may take to be written at shutdown.
+STATUS_FLUSH = 2.0
 
 
 def _mig_minors(driver_root: Path) -> dict[str, int] | None:
@@ -418,9 +420,13 @@ class NodeAgent:
             ]
             await stop.wait()
         log.info("stopping: slices stay published, prepared claims stay prepared")
+        # The kubelet's calls in flight finish first (the plugin's grace), while the API
+        # client they read claims with and the claim reporter still run.
+        await self.plugin.stop()
         for task in background + list(self._tasks):
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
+        await self.reporter.flush(STATUS_FLUSH)
         if liveness is not None:
             await liveness.stop(1.0)
 

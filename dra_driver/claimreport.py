@@ -188,6 +188,22 @@ class ClaimReporter:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def flush(self, within: float) -> None:
+        """Write what is pending now and wait for the events posted, for at most ``within``
+        seconds (at shutdown, once the kubelet's calls are done and :meth:`run` is
+        cancelled): a status set in the last moments still reaches the claim."""
+
+        async def write_all() -> None:
+            while self._pending:
+                uid = next(iter(self._pending))
+                await self._apply(*self._pending.pop(uid))
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+        try:
+            await asyncio.wait_for(write_all(), within)
+        except TimeoutError:
+            log.warning("claim status not written before shutdown", claims=len(self._pending))
+
     async def run(self) -> None:
         """Write pending updates until cancelled."""
         while True:

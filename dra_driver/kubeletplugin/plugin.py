@@ -102,6 +102,7 @@ class Plugin:
             "registration",
         )
         self._watcher: asyncio.Task[None] | None = None
+        self._serving = False
 
     @property
     def registered(self) -> asyncio.Event:
@@ -118,6 +119,7 @@ class Plugin:
             await self._dra.stop(0)
             raise
         self._watcher = asyncio.create_task(self._watch(), name="kubeletplugin-socket-watch")
+        self._serving = True
         log.info(
             "kubelet plugin started",
             driver=self.config.driver_name,
@@ -127,7 +129,11 @@ class Plugin:
         )
 
     async def stop(self) -> None:
-        """Stop serving and remove the socket files this plugin created."""
+        """Stop serving and remove the socket files this plugin created (once: a second
+        call does nothing)."""
+        if not self._serving:
+            return
+        self._serving = False
         if self._watcher is not None:
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):

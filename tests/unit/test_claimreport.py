@@ -343,3 +343,35 @@ async def test_status_the_api_server_cannot_apply_is_written_by_update() -> None
     assert written[1]["data"] == {"uuid": "GPU-2"}
     cleared = json.loads(puts[2]["body"])["status"]["devices"]
     assert [d["driver"] for d in cleared] == ["other.dev"]
+
+
+async def test_flush_writes_what_is_pending_at_shutdown_within_its_time() -> None:
+    """At shutdown the status the last prepares queued is written at once (the loop that
+    waits out the write delay is cancelled by then), and a server that does not answer
+    holds the shutdown no longer than asked."""
+    import asyncio
+
+    from dra_driver.claimreport import ClaimReporter
+    from tests.unit.kubeserver import plain_client, serve
+
+    path = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c/status"
+    async with serve() as server, plain_client(server) as client:
+        server.json("PATCH", path, 200, {})
+        reporter = ClaimReporter(client, "gpu.dra.dev", "node-1", delay=60)
+        reporter.set_devices(ClaimRef("ns", "c", "u1"), [DeviceStatus("gpu-0", {"uuid": "GPU-1"})])
+        await reporter.flush(5.0)
+        assert [s["path"] for s in server.seen] == [path]
+        assert reporter.pending == 0
+
+        stuck = ClaimReporter(client, "gpu.dra.dev", "node-1", delay=60)
+        server.seen.clear()
+
+        async def never(*_: object, **__: object) -> tuple[int, str]:
+            await asyncio.sleep(3600)
+            return 200, "{}"
+
+        stuck._server_side_apply = never  # type: ignore[method-assign]
+        stuck.set_devices(ClaimRef("ns", "c", "u1"), [DeviceStatus("gpu-0", {"uuid": "GPU-1"})])
+        started = asyncio.get_running_loop().time()
+        await stuck.flush(0.2)
+        assert asyncio.get_running_loop().time() - started < 2
