@@ -288,4 +288,7 @@ def from_namespace(
         # A rule across fields (--compat with --driver-name) has no location of its own.
         field = str(err["loc"][0]) if err["loc"] else "compat"
         source = origin.get(field, flag_name(field))
-        raise SettingsError(f"{source}: {err['msg']} (got {values.get(field)!r})") from None
+        # Our own validators' messages, without pydantic's "Value error, " before them.
+        ctx = err.get("ctx") or {}
+        msg = str(ctx["error"]) if err["type"] == "value_error" and "error" in ctx else err["msg"]
+        raise SettingsError(f"{source}: {msg} (got {values.get(field)!r})") from None

@@ -267,8 +267,24 @@ def parse_config(parameters: Any, *, where: str, apis: ConfigKinds = OWN_API) ->
     except ValidationError as exc:
         err = exc.errors(include_input=False, include_url=False)[0]
         field = ".".join(str(p) for p in err["loc"])
-        detail = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
-        raise ConfigError(f"{where}: field {field!r}: {detail}") from None
+        raise ConfigError(f"{where}: field {field!r}: {_detail(err)}") from None
+
+
+#: pydantic error types of an object field given something else; its message names the
+#: Python model ("instance of GpuSharing"), which the user never wrote.
+_NOT_AN_OBJECT = frozenset({"model_type", "model_attributes_type", "dict_type"})
+
+
+def _detail(err: Mapping[str, Any]) -> str:
+    """What is wrong with one field, in the user's words: no Python class names, no
+    pydantic prefix ("Value error, ") before our own messages."""
+    if err["type"] == "extra_forbidden":
+        return "unknown field"
+    if err["type"] in _NOT_AN_OBJECT:
+        return "must be an object"
+    if err["type"] == "value_error" and "error" in err.get("ctx", {}):
+        return str(err["ctx"]["error"])
+    return str(err["msg"])
 
 
 def _check_shape(parameters: Mapping[str, Any], where: str) -> None:

@@ -241,3 +241,15 @@ def test_match_commands_in_the_docs_parse() -> None:
             parser.parse_args(shlex.split(command))
         except (argparse.ArgumentError, SystemExit) as exc:
             raise AssertionError(f"dra-driver match {command}: {exc}") from None
+
+
+def test_compat_with_another_driver_name_says_so_without_pydantic_prefix(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DRA_COMPAT", "nvidia")
+    monkeypatch.setenv("DRA_DRIVER_NAME", "gpu.example.com")
+    args = ["slices", "--backend", "simulated", "--profile", "l4x4", "--node-name", "x"]
+    assert main(args) == 1
+    err = capsys.readouterr().err.strip()
+    assert "--compat nvidia publishes as gpu.nvidia.com" in err, err
+    assert "Value error" not in err, err

@@ -6,7 +6,7 @@ is shared if any term matches it:
 - ``all``: every GPU
 - ``index:0,1``: GPUs by NVML index
 - ``uuid:GPU-1234...,GPU-5678...``: GPUs by UUID
-- ``model:L4``: GPUs whose product name contains the text (case-insensitive), e.g. ``model:H100``
+- ``model:L4,H100``: GPUs whose product name contains one of the texts (case-insensitive)
 
 Kept apart from the sharing logic so that start-up checks the value without loading it.
 """
@@ -52,7 +52,7 @@ class Selection:
         return self == Selection()
 
 
-SYNTAX = "all | index:<i>[,<i>...] | uuid:<uuid>[,...] | model:<text>, terms separated by ';'"
+SYNTAX = "all | index:<i>[,<i>...] | uuid:<uuid>[,...] | model:<text>[,...], terms separated by ';'"
 
 
 def parse_selection(text: str) -> Selection:
@@ -75,8 +75,9 @@ def parse_selection(text: str) -> Selection:
         elif kind == "uuid":
             selection = dataclasses.replace(selection, uuids=selection.uuids | set(items))
         elif kind == "model":
+            # A list, as index: and uuid: take: "L4,H100" is in no product name.
             selection = dataclasses.replace(
-                selection, models=(*selection.models, values.strip().lower())
+                selection, models=(*selection.models, *(m.lower() for m in items))
             )
         else:
             raise SelectionError(f"shared GPUs: unknown term {kind!r}; use {SYNTAX}")

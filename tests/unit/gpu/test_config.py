@@ -198,3 +198,21 @@ def test_per_device_keys_must_name_a_device() -> None:
     check_device_keys(None, devices=1, uuids=[], where="c")
     with pytest.raises(ConfigError, match=r"names no device of the claim: '2', 'GPU-zzz' \(use an index 0..1 or a UUID\)"):
         check_device_keys(_mps_config({"2": "1Gi", "GPU-zzz": "1Gi"}), devices=2, uuids=uuids, where="c")
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"apiVersion": "gpu.dra.dev/v1alpha1", "kind": "GpuConfig", "sharing": "MPS"},
+        _gpu("MPS", mpsConfig="50"),
+        _gpu("MPS", mpsConfig={"defaultPinnedDeviceMemoryLimit": "5Ti"}),
+        _gpu("MPS", timeSlicingConfig={}),
+    ],
+)
+def test_config_errors_speak_the_users_language(params: Any) -> None:
+    """The kubelet shows this text on the pod: no Python class names, no pydantic prefixes."""
+    with pytest.raises(ConfigError) as info:
+        parse_config(params, where="claim ns/c")
+    text = str(info.value)
+    for jargon in ("GpuSharing", "MpsConfig", "instance of", "Value error"):
+        assert jargon not in text, text

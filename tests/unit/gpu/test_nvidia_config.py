@@ -123,3 +123,16 @@ def test_a_claim_with_the_nvidia_config_is_prepared_in_compat_mode(tmp_path: Pat
     assert isinstance(state(NVIDIA).prepare([claim])[uid], list)
     (daemon,) = sim.read().mps.values()
     assert daemon.state == "running" and daemon.multi_user
+
+
+def test_nvidia_config_errors_name_no_python_class() -> None:
+    params = {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "MPS", "mpsConfig": "on"},
+    }
+    with pytest.raises(ConfigError) as info:
+        parse_config(params, where="claim ns/c", apis=config_apis("nvidia"))
+    text = str(info.value)
+    assert "field 'sharing.mpsConfig': must be an object" in text, text
+    assert "NvidiaMpsConfig" not in text, text

@@ -280,3 +280,13 @@ async def test_without_consumable_capacity_shared_gpus_are_published_and_prepare
     state.stop_sharing_by_memory()
     out = state.prepare([whole])["x"]
     assert isinstance(out, list) and out[0].cdi_device_ids == ("k8s.gpu.dra.dev/claim=x-gpu-0",)
+
+
+def test_model_list_is_not_one_silent_substring() -> None:
+    """index: and uuid: take comma lists; model:L4,H100 must not silently share nothing."""
+    inventory = SimulatedDiscovery("mixed", NODE).discover()
+    by_minor = {g.minor: g for g in inventory.gpus}
+    assert shared_uuids(inventory, parse_selection("model:H100,L4")) == {
+        by_minor[2].uuid,
+        by_minor[3].uuid,
+    }
