@@ -154,14 +154,21 @@ def profile_for(gpu: Gpu, slices: Slices) -> MigProfile:
 
 
 def choose_placement(
-    gpu: Gpu, profile: MigProfile, taken: Iterable[Placement | None]
+    gpu: Gpu, profile: MigProfile, taken: Iterable[Placement | None], same: int = 0
 ) -> PlacementSpec:
     """Where a new MIG device of ``profile`` goes, beside the parts of ``gpu`` already
-    ``taken`` (None: the whole GPU): the highest free placement, as the placement layout
-    orders them, which keeps the low slices free for the large profiles."""
+    ``taken`` (None: the whole GPU), ``same`` of them of ``profile``: the highest free
+    placement, as the placement layout orders them, which keeps the low slices free for the
+    large profiles."""
     held = list(taken)
     if any(p is None for p in held):
         raise SlicesError(f"GPU {gpu.uuid} is held whole by another claim")
+    if same >= profile.instance_count:
+        # Counting cannot see it either: 1g.10gb+me exists once per GPU.
+        raise NoPlacement(
+            f"GPU {gpu.uuid} holds {same} {profile.name} MIG device(s), as many as it allows "
+            "(the slices fit by count but not by instance limit); the pod is scheduled again"
+        )
     for spec in publish_order(gpu):
         if spec.profile.profile_id != profile.profile_id:
             continue

@@ -93,6 +93,8 @@ def plan_claim(
     # GPU UUID -> the parts of it in use (None: all of it), this claim's own choices included;
     # worked out for the first share of a GPU's MIG slices (it costs a look at every record).
     used: dict[str, list[Placement | None]] | None = None
+    # GPU UUID -> the profile ids of the MIG devices on it (the instance limits)
+    kinds: dict[str, list[int]] = {}
     for result in claim.results:
         name = str(result.get("device", ""))
         entry = catalog.get(name)
@@ -108,10 +110,14 @@ def plan_claim(
         spec, slices_share = entry.placement, None
         if entry.partitioned and not result.get("adminAccess"):
             if used is None:
-                used = _in_use(ref, catalog, taken)
-            spec = _share_placement(ref, entry, result, used)
+                used, kinds = _in_use(ref, catalog, taken)
+            spec = _share_placement(
+                ref, entry, result, used, _recorded(ref, name, result, taken), kinds
+            )
             slices_share = str(result["shareID"])
             used.setdefault(entry.gpu.uuid, []).append(spec.placement if spec else None)
+            if spec is not None:
+                kinds.setdefault(entry.gpu.uuid, []).append(spec.profile.profile_id)
         carve.append(spec)
         kind = "mig" if spec is not None else entry.kind
         config = resolve_config(configs, request, kind, claim=str(ref))
@@ -148,14 +154,37 @@ def plan_claim(
 
 def _in_use(
     ref: ClaimRef, catalog: Catalog, taken: Sequence[tuple[str, DeviceRecord]]
-) -> dict[str, list[Placement | None]]:
-    """GPU UUID -> the parts of it the other claims' records take (None: all of it)."""
+) -> tuple[dict[str, list[Placement | None]], dict[str, list[int]]]:
+    """GPU UUID -> the parts of it the other claims' records take (None: all of it), and
+    GPU UUID -> the profile ids of the MIG devices they record on it."""
     used: dict[str, list[Placement | None]] = {}
+    kinds: dict[str, list[int]] = {}
     for uid, rec in taken:
         part = footprint(rec, catalog) if uid != ref.uid and rec.sharing != "admin" else None
         if part is not None and not memory_share(rec, catalog):
             used.setdefault(part[0], []).append(part[1])
-    return used
+            if rec.mig is not None:
+                kinds.setdefault(rec.mig.gpu_uuid, []).append(rec.mig.profile_id)
+    return used, kinds
+
+
+def _recorded(
+    ref: ClaimRef, name: str, result: Mapping[str, Any], taken: Sequence[tuple[str, DeviceRecord]]
+) -> MigRecord | None:
+    """The MIG device this claim's own record already names for this share (the claim is
+    prepared again: its spec was lost, or a restart came mid-prepare)."""
+    share = result.get("shareID")
+    return next(
+        (
+            rec.mig
+            for uid, rec in taken
+            if uid == ref.uid
+            and rec.mig is not None
+            and rec.device_name == name
+            and rec.share_id == share
+        ),
+        None,
+    )
 
 
 def _share_placement(
@@ -163,8 +192,11 @@ def _share_placement(
     entry: Entry,
     result: Mapping[str, Any],
     used: Mapping[str, Sequence[Placement | None]],
+    recorded: MigRecord | None = None,
+    kinds: Mapping[str, Sequence[int]] | None = None,
 ) -> PlacementSpec | None:
-    """The MIG device a share of a GPU's MIG slices becomes (None: the whole GPU)."""
+    """The MIG device a share of a GPU's MIG slices becomes (None: the whole GPU); the one
+    ``recorded`` for it before, if it still fits."""
     name = result.get("device")
     if not result.get("shareID"):
         raise ClaimError(
@@ -176,7 +208,14 @@ def _share_placement(
         if is_whole(entry.gpu, slices):
             return None
         profile = profile_for(entry.gpu, slices)
-        return choose_placement(entry.gpu, profile, used.get(entry.gpu.uuid, ()))
+        held = used.get(entry.gpu.uuid, ())
+        same = list((kinds or {}).get(entry.gpu.uuid, ())).count(profile.profile_id)
+        if recorded is not None and recorded.profile_id == profile.profile_id:
+            before = Placement(start=recorded.start, size=recorded.size)
+            fits = same < profile.instance_count
+            if fits and not any(p is None or overlaps(before, p) for p in held):
+                return PlacementSpec(entry.gpu, profile, before)
+        return choose_placement(entry.gpu, profile, held, same)
     except NoPlacement as exc:
         raise NoPlacementError(f"claim {ref}: device {name}: {exc}", (entry.gpu.uuid,)) from None
     except SlicesError as exc:

@@ -25,7 +25,7 @@ from dra_driver.gpu.publish.profiles import published_inventory
 from dra_driver.gpu.state.checkpoint import ClaimState
 from dra_driver.gpu.state.device_state import ClaimError, DeviceState
 from dra_driver.gpu.state.evidence import Evidence
-from dra_driver.gpu.state.planner import NoPlacementError
+from dra_driver.gpu.state.planner import CarveError, NoPlacementError
 from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare
 
 NODE = "node-1"
@@ -260,3 +260,40 @@ def test_a_restart_keeps_the_shares_and_their_mig_devices(tmp_path: Path) -> Non
     out = again.prepare([_claim("b", _share("b", 1, 1))])
     assert isinstance(out["b"], list)
     assert _instances(tmp_path) == [(5, 1), (6, 1)]
+
+
+def test_a_claim_prepared_again_keeps_its_mig_device(tmp_path: Path) -> None:
+    """A claim prepared again (its CDI spec gone: an unprepare cut short, or a restart after
+    a crash mid-prepare) must reuse the MIG device its record names, not carve a second one
+    and leave the first to nobody."""
+    state = _state(tmp_path)
+    state.prepare([_claim("x", _share("x", 1, 1))])  # at 6
+    state.prepare([_claim("a", _share("a", 1, 1))])  # at 5
+    assert _instances(tmp_path) == [(5, 1), (6, 1)]
+    state.unprepare([ClaimRef("ns", "claim-x", "x")])
+    assert _instances(tmp_path) == [(5, 1)]
+    state.spec_path("a").unlink()  # an unprepare of a cut short after removing its spec
+    out = state.prepare([_claim("a", _share("a", 1, 1))])
+    assert isinstance(out["a"], list), out
+    assert _instances(tmp_path) == [(5, 1)]
+    state.unprepare([ClaimRef("ns", "claim-a", "a")])
+    assert _instances(tmp_path) == []
+
+
+def test_a_profile_at_its_instance_limit_is_no_placement_not_a_failed_gpu(
+    tmp_path: Path,
+) -> None:
+    """--mig-profiles=1g.10gb+me: the GPU is published with 7 compute slices and (1, 1) is a
+    1g.10gb+me, of which an H100 holds one. The scheduler (which counts) fits a second share;
+    the node must refuse it as not placeable (mig-fragmented, the pod goes elsewhere), not try
+    to create it and report the GPU's MIG creation as failed (mig-failed taint, MIGCreateFailed)."""
+    state = _state(tmp_path, mig_profiles="1g.10gb+me")
+    out = state.prepare([_claim("a", _share("a", 1, 1))])
+    assert isinstance(out["a"], list), out
+    out = state.prepare([_claim("b", _share("b", 1, 1))])
+    assert not isinstance(out["b"], CarveError), out
+    assert isinstance(out["b"], NoPlacementError), out
+    # Two such shares in one claim: the same.
+    out = state.prepare([_claim("c", _share("c1", 1, 1), _share("c2", 1, 1))])
+    assert isinstance(out["c"], NoPlacementError), out
+    assert _instances(tmp_path) == [(6, 1)]
