@@ -182,7 +182,7 @@ class Settings(BaseModel):
     shared_gpus: str = Field(
         "",
         description="GPUs shared among claims by memory (MPS limits): all; index:0,1; "
-        "uuid:GPU-...; model:L4 (terms joined by ';'; empty: none)",
+        "uuid:GPU-...; model:L4,H100 (terms joined by ';'; empty: none)",
     )
     ignored_xids: str = Field(
         "13,31,43,45,68,109",
@@ -291,4 +291,8 @@ def from_namespace(
         # Our own validators' messages, without pydantic's "Value error, " before them.
         ctx = err.get("ctx") or {}
         msg = str(ctx["error"]) if err["type"] == "value_error" and "error" in ctx else err["msg"]
+        described = Settings.model_fields[field].description if field in values else None
+        if err["type"] == "string_pattern_mismatch" and described:
+            # Not the regular expression: what the setting is.
+            msg = f"not valid here; expected {described}"
         raise SettingsError(f"{source}: {msg} (got {values.get(field)!r})") from None

@@ -253,3 +253,25 @@ def test_compat_with_another_driver_name_says_so_without_pydantic_prefix(
     err = capsys.readouterr().err.strip()
     assert "--compat nvidia publishes as gpu.nvidia.com" in err, err
     assert "Value error" not in err, err
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "expected"),
+    [
+        ("DRA_DRIVER_NAME", "GPU_driver", "expected DRA driver name (a DNS subdomain)"),
+        ("DRA_DRIVER_NAME", "gpu..dra.dev", "expected DRA driver name (a DNS subdomain)"),
+    ],
+)
+def test_a_setting_of_the_wrong_form_says_what_it_is_not_its_regex(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    variable: str,
+    value: str,
+    expected: str,
+) -> None:
+    monkeypatch.setenv(variable, value)
+    args = ["slices", "--backend", "simulated", "--profile", "l4x4", "--node-name", "x"]
+    assert main(args) == 1
+    err = capsys.readouterr().err.strip()
+    assert f"{variable}: not valid here; {expected}" in err, err
+    assert "should match pattern" not in err, err
