@@ -82,6 +82,16 @@ def exactly(name: str, count: int = 1, *selectors: str, cls: str = DRIVER) -> di
     }
 
 
+def product_sub(name: str, product: str) -> dict[str, Any]:
+    """A firstAvailable subrequest for GPUs of one product."""
+    expression = f'{A}.productName == "{product}"'
+    return {
+        "name": name,
+        "deviceClassName": DRIVER,
+        "selectors": [{"cel": {"expression": expression}}],
+    }
+
+
 def test_counts_per_selector_and_pool() -> None:
     c = claim("c", [exactly("gpu", 1, f'{A}.productName == "H100"')])
     report = explain_claim(c, CLASSES, SLICES, [c])
@@ -192,11 +202,7 @@ def test_first_available_subrequests_and_json() -> None:
     req = {
         "name": "gpu",
         "firstAvailable": [
-            {
-                "name": "h100",
-                "deviceClassName": DRIVER,
-                "selectors": [{"cel": {"expression": f'{A}.productName == "H100"'}}],
-            },
+            product_sub("h100", "H100"),
             {"name": "any", "deviceClassName": DRIVER},
         ],
     }
@@ -247,11 +253,7 @@ def test_first_available_blocks_only_when_no_subrequest_fits() -> None:
     req = {
         "name": "gpu",
         "firstAvailable": [
-            {
-                "name": "b200",
-                "deviceClassName": DRIVER,
-                "selectors": [{"cel": {"expression": f'{A}.productName == "B200"'}}],
-            },
+            product_sub("b200", "B200"),
             {"name": "any", "deviceClassName": DRIVER},
         ],
     }
@@ -263,15 +265,10 @@ def test_first_available_blocks_only_when_no_subrequest_fits() -> None:
 
 
 def test_constraint_over_first_available_uses_one_subrequest() -> None:
-    def sub(name: str, product: str) -> dict[str, Any]:
-        expression = f'{A}.productName == "{product}"'
-        return {
-            "name": name,
-            "deviceClassName": DRIVER,
-            "selectors": [{"cel": {"expression": expression}}],
-        }
-
-    req = {"name": "gpu", "firstAvailable": [sub("h100", "H100"), sub("a100", "A100")]}
+    req = {
+        "name": "gpu",
+        "firstAvailable": [product_sub("h100", "H100"), product_sub("a100", "A100")],
+    }
     # gpu/h100 -> node-a gpu-0 and b -> node-a gpu-1 share productName H100.
     constraint = {"requests": ["gpu", "b"], "matchAttribute": f"{DRIVER}/productName"}
     report = explain_claim(claim("c", [req, exactly("b")], [constraint]), CLASSES, SLICES, [])
