@@ -275,14 +275,12 @@ class ImexDriver:
         self._poll = poll
         self.domains = Domains(client, names)
         self.membership = Membership(client, names, node)
-        self.checkpoint: Checkpoint = load(self._checkpoint_path, Checkpoint)
+        self.checkpoint = Checkpoint()
         #: Kept in a file too: after a restart, the first list of allocated claims
         #: (:meth:`allocated`) still takes the node out of a domain whose joining claim
         #: went away meanwhile.
-        self._joining: dict[str, _Joining] = {
-            uid: _Joining(ClaimRef(j.namespace, j.name, uid), j.domain, frozenset(j.devices))
-            for uid, j in load(self._joining_path, Joining).claims.items()
-        }
+        self._joining: dict[str, _Joining] = {}
+        self._reload()
 
     def _reload(self) -> None:
         """Take up what another plugin of the node wrote (a surge update runs the new one
