@@ -11,6 +11,12 @@ regular claim on one placement share one device, whichever came first. A record 
 that has no compute instance: that is what such a crash leaves, and it runs nothing. A create
 that fails destroys what it made itself (see the backends), so any other instance there is
 someone else's; start-up judges those with evidence (:meth:`Carver.destroy_orphans`).
+
+A claim uses a MIG device that already exists at its placement when a record may name it
+(another claim's, or the claim's own from before a crash) or start-up kept it for want of
+proof that it is unused (an interrupted prepare's, which the scheduler has since allocated to
+this claim). One that appeared since start-up without a record was made by hand: a process
+may run on it, and the claim's unprepare would destroy it, so the claim fails instead.
 """
 
 from __future__ import annotations
@@ -38,17 +44,21 @@ class Carver:
     def __init__(self, mig: MigBackend | None, gpus: Mapping[str, Gpu]) -> None:
         self._mig = mig
         self._gpus = gpus
+        # MIG devices (UUIDs) start-up found without a record and kept.
+        self._kept: set[str] = set()
 
     @property
     def enabled(self) -> bool:
         """Whether dynamic MIG is on (MIG devices are created for claims)."""
         return self._mig is not None
 
-    def carve(self, plan: Plan, record: ClaimRecord) -> Plan:
+    def carve(self, plan: Plan, record: ClaimRecord, adoptable: Collection[DeviceRecord]) -> Plan:
         """Make the GPUs match the claim: MIG devices created, or MIG mode off for whole GPUs.
 
         The intent (GPU, profile, placement) is already in the checkpoint, so a crash at any
-        step leaves something a restart recognises and destroys.
+        step leaves something a restart recognises and destroys. A MIG device already at a
+        placement is used if one of ``adoptable`` (the other claims' records and the claim's
+        own earlier ones) may name it or start-up kept it; any other is a :class:`MigError`.
         """
         if self._mig is None:
             return plan
@@ -72,7 +82,7 @@ class Carver:
             if not self._mig.mig_enabled(spec.gpu):
                 self._mig.set_mig_mode(spec.gpu, True)
                 faults.point("prepare.mig-enabled")
-            existing = self._existing(spec)
+            existing = self._existing(spec, adoptable)
             created = existing or self._mig.create(spec.gpu, spec.profile, spec.placement.start)
             faults.point("prepare.mig-created")
             assert rec.mig is not None
@@ -89,17 +99,31 @@ class Carver:
             )
         return dataclasses.replace(plan, devices=tuple(devices))
 
-    def _existing(self, spec: PlacementSpec) -> MigDevice | None:
-        """The MIG device that already exists at the placement (another claim's, or one a
-        restart kept): used, never created twice."""
+    def _existing(
+        self, spec: PlacementSpec, adoptable: Collection[DeviceRecord]
+    ) -> MigDevice | None:
+        """The MIG device that already exists at the placement, if a record may name it or
+        start-up kept it (see the module): used, never created twice."""
         assert self._mig is not None
         for inst in self._mig.list(spec.gpu):
             if (
-                inst.device is not None
-                and inst.profile_id == spec.profile.profile_id
-                and inst.placement.start == spec.placement.start
+                inst.device is None
+                or inst.profile_id != spec.profile.profile_id
+                or inst.placement.start != spec.placement.start
             ):
+                continue
+            if referenced(inst, spec.gpu.uuid, adoptable) or inst.device.uuid in self._kept:
+                self._kept.discard(inst.device.uuid)
                 return inst.device
+            gi = inst.gpu_instance_id
+            raise MigError(
+                f"GPU {spec.gpu.uuid}: {spec.profile.name} at {spec.placement.start} is taken "
+                f"by MIG device {inst.device.uuid} (GPU instance {gi}), which no claim of "
+                "this driver made (made by hand: with dynamic MIG the driver owns the GPU's "
+                "MIG layout); once nothing runs on it, destroy it (nvidia-smi mig -i "
+                f"{spec.gpu.uuid} -dci -gi {gi}, then nvidia-smi mig -i {spec.gpu.uuid} -dgi "
+                f"-gi {gi})"
+            )
         return None
 
     def find(self, gpu: Gpu, uuid: str) -> Instance | None:
@@ -157,7 +181,7 @@ class Carver:
         evidence: Evidence,
     ) -> list[str]:
         """Destroy MIG devices nothing uses (dynamic MIG owns the GPUs' layout); return those
-        kept because nothing proves them unused.
+        kept because nothing proves them unused (a claim allocated one's placement uses it).
 
         Covers instances left by a crash mid-prepare and MIG devices made before the driver
         started. An instance a record names is kept; any other is destroyed only when the
@@ -189,6 +213,8 @@ class Carver:
                 uuid = inst.device.uuid if inst.device else None
                 if not evidence.may_destroy(name, uuid):
                     kept.append(f"MIG device {device} on GPU {gpu.uuid}")
+                    if uuid is not None:
+                        self._kept.add(uuid)
                     log.warning(
                         "kept MIG device no record names: cannot prove it unused",
                         gpu=gpu.uuid,

@@ -275,6 +275,9 @@ class DeviceState:
             out: dict[str, PrepareResult] = {}
             plans: list[Plan] = []
             planned: set[str] = set()
+            # The records a claim prepared again had before (a crash, a lost spec): the MIG
+            # devices they may name are the claim's own.
+            earlier: dict[str, Sequence[DeviceRecord]] = {}
             held = holders(self._data.claims)
             shared = shared_devices(self._data.claims)
             others = [(u, d) for u, r in self._data.claims.items() for d in r.devices]
@@ -352,6 +355,8 @@ class DeviceState:
                 held.update({r.device_name: uid for r in records if r.sharing != "admin"})
                 shared.update(r.device_name for r in records if is_share(r))
                 others += [(uid, r) for r in records]
+                if done is not None:
+                    earlier[uid] = done.devices
                 self._data.claims[uid] = record
                 plans.append(plan)
                 planned.add(uid)
@@ -363,13 +368,18 @@ class DeviceState:
             if plans and (only_specs or self._record(batch, out, "that its prepare started")):
                 if not only_specs:
                     faults.point("prepare.started-recorded")
-                self._finish_all(plans, out)
+                self._finish_all(plans, out, earlier)
                 ready = {uid: name for uid, name in batch.items() if isinstance(out[uid], list)}
                 if self._record(ready, out, "that it is prepared"):
                     faults.point("prepare.completed-recorded")
             return out
 
-    def _finish_all(self, plans: Sequence[Plan], out: dict[str, PrepareResult]) -> None:
+    def _finish_all(
+        self,
+        plans: Sequence[Plan],
+        out: dict[str, PrepareResult],
+        earlier: Mapping[str, Sequence[DeviceRecord]],
+    ) -> None:
         """Finish each planned claim of the batch, its result into ``out``.
 
         Should anything escape a claim's steps (a bug: what a step is expected to raise is its
@@ -380,7 +390,7 @@ class DeviceState:
         """
         try:
             for plan in plans:
-                out[plan.ref.uid] = self._finish(plan)
+                out[plan.ref.uid] = self._finish(plan, earlier.get(plan.ref.uid, ()))
         except BaseException:
             # Memory goes back to the file, not the file forward to memory: the batch's first
             # write recorded each claim PrepareStarted (a batch of plain claims: nothing),
@@ -399,13 +409,15 @@ class DeviceState:
             self._file.distrust()
             raise
 
-    def _finish(self, plan: Plan) -> PrepareResult:
+    def _finish(self, plan: Plan, earlier: Sequence[DeviceRecord]) -> PrepareResult:
         """Create the claim's MIG devices (dynamic MIG), apply its sharing, then write its
-        CDI spec. A step that fails undoes the claim and is its error alone."""
+        CDI spec. A step that fails undoes the claim and is its error alone. ``earlier``:
+        the claim's records before this prepare, whose MIG devices it may use again."""
         uid = plan.ref.uid
         records = list(self._data.claims[uid].devices)
         try:
-            plan = self._carver.carve(plan, self._data.claims[uid])
+            adoptable = [*self._other_records(uid), *earlier]
+            plan = self._carver.carve(plan, self._data.claims[uid], adoptable)
         except MigError as exc:
             self._undo_carve(plan.ref, records)
             log.error(

@@ -231,6 +231,37 @@ def test_a_half_made_gpu_instance_at_the_placement_goes_with_the_failed_create(
     assert isinstance(state.prepare([_claim("a", MIG_3G)])["a"], list)
 
 
+def _stranger_at_mig_3g(tmp_path: Path) -> str:
+    """A complete MIG device no claim made (``nvidia-smi mig -cgi 9 -C``) at MIG_3G's
+    placement, 3g.40gb at 4; its UUID."""
+    mig_file = tmp_path / "plugin" / SIMULATED_STATE_FILE
+    sim = json.loads(mig_file.read_text())
+    uuid = "MIG-5a1e0000-0000-4000-8000-000000000007"
+    for gpu in sim["gpus"].values():
+        gpu["migEnabled"] = True
+        gpu["instances"] = [
+            {"giId": 7, "profileId": 9, "start": 4, "size": 4, "ciId": 0, "uuid": uuid}
+        ]
+    mig_file.write_text(json.dumps(sim))
+    return uuid
+
+
+def test_a_mig_device_made_by_hand_is_never_handed_to_a_claim(tmp_path: Path) -> None:
+    # Made while the agent runs, with no record: not the driver's. A claim allocated its
+    # placement must not take it: two workloads would share it, and the claim's unprepare
+    # would destroy it under the other.
+    state = _state(tmp_path)
+    uuid = _stranger_at_mig_3g(tmp_path)
+    out = state.prepare([_claim("a", MIG_3G)])["a"]
+    assert isinstance(out, ClaimError)
+    assert uuid in str(out) and "no claim of this driver made" in str(out)
+    assert "nvidia-smi mig" in str(out)
+    assert [i["uuid"] for i in _instances(tmp_path)] == [uuid]
+    assert state.record("a") is None and not state.spec_path("a").exists()
+    assert state.unprepare([ClaimRef("ns", "claim-a", "a")])["a"] is None
+    assert [i["uuid"] for i in _instances(tmp_path)] == [uuid]
+
+
 def test_records_without_mig_keep_the_old_format(tmp_path: Path) -> None:
     _state(tmp_path).prepare([_claim("a", "gpu-0")])
     claims = stored_claims(tmp_path / "plugin" / "checkpoint.json")

@@ -279,17 +279,22 @@ def test_unproven_orphan_is_kept_and_reported(tmp_path: Path) -> None:
     assert _instances(tmp_path) == []
 
 
+@pytest.mark.parametrize("api", ["allocated", "down"])
 def test_interrupted_prepare_of_a_live_claim_keeps_its_device_and_retry_uses_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, api: str
 ) -> None:
+    # The API server says the claim holds the placement, or cannot be asked: the device no
+    # record names (the crash came before its id was recorded) is kept, and the scheduler's
+    # allocation of its placement to the claim lets the kubelet's retry use it.
     state = _state(tmp_path)
     _crash_at(monkeypatch, "prepare.mig-created")
     with pytest.raises(Crash):
         state.prepare([_claim("a", MIG_3G)])
     monkeypatch.undo()
     (made,) = _instances(tmp_path)
-    restarted = _state(tmp_path, _in_use(("a", MIG_3G)))
+    restarted = _state(tmp_path, _in_use(("a", MIG_3G)) if api == "allocated" else API_DOWN)
     assert [i["uuid"] for i in _instances(tmp_path)] == [made["uuid"]]
+    assert any(MIG_3G in kept for kept in restarted.kept)
     assert isinstance(restarted.prepare([_claim("a", MIG_3G)])["a"], list)
     record = restarted.record("a")
     assert record is not None and record.devices[0].uuid == made["uuid"]
