@@ -13,7 +13,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from dra_driver.bindsettings import (
     DEFAULT_CDI_ROOT,
@@ -197,6 +204,15 @@ class Settings(BaseModel):
         "is untainted, with an Event on the Node (0: never, taints stay until a restart)",
     )
 
+    @field_validator("driver_root", "host_driver_root")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        # Relative, the agent would read the driver from wherever it was started, and CDI
+        # specs would mount paths the runtime refuses.
+        if not value.is_absolute():
+            raise ValueError("must be an absolute path")
+        return value
+
     @model_validator(mode="before")
     @classmethod
     def _compat_driver_name(cls, values: Any) -> Any:
@@ -281,6 +297,9 @@ def from_namespace(
             values[field], origin[field] = env[env_name(field)], env_name(field)
         else:
             values[field] = getattr(ns, f"_default_{field}")
+        if Settings.model_fields[field].annotation is bool and isinstance(values[field], str):
+            # One reading of a switch for every flag and variable (an empty variable is false).
+            values[field] = parse_bool(values[field], origin[field])
     try:
         return Settings.model_validate(values)
     except ValidationError as exc:

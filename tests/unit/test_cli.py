@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -221,7 +223,6 @@ def test_version_is_the_installed_packages(capsys: pytest.CaptureFixture[str]) -
 
 def test_match_commands_in_the_docs_parse() -> None:
     # Every `dra-driver match ...` the docs tell a user to type must be a valid command line.
-    import argparse
     import re
     import shlex
 
@@ -275,3 +276,45 @@ def test_a_setting_of_the_wrong_form_says_what_it_is_not_its_regex(
     err = capsys.readouterr().err.strip()
     assert f"{variable}: not valid here; {expected}" in err, err
     assert "should match pattern" not in err, err
+
+
+def _resolve(environ: dict[str, str], *argv: str) -> Any:
+    from dra_driver.settings import add_arguments, from_namespace
+
+    fields = ["dynamic_mig", "driver_root", "host_driver_root"]
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, fields)
+    return from_namespace(parser.parse_args(list(argv)), fields, environ)
+
+
+@pytest.mark.parametrize(
+    ("environ", "argv", "expected"),
+    [
+        ({"DRA_DYNAMIC_MIG": ""}, (), False),
+        ({"DRA_DYNAMIC_MIG": "On"}, (), True),
+        ({"DRA_DYNAMIC_MIG": "no"}, (), False),
+        ({}, ("--dynamic-mig",), True),
+        ({}, ("--dynamic-mig=off",), False),
+        ({"DRA_DYNAMIC_MIG": "true"}, ("--dynamic-mig=0",), False),
+    ],
+)
+def test_a_switch_reads_the_same_from_a_flag_or_a_variable(
+    environ: dict[str, str], argv: tuple[str, ...], expected: bool
+) -> None:
+    assert _resolve(environ, *argv).dynamic_mig is expected
+
+
+def test_a_switch_of_another_word_names_the_variable() -> None:
+    from dra_driver.settings import SettingsError
+
+    with pytest.raises(SettingsError, match=r"^DRA_DYNAMIC_MIG: expected true or false"):
+        _resolve({"DRA_DYNAMIC_MIG": "maybe"})
+
+
+@pytest.mark.parametrize("variable", ["DRA_DRIVER_ROOT", "DRA_HOST_DRIVER_ROOT"])
+def test_a_relative_driver_root_is_refused(variable: str) -> None:
+    from dra_driver.settings import SettingsError
+
+    with pytest.raises(SettingsError, match=rf"^{variable}: must be an absolute path"):
+        _resolve({variable: "run/nvidia/driver"})
+    assert _resolve({variable: "/run/nvidia/driver"}) is not None
