@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings
+
+# `make test` is repeatable: every property test draws the same examples on every run and
+# machine, so a red run reproduces and a green one is not luck. Fresh seeds are what
+# `make fuzz-cel`, `make fuzz-state` and `make fuzz-async` are for.
+settings.register_profile("repeatable", derandomize=True, database=None)
+settings.load_profile("repeatable")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
