@@ -62,9 +62,11 @@ class TimeSlicing(Strategy):
         record: ClaimRecord,
         mps_root: Path,
     ) -> None:
-        """Record the interval to set on each whole GPU configured for time-slicing."""
+        """Record the interval to set on each whole GPU configured for time-slicing (not on
+        a MIG device made on demand: it has no MIG device yet, but its record names one)."""
         for device, rec in sharable(devices, record):
-            if device.share is None and device.strategy == "TimeSlicing" and device.type == "gpu":
+            whole = device.type == "gpu" and rec.mig is None
+            if device.share is None and device.strategy == "TimeSlicing" and whole:
                 sharing = device.config.sharing if device.config else None
                 slicing = getattr(sharing, "time_slicing_config", None)
                 rec.timeslice = slicing.interval if slicing else "Default"

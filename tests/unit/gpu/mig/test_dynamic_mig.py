@@ -13,7 +13,9 @@ from dra_driver.gpu.discovery.simulated import build_inventory, load_profile
 from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.mig.backend import MigError
 from dra_driver.gpu.mig.simulated import SIMULATED_STATE_FILE, SimulatedMig
+from dra_driver.gpu.nvidia_config import config_apis
 from dra_driver.gpu.publish.publisher import NodePublishing
+from dra_driver.gpu.sharing.simulated import SimulatedSharing
 from dra_driver.gpu.state.checkpoint import ClaimState, stored_claims
 from dra_driver.gpu.state.device_state import ClaimError, DeviceState
 from dra_driver.gpu.state.evidence import Evidence
@@ -179,6 +181,47 @@ def test_mig_device_config_applies_to_dynamic_devices(tmp_path: Path) -> None:
     assert isinstance(out["a"], list), out
     record = state.record("a")
     assert record is not None and record.devices[0].sharing == "TimeSlicing"
+
+
+def test_time_slicing_of_a_dynamic_mig_device_sets_no_interval(tmp_path: Path) -> None:
+    # The NVIDIA driver's dynamic-MIG test claims a MIG device with a MigDeviceConfig of its
+    # config API whose strategy is TimeSlicing (and no interval, which MIG has not): accepted,
+    # no hardware step. A MIG device made on demand is prepared as an existing one is: no
+    # time-slice is set on its UUID at prepare, nor reset at unprepare.
+    sim = SimulatedSharing(tmp_path / "sim.json")
+    state = DeviceState(
+        inventory=_inventory(),
+        driver_name="gpu.nvidia.com",
+        node_name=NODE,
+        cdi_root=tmp_path / "cdi",
+        state_dir=tmp_path / "plugin",
+        boot_id="boot-1",
+        mig=_backend(tmp_path),
+        evidence=NOTHING_IN_USE,
+        sharing=sim,
+        config_apis=config_apis("nvidia"),
+    )
+    parameters = {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "MigDeviceConfig",
+        "sharing": {"strategy": "TimeSlicing"},
+    }
+    config = [
+        {
+            "source": "FromClaim",
+            "requests": ["mig1gts"],
+            "opaque": {"driver": "gpu.nvidia.com", "parameters": parameters},
+        }
+    ]
+    result = {"request": "mig1gts", "driver": "gpu.nvidia.com", "pool": NODE, "device": MIG_3G}
+    claim = ClaimToPrepare(ClaimRef("ns", "mig-ts", "a"), {}, (result,), tuple(config))
+    out = state.prepare([claim])
+    assert isinstance(out["a"], list), out
+    record = state.record("a")
+    assert record is not None and record.devices[0].sharing == "TimeSlicing"
+    assert record.devices[0].timeslice is None
+    assert state.unprepare([claim.ref]) == {"a": None}
+    assert not [e for e in sim.read().log if "timeslice" in e["op"]]
 
 
 def test_failed_create_is_a_claim_error_and_leaves_nothing(tmp_path: Path) -> None:
