@@ -174,10 +174,13 @@ def list_attributes(gpu: Gpu) -> JSON:
 def legacy_nvidia_attributes(gpu: Gpu, whole: bool) -> JSON:
     """Attributes older NVIDIA DRA driver releases published, which selectors (and its own
     examples) still name: ``pcieBusID`` (now the standard ``pciBusID``) on GPUs and MIG
-    devices, and on whole GPUs ``index`` and ``minor``. Compat mode adds them."""
+    devices, on whole GPUs ``index`` and ``minor``, and on MIG devices their GPU's index as
+    ``parentIndex``. Compat mode adds them."""
     legacy = {"pcieBusID": _string(gpu.pci_bus_id)}
     if whole:
         legacy |= {"index": _int(gpu.index), "minor": _int(gpu.minor)}
+    else:
+        legacy |= {"parentIndex": _int(gpu.index)}
     return legacy
 
 

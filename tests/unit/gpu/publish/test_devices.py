@@ -8,6 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dra_driver.cel.environment import Verdict
+from dra_driver.cel.match import Selector, match_devices, slice_devices
 from dra_driver.gpu.discovery.simulated import BUILTIN_PROFILES, SimulatedDiscovery
 from dra_driver.gpu.inventory import Fabric, Gpu, Inventory, MigDevice, MigState, Placement
 from dra_driver.gpu.publish.catalog import build_catalog
@@ -331,3 +333,38 @@ def test_dynamic_mig_whole_gpu_has_the_clique_placements_do_not() -> None:
     assert all("cliqueId" not in d["attributes"] for d in parts)
     slices = render_pool(build_catalog(inventory, dynamic=True).pool("n1"))
     assert check_pool(slices) == []
+
+
+@pytest.mark.parametrize(("profile", "dynamic"), [("mixed", False), ("dgx-a100", True)])
+def test_compat_mode_mig_devices_carry_the_older_parent_index(profile: str, dynamic: bool) -> None:
+    # The NVIDIA driver's releases before Sep 2025 published parentIndex (int) on MIG devices
+    # beside index and minor on whole GPUs; a claim of that time pins its MIG devices to one
+    # GPU with `device.attributes["gpu.nvidia.com"].parentIndex == 1` on class mig.nvidia.com.
+    inventory = SimulatedDiscovery(profile, "n1").discover()
+    index = {g.uuid: g.index for g in inventory.gpus}
+    pool = build_catalog(inventory, dynamic=dynamic).pool(
+        "n1", "gpu.nvidia.com", legacy_nvidia=True
+    )
+    slices = render_pool(pool)
+    assert check_pool(slices) == []
+    devices = slice_devices(slices)
+    migs = [d for d in devices if d.data["attributes"]["type"] == {"string": "mig"}]
+    assert migs
+    for device in migs:
+        parent = device.data["attributes"]["parentUUID"]["string"]
+        assert device.data["attributes"]["parentIndex"] == {"int": index[parent]}, device.name
+    mig_class = Selector(
+        "class mig.nvidia.com",
+        'device.driver == "gpu.nvidia.com" && device.attributes["gpu.nvidia.com"].type == "mig"',
+    )
+    request = Selector("request", 'device.attributes["gpu.nvidia.com"].parentIndex == 1')
+    matched = {
+        r.device.name
+        for r in match_devices(devices, [mig_class, request], with_explanation=False)
+        if r.verdict is Verdict.MATCH
+    }
+    on_gpu_1 = {d.name for d in migs if index[d.data["attributes"]["parentUUID"]["string"]] == 1}
+    assert on_gpu_1 and matched == on_gpu_1
+    # Without compat mode, no such attribute.
+    plain = build_catalog(inventory, dynamic=dynamic).published()
+    assert not [d for d in plain if "parentIndex" in d["attributes"]]
