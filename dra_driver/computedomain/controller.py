@@ -278,17 +278,21 @@ class DomainController:
 
     def _queue_for(self, obj: JSON) -> None:
         meta = obj.get("metadata") or {}
+        uid = (meta.get("labels") or {}).get(self._names.domain_label)
         if obj.get("kind") == KIND or meta.get("uid") in self.domains.by_uid():
             self._queue(str(meta.get("uid", "")))
-        elif uid := (meta.get("labels") or {}).get(self._names.domain_label):
-            self._queue(str(uid))
         elif obj.get("kind") == "ResourceClaimTemplate":
-            # A template a domain names by its name (the user's own, in the way).
+            if uid:
+                self._queue(str(uid))
+            # A template a domain names by its name (the user's own, or another domain's,
+            # in the way): freed, it wakes the domain waiting for it.
             for domain in self.domains.by_uid().values():
                 if domain.spec and _key(obj) == (
                     f"{domain.namespace}/{domain.spec.channel.resource_claim_template.name}"
                 ):
                     self._queue(domain.uid)
+        elif uid:
+            self._queue(str(uid))
         else:
             # A node whose domain label went away: every domain might have lost it.
             self._queue_all()
@@ -342,6 +346,7 @@ class DomainController:
                 domain = domains.get(uid)
                 if domain is None:
                     self._assigned.pop(uid, None)
+                    self._posted = {k: t for k, t in self._posted.items() if k[0] != uid}
                     continue
                 try:
                     await self.reconcile(domain)
