@@ -54,6 +54,8 @@ _MAX_EAGER_ROUNDS = 4
 
 #: How a Kubernetes 1.34 API server refuses a device whose counter set is in another slice.
 COUNTERS_APART = "must reference a counterSet defined in the ResourceSlice sharedCounters"
+#: How a Kubernetes 1.35+ API server refuses counter sets in a slice with devices.
+COUNTERS_TOGETHER = "only one of `sharedCounters` or `devices` is allowed"
 _RELIST_ERRORS: tuple[type[BaseException], ...] = (ApiError, *CONNECTION_ERRORS)
 
 
@@ -397,6 +399,11 @@ class SliceController:
                 # Kubernetes 1.34: counter sets go in the slice of the devices consuming them.
                 self._log.info("the API server wants counter sets beside their devices (1.34)")
                 self._inline_counters = True
+                return None
+            if err.status == 422 and COUNTERS_TOGETHER in err.message and self._inline_counters:
+                # The control plane was upgraded past 1.34: counter sets go apart again.
+                self._log.info("the API server wants counter sets in slices of their own")
+                self._inline_counters = False
                 return None
             paths = self._refused(err, body.get("spec") or {})
             if not paths - self._dropped:
