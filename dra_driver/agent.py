@@ -48,6 +48,7 @@ from dra_driver.kubeletplugin.late import LateParts, Parts
 from dra_driver.kubeletplugin.liveness import serve_liveness
 from dra_driver.kubeletplugin.node_service import error_text
 from dra_driver.kubeletplugin.plugin import Plugin
+from dra_driver.kubeletplugin.sockets import answers, socket_paths
 from dra_driver.plugin_setup import kubelet_plugin
 from dra_driver.reach import reach_api_server
 from dra_driver.resourceslice.controller import SliceController
@@ -194,6 +195,7 @@ class NodeAgent:
             node_name=self.node,
             on_dropped=self._on_dropped,
             publisher=publisher,
+            publisher_alive=self._agent_runs,
         )
         self.health = HealthTracker(inventory, self.driver, parse_xids(settings.ignored_xids))
         self.broadcaster = HealthBroadcaster(self.health.device_health(self.node))
@@ -268,6 +270,18 @@ class NodeAgent:
         self._health_changed()
         if event.problem == "gpu-lost":
             self._spawn(self._node_event("GPULost", f"GPU {event.uuid} is lost"))
+
+    def _agent_runs(self, other: Publisher) -> bool:
+        """Whether the agent pod ``other`` (a newer one on this node) still serves the kubelet:
+        its registration socket answers. A pod removed (a surge update rolled back) took its
+        socket along; one killed left a socket that refuses connections."""
+        try:
+            paths = socket_paths(
+                self.driver, self.settings.registry_dir, self.settings.plugins_dir, other.id
+            )
+        except ValueError:
+            return True  # cannot tell: keep leaving the pool to it
+        return answers(paths.registration)
 
     def on_recovered(self, source: str, cleared: dict[str, str]) -> None:
         """A re-check found ``source`` healthy: untaint its devices and say so on the Node."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,3 +81,20 @@ def socket_paths(
         dra = _checked(plugin_dir / "dra.sock")
     # The lock file is shared by all instances of the driver on the node, so no UID in it.
     return SocketPaths(registration=registration, dra=dra, lock=plugin_dir / LOCK_FILE_NAME)
+
+
+def answers(path: Path, timeout: float = 0.5) -> bool:
+    """Whether a server accepts connections on the unix socket ``path``.
+
+    A socket file left by a process that died refuses them; a server too busy to accept in
+    ``timeout`` seconds still runs.
+    """
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        try:
+            sock.connect(str(path))
+        except TimeoutError:
+            return True
+        except OSError:
+            return False
+    return True

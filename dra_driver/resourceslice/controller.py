@@ -16,6 +16,7 @@ delay plus one round trip. Stopping the controller leaves the slices in place.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -74,7 +75,10 @@ class SliceController:
     to drop fields of a feature (see :attr:`dropped_features`).
     ``publisher`` identifies this agent instance when several may run on the node (a rolling
     update): the controller records it on its slices and stops writing while a newer instance
-    publishes the pool (see :mod:`dra_driver.resourceslice.publisher`).
+    publishes the pool (see :mod:`dra_driver.resourceslice.publisher`). ``publisher_alive``
+    says whether a newer instance still runs: one that does not (a surge update rolled back,
+    its pod removed) no longer holds the pool; while yielding, the controller asks again every
+    ``publisher_check`` seconds.
     """
 
     def __init__(
@@ -90,6 +94,8 @@ class SliceController:
         watch_timeout: tuple[int, int] = (300, 600),
         on_dropped: DroppedCallback | None = None,
         publisher: Publisher | None = None,
+        publisher_alive: Callable[[Publisher], bool] | None = None,
+        publisher_check: float = 10.0,
     ) -> None:
         self.driver = driver
         self.node_name = node_name
@@ -102,6 +108,9 @@ class SliceController:
         self._on_dropped = on_dropped
         self._publisher = publisher
         self._yielded_to: Publisher | None = None
+        self._publisher_alive = publisher_alive
+        self._publisher_check = publisher_check
+        self._gone: frozenset[str] = frozenset()  # newer publishers found gone, last round
         self._selector = field_selector(node_name, driver)
         self._contents = ContentCache()
         self._log = log.bind(node=node_name, driver=driver)
@@ -216,7 +225,12 @@ class SliceController:
     async def _reconcile_loop(self) -> None:
         backoff = Backoff(cap=self._backoff_cap)
         while True:
-            await self._wake.wait()
+            if self._yielded_to is not None and self._publisher_alive is not None:
+                # Yielding: look again now and then whether the newer agent still runs.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self._publisher_check)
+            else:
+                await self._wake.wait()
             # Coalesce bursts (a kubelet wiping every slice, the echoes of our own writes).
             await asyncio.sleep(self._debounce)
             self._wake.clear()
@@ -272,6 +286,22 @@ class SliceController:
             self._log.debug("re-list after conflict failed", error=repr(err))
 
     def _plan(self) -> Plan:
+        """The round's plan; a newer publisher that no longer runs is not yielded to."""
+        gone: set[str] = set()
+        result = self._plan_without(gone)
+        alive = self._publisher_alive
+        while result.yielded_to is not None and alive is not None and not alive(result.yielded_to):
+            gone.add(result.yielded_to.id)
+            result = self._plan_without(gone)
+        if gone - self._gone:
+            self._log.warning(
+                "the slices name a newer agent that no longer runs; this one publishes",
+                gone=sorted(gone),
+            )
+        self._gone = frozenset(gone)
+        return result
+
+    def _plan_without(self, gone: set[str]) -> Plan:
         assert self._desired is not None
         desired = self._desired
         if self._inline_counters:
@@ -283,6 +313,7 @@ class SliceController:
             self._dropped,
             self._publisher,
             self._contents,
+            gone,
         )
 
     async def _reconcile_once(self, backoff: Backoff) -> bool:

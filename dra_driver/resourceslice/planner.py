@@ -26,7 +26,7 @@ the same node, during a rolling update) is left to that publisher: the plan is e
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -253,6 +253,7 @@ def plan(
     ignored_fields: Iterable[str] = (),
     publisher: Publisher | None = None,
     cache: ContentCache | None = None,
+    gone: Collection[str] = (),
 ) -> Plan:
     """Compute the writes that make ``existing`` match ``desired``.
 
@@ -261,7 +262,8 @@ def plan(
     ``ignored_fields`` are spec paths the API server is known to drop (see
     :mod:`dra_driver.resourceslice.dropped`); they are left out of every comparison so a pool
     the server cannot store exactly does not cause endless updates. ``publisher``, when given,
-    is recorded on every slice written, and the plan yields to any newer publisher.
+    is recorded on every slice written, and the plan yields to any newer publisher but the
+    ``gone`` ones (ids of newer publishers known to run no more: their slices are taken over).
     ``cache`` keeps what was compared for the next plan of the same pool (see
     :class:`ContentCache`); the plan is the same with or without it.
     """
@@ -273,7 +275,7 @@ def plan(
         newer = [
             p
             for p in (recorded_publisher(obj, desired.driver) for obj in ours)
-            if p is not None and p.rank > publisher.rank
+            if p is not None and p.rank > publisher.rank and p.id not in gone
         ]
         if newer:
             return Plan(generation=max(map(_generation, ours)), yielded_to=max(newer))

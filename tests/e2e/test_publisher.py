@@ -7,16 +7,19 @@ and runs a :class:`SliceController` for it inside the test's event loop.
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from devenv.localcluster import ClusterError, LocalCluster
 from dra_driver.kube import KubeClient
+from dra_driver.kubeletplugin.sockets import answers
 from dra_driver.resourceslice import DesiredPool, SliceController, contents_for, delete_pool_slices
 from dra_driver.resourceslice.publisher import Publisher
 from dra_driver.resourceslice.rawapi import NODES_PATH, SLICES_PATH, RawApi
@@ -499,3 +502,48 @@ async def test_rolling_update_hands_the_pool_to_the_newer_agent(
         await asyncio.sleep(1)
         assert old.writes == old_writes
     assert devices(await slices_of(raw, name)) == ["gpu-0", "gpu-1", "gpu-2"]
+
+
+async def test_a_rolled_back_update_hands_the_pool_back_to_the_older_agent(
+    kube_client: KubeClient, raw: RawApi, node: JSON, tmp_path: Path
+) -> None:
+    """A surge update rolled back: the new pod, which took the pool over, is removed and
+    the old one stays. Its stamp is left on the slices; the old agent, finding the new one's
+    registration socket gone, publishes its own pool again."""
+    name = node["metadata"]["name"]
+    registration = tmp_path / "new-reg.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(registration))
+    listener.listen(1)
+    old = SliceController(
+        kube_client,
+        driver=DRIVER,
+        node_name=name,
+        publisher=Publisher(1, "pod-old"),
+        publisher_alive=lambda other: answers(registration),
+        publisher_check=0.5,
+    )
+    new = SliceController(
+        kube_client, driver=DRIVER, node_name=name, publisher=Publisher(2, "pod-new")
+    )
+    new_pool = DesiredPool(DRIVER, name, name, contents_for([device(i) for i in range(3)]))
+
+    def stamps(objs: list[JSON]) -> set[str]:
+        return {o["metadata"]["annotations"][f"{DRIVER}/publisher"] for o in objs}
+
+    try:
+        async with running(old, pool_for(name, count=4)):
+            async with running(new, new_pool):
+                await asyncio.sleep(2)
+                assert stamps(await slices_of(raw, name)) == {"2/pod-new"}
+                assert not old.synced
+            listener.close()
+            registration.unlink()
+            async with asyncio.timeout(10):
+                await old.wait_synced()
+            objs = await slices_of(raw, name)
+            assert stamps(objs) == {"1/pod-old"}
+            devices = sorted(d["name"] for o in objs for d in o["spec"]["devices"])
+            assert devices == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+    finally:
+        listener.close()

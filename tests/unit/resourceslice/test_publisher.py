@@ -132,3 +132,17 @@ def test_the_same_agent_after_a_restart_writes_nothing() -> None:
 def test_an_agent_without_a_publisher_ignores_the_annotation() -> None:
     result = plan(published_by(POOL_B, NEW, generation=2), POOL_A, OWNER)
     assert result.yielded_to is None and not result.empty
+
+
+def test_a_newer_publisher_that_runs_no_more_is_not_yielded_to() -> None:
+    # A surge update rolled back: the new pod was removed, its stamp stays on the slices.
+    existing = published_by(POOL_A, NEW, generation=4)
+    result = plan(existing, POOL_A, OWNER, publisher=OLD, gone={NEW.id})
+    assert result.yielded_to is None
+    assert result.updates and not result.creates and not result.deletes
+    for body in result.updates:
+        assert recorded_publisher(body, DRIVER) == OLD
+    # Another newer publisher still running is yielded to.
+    newest = Publisher(30, "pod-newest")
+    existing[0]["metadata"]["annotations"][annotation_key(DRIVER)] = newest.annotation()
+    assert plan(existing, POOL_A, OWNER, publisher=OLD, gone={NEW.id}).yielded_to == newest
