@@ -13,6 +13,18 @@ from dra_driver.kube import KubeClient
 log = structlog.get_logger(__name__)
 
 
+#: An Event's name is a DNS subdomain: at most 253 characters.
+_MAX_NAME = 253
+
+
+def event_name(name: str) -> str:
+    """A fresh Event name for an object named ``name``: the name, shortened when needed so a
+    long one (up to 253 characters) still leaves room for the unique suffix."""
+    suffix = uuid.uuid4().hex[:12]
+    prefix = name[: _MAX_NAME - len(suffix) - 1].rstrip(".-")
+    return f"{prefix}.{suffix}"
+
+
 async def post_event(
     client: KubeClient,
     *,
@@ -33,7 +45,7 @@ async def post_event(
     body = {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"name": f"{name}.{uuid.uuid4().hex[:12]}", "namespace": event_ns},
+        "metadata": {"name": event_name(name), "namespace": event_ns},
         "involvedObject": {
             "apiVersion": api_version or ("v1" if kind == "Node" else resourceapi.API_VERSION),
             "kind": kind,
