@@ -10,7 +10,7 @@ import structlog
 
 from dra_driver import metrics
 from dra_driver.gpu.state.device_state import DeviceState
-from dra_driver.gpu.state.planner import CarveError, NoPlacementError
+from dra_driver.gpu.state.planner import CarveError, ClaimError, NoPlacementError
 from dra_driver.kubeletplugin import InlineRunner, run_blocking
 from dra_driver.kubeletplugin.interfaces import (
     ClaimRef,
@@ -141,7 +141,8 @@ class GpuDriver:
 
     async def allocated(self, claims: Mapping[str, frozenset[str]]) -> None:
         """Unprepare what was prepared before binding for a claim that is no longer
-        allocated those devices (deallocated by the scheduler, deleted): no pod ran."""
+        allocated those devices (deallocated by the scheduler, deleted): no pod ran. An
+        unprepare that failed is raised, after the others were done (the watcher calls again)."""
         early = await run_blocking(self.state.prepared_before_binding)
         stale = [ref for uid, (ref, names) in early.items() if claims.get(uid) != names]
         if stale:
@@ -149,7 +150,10 @@ class GpuDriver:
                 "unpreparing claims prepared before binding: no longer allocated",
                 claims=[str(r) for r in stale],
             )
-            await self.unprepare(stale)
+            results = await self.unprepare(stale)
+            failed = [str(e) for e in results.values() if isinstance(e, Exception)]
+            if failed:
+                raise ClaimError("; ".join(failed))
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, UnprepareResult]:
         """Unprepare a batch of claims."""

@@ -119,12 +119,15 @@ def failure_status(
     claim: JSON, driver: str, pool: str, devices: frozenset[str], message: str, now: str
 ) -> JSON | None:
     """The apply configuration that sets the binding failure conditions of ``devices``
-    (those that have some) in the claim's ``status.devices``; None when none has any."""
-    entries: dict[str, JSON] = {}
+    (those that have some) in the claim's ``status.devices``; None when none has any. A
+    device allocated with a shareID gets one entry per share, under its shareID (the API
+    server accepts the status of such a device only under it)."""
+    entries: dict[tuple[str, str | None], JSON] = {}
     for result in _ours(claim, driver, pool):
         device = str(result.get("device"))
+        share = str(result["shareID"]) if result.get("shareID") else None
         kinds = [str(k) for k in result.get("bindingFailureConditions") or []]
-        if device not in devices or not kinds or device in entries:
+        if device not in devices or not kinds or (device, share) in entries:
             continue
         conditions = [
             {
@@ -136,10 +139,11 @@ def failure_status(
             }
             for kind in kinds
         ]
-        entries[device] = {
+        entries[device, share] = {
             "driver": driver,
             "pool": pool,
             "device": device,
+            **({"shareID": share} if share else {}),
             "conditions": conditions,
         }
     if not entries:

@@ -12,11 +12,12 @@ import pytest
 
 from dra_driver.claimreport import DeviceStatus, status_body
 from dra_driver.gpu.driver import GpuDriver
+from dra_driver.gpu.mig.backend import MigError
 from dra_driver.gpu.mig.simulated import SIMULATED_STATE_FILE
 from dra_driver.gpu.publish.catalog import MIG_FAILED, MIG_READY
 from dra_driver.gpu.publish.publisher import BINDING, NodePublishing
 from dra_driver.gpu.state.checkpoint import stored_claims
-from dra_driver.kubeletplugin.binding import allocated_devices, waiting_devices
+from dra_driver.kubeletplugin.binding import allocated_devices, failure_status, waiting_devices
 from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare
 from dra_driver.resourceslice.pool import render_pool
 from tests.unit.gpu.mig.test_dynamic_mig import (
@@ -155,6 +156,22 @@ def test_status_sets_binding_conditions_or_failure_conditions() -> None:
     ]
 
 
+def test_failure_conditions_name_each_share_of_a_shared_device() -> None:
+    """Capacity layout: claims share gpu-0 by shareID, and the API server accepts the status
+    of such a device only under its shareID; two shares of one claim are two entries."""
+    claim = _api_claim(["gpu-0", "gpu-0"])
+    results = claim["status"]["allocation"]["devices"]["results"]
+    results[0]["shareID"], results[1]["shareID"] = "share-a", "share-b"
+    body = failure_status(claim, DRIVER, NODE, frozenset({"gpu-0"}), "boom", "t")
+    assert body is not None
+    entries = body["status"]["devices"]
+    assert [(e["device"], e.get("shareID")) for e in entries] == [
+        ("gpu-0", "share-a"),
+        ("gpu-0", "share-b"),
+    ]
+    assert all(e["conditions"][0]["type"] == MIG_FAILED for e in entries)
+
+
 # -- the agent's side --------------------------------------------------------------------------
 
 
@@ -224,6 +241,26 @@ async def test_prepared_before_binding_then_by_the_kubelet_then_released(tmp_pat
     await driver.allocated({})
     assert UID not in state.prepared_claims() and _instances(tmp_path) == []
     assert reporter.devices[UID] == []
+
+
+async def test_a_release_that_fails_is_raised_so_the_watcher_hands_the_claims_over_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = _state(tmp_path)
+    driver = GpuDriver(state, _Reporter())
+    await driver.prepare_before_binding(_to_prepare(MIG_1G))
+
+    def busy(*args: Any) -> None:
+        raise MigError("In use by another client")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(state._carver, "destroy", busy)
+        # The watcher retries only a call that raised: a failure must not pass for done.
+        with pytest.raises(Exception, match="In use by another client"):
+            await driver.allocated({})
+    assert UID in state.prepared_claims() and len(_instances(tmp_path)) == 1
+    await driver.allocated({})
+    assert UID not in state.prepared_claims() and _instances(tmp_path) == []
 
 
 async def test_a_claim_the_kubelet_prepared_is_never_released_by_the_watcher(
