@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +55,28 @@ def error_text(exc: BaseException) -> str:
 def _bad_uid_error(uid: str) -> str:
     shown = uid if len(uid) <= 40 else f"{uid[:40]}... ({len(uid)} characters)"
     return f"claim UID {shown!r} is not a Kubernetes UID ({UID_SHAPE})"
+
+
+#: A namespace is a DNS label, a claim name a DNS subdomain (which rules out "" and "..").
+_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_NAMESPACE = re.compile(_LABEL)
+_NAME = re.compile(rf"{_LABEL}(\.{_LABEL})*")
+
+
+def _bad_name_error(ref: ClaimRef) -> str | None:
+    """Why ``ref`` names no ResourceClaim the API server could hold, or None."""
+    if (
+        len(ref.namespace) <= 63
+        and _NAMESPACE.fullmatch(ref.namespace)
+        and len(ref.name) <= 253
+        and _NAME.fullmatch(ref.name)
+    ):
+        return None
+    shown = [v if len(v) <= 64 else f"{v[:64]}..." for v in (ref.namespace, ref.name)]
+    return (
+        f"claim {ref.uid}: namespace {shown[0]!r} and name {shown[1]!r} are "
+        "not a ResourceClaim namespace and name"
+    )
 
 
 def _by_uid_shape(claims: Sequence[ClaimRef]) -> tuple[list[ClaimRef], list[ClaimRef]]:
@@ -260,6 +283,10 @@ class NodeService:
 
     async def _fetch(self, ref: ClaimRef) -> ClaimToPrepare | str:
         """The checked claim, or the error message for it."""
+        bad_name = _bad_name_error(ref)
+        if bad_name is not None:
+            log.error("prepare refused", claim=str(ref), claim_uid=ref.uid, error=bad_name)
+            return bad_name
         try:
             claim = await self._fetcher.get_claim(ref.namespace, ref.name)
             return claim_to_prepare(ref, claim, self._driver_name, self._pool)

@@ -260,3 +260,22 @@ async def test_invalid_claim_uid_is_refused_per_claim_and_unprepares_idempotentl
     for _ in range(2):
         resp = await v1_stub.NodeUnprepareResources(unprepare_request(v1_pb2, bad), timeout=10)
         assert resp.claims[uid].error == ""
+
+
+@pytest.mark.parametrize(("namespace", "name"), [("", "claim"), ("default", ""), ("default", "..")])
+async def test_claim_without_a_valid_namespace_and_name_is_refused_without_an_api_read(
+    v1_stub: v1_grpc.DRAPluginStub,
+    driver: FakeDriver,
+    fetcher: FakeFetcher,
+    namespace: str,
+    name: str,
+) -> None:
+    # An empty name would read the whole collection of claims (".." the namespace object).
+    good = fetcher.add(make_claim("a-600d"))
+    bad = ClaimRef(namespace, name, "a-bad")
+    resp = await v1_stub.NodePrepareResources(prepare_request(v1_pb2, bad, good), timeout=10)
+    assert "not a ResourceClaim namespace and name" in resp.claims["a-bad"].error
+    assert "a-bad" in resp.claims["a-bad"].error
+    assert resp.claims["a-600d"].error == ""
+    assert fetcher.calls == 1
+    assert all("a-bad" not in uids for _, uids in driver.calls)
