@@ -84,17 +84,18 @@ def socket_paths(
 
 
 def answers(path: Path, timeout: float = 0.5) -> bool:
-    """Whether a server accepts connections on the unix socket ``path``.
+    """Whether a server listens on the unix socket ``path``.
 
-    A socket file left by a process that died refuses them; a server too busy to accept in
-    ``timeout`` seconds still runs.
+    Only a missing file or a refused connection (a socket file left by a process that died)
+    says no; a server too busy to take the connection (a full backlog, a timeout) still runs,
+    and so does anything that cannot be told apart from one.
     """
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         try:
             sock.connect(str(path))
-        except TimeoutError:
-            return True
-        except OSError:
+        except (FileNotFoundError, ConnectionRefusedError):
             return False
+        except OSError:
+            return True
     return True
