@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 from dra_driver.computedomain.api import OWN
@@ -52,11 +53,10 @@ def deliver(work: DomainController, view: View, kind: str, obj: dict[str, Any]) 
     work._queue_for(obj)
 
 
-async def test_a_template_name_freed_by_a_deleted_domain_is_taken_at_once() -> None:
-    """A domain whose template name is still held by the template of a deleted domain waits
-    (TemplateConflict); when that template is deleted, the domain makes its own at once, not
-    only at the next resync."""
-    client = Recording()
+@contextlib.asynccontextmanager
+async def working(client: Recording) -> AsyncIterator[DomainController]:
+    """The controller's worker (no resync in the test's time) with the new domain and the old
+    domain's template listed, the domain queued and handled once."""
     work = DomainController(client, OWN, SETTINGS, resync=3600)  # type: ignore[arg-type]
     work.domains.listed([DOMAIN])
     work.templates.listed([OLD_TEMPLATE])
@@ -64,34 +64,32 @@ async def test_a_template_name_freed_by_a_deleted_domain_is_taken_at_once() -> N
     try:
         work._queue(NEW)
         await asyncio.sleep(0.05)
+        yield work
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_a_template_name_freed_by_a_deleted_domain_is_taken_at_once() -> None:
+    """A domain whose template name is still held by the template of a deleted domain waits
+    (TemplateConflict); when that template is deleted, the domain makes its own at once, not
+    only at the next resync."""
+    client = Recording()
+    async with working(client) as work:
         assert not [p for p in client.applied if p.endswith("/train-channel")]
         deliver(work, work.templates, "DELETED", OLD_TEMPLATE)
         await asyncio.sleep(0.05)
         template = "/namespaces/team/resourceclaimtemplates/train-channel"
         assert [p for p in client.applied if p.endswith(template)]
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def test_a_deleted_domain_leaves_nothing_behind_in_the_controller() -> None:
     """The Events told about a domain are remembered (so they are not repeated) only while the
     domain lives: a controller that runs for months sees many thousands of domains come and
     go."""
-    client = Recording()
-    work = DomainController(client, OWN, SETTINGS, resync=3600)  # type: ignore[arg-type]
-    work.domains.listed([DOMAIN])
-    work.templates.listed([OLD_TEMPLATE])
-    task = asyncio.create_task(work._work())
-    try:
-        work._queue(NEW)
-        await asyncio.sleep(0.05)
+    async with working(Recording()) as work:
         assert any(key[0] == NEW for key in work._posted)  # the TemplateConflict Event
         deliver(work, work.domains, "DELETED", DOMAIN)
         await asyncio.sleep(0.05)
         assert not any(key[0] == NEW for key in work._posted)
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
