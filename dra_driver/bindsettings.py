@@ -23,13 +23,14 @@ from pathlib import Path
 from typing import Literal, Protocol, cast, get_args
 
 from dra_driver.errors import DriverError
+from dra_driver.resourceapi import DNS_SUBDOMAIN
 
 ENV_PREFIX = "DRA_"
 DEFAULT_DRIVER_NAME = "gpu.dra.dev"
 #: The NVIDIA DRA driver's name, which ``--compat nvidia`` publishes as.
 NVIDIA_DRIVER_NAME = "gpu.nvidia.com"
 #: A DNS subdomain of at most :data:`MAX_DRIVER_NAME` characters.
-DRIVER_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+DRIVER_NAME_PATTERN = DNS_SUBDOMAIN
 MAX_DRIVER_NAME = 63
 MAX_NODE_NAME = 253
 DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")

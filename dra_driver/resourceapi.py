@@ -11,6 +11,10 @@ import datetime
 from urllib.parse import quote
 
 GROUP = "resource.k8s.io"
+#: Names the API server accepts (lower-case RFC 1123): a DNS label (a namespace) and a DNS
+#: subdomain (a driver, a claim, most objects; at most 253 characters, checked apart).
+DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+DNS_SUBDOMAIN = rf"^{DNS_LABEL}(\.{DNS_LABEL})*$"
 VERSION = "v1"
 #: The ``apiVersion`` field of the group's objects.
 API_VERSION = f"{GROUP}/{VERSION}"

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from dra_driver.errors import DriverError
+from dra_driver.resourceapi import DNS_SUBDOMAIN
 
 JSON = dict[str, Any]
 
@@ -34,9 +35,8 @@ DAEMON_CONFIG_KIND = "ComputeDomainDaemonConfig"
 CLIQUE_LABEL = "nvidia.com/gpu.clique"
 #: The kernel's limit of IMEX channels on a node (``nvidia-caps-imex-channels`` minors).
 MAX_CHANNELS = 2048
-#: An object name the API server accepts for a ResourceClaimTemplate (a lowercase RFC 1123
-#: subdomain, at most 253 characters); the CRD's schema states the same pattern.
-DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+#: An object name the API server accepts for a ResourceClaimTemplate; the CRD's schema
+#: states the same pattern.
 _DNS_SUBDOMAIN = re.compile(DNS_SUBDOMAIN)
 #: The channel annotation as the controller writes it: ASCII digits only (``str.isdigit``
 #: also takes superscripts, which ``int`` refuses), short enough to be cheap to read.

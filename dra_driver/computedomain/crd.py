@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dra_driver.computedomain.api import DNS_SUBDOMAIN, KIND, PLURAL, ApiNames
+from dra_driver.computedomain.api import KIND, PLURAL, ApiNames
+from dra_driver.resourceapi import DNS_SUBDOMAIN
 
 JSON = dict[str, Any]
 

@@ -27,6 +27,7 @@ from dra_driver.kubeletplugin.interfaces import (
 from dra_driver.kubeletplugin.lock import NodeLock
 from dra_driver.kubeletplugin.threads import OTHER_CALLS
 from dra_driver.kubeletplugin.uid import UID_SHAPE, valid_uid
+from dra_driver.resourceapi import DNS_LABEL, DNS_SUBDOMAIN
 
 log = structlog.get_logger(__name__)
 
@@ -58,9 +59,8 @@ def _bad_uid_error(uid: str) -> str:
 
 
 #: A namespace is a DNS label, a claim name a DNS subdomain (which rules out "" and "..").
-_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_NAMESPACE = re.compile(_LABEL)
-_NAME = re.compile(rf"{_LABEL}(\.{_LABEL})*")
+_NAMESPACE = re.compile(DNS_LABEL)
+_NAME = re.compile(DNS_SUBDOMAIN)
 
 
 def _bad_name_error(ref: ClaimRef) -> str | None:
