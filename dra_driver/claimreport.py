@@ -6,10 +6,13 @@ API server merges our entries by (driver, pool, device) and leaves other drivers
 alone, so there is no read-modify-write and no conflict to retry. It cannot apply it to a
 claim whose allocation carries opaque parameters spelled otherwise than it would spell them
 (:mod:`dra_driver.rawstatus`): such a claim's status is written by update of the whole status.
-Later updates of one claim replace earlier ones that have not been written yet, and an update
-the API server already holds (the claim is still at the version our last write of the same
-devices left it, as when the kubelet prepares a claim again after a restart, or a pod's claim
-is prepared again right after its unprepare) is not written at all.
+A write that fails for a reason that may pass (the API server unreachable, 5xx, a conflict)
+is tried again with a backoff for as long as the claim stands, without holding up the other
+claims' writes. Later updates of one claim replace earlier ones that have not been written
+yet, and an update the API server already holds (the claim is still at the version our last
+write of the same devices left it, as when the kubelet prepares a claim again after a
+restart, or a pod's claim is prepared again right after its unprepare) is not written at
+all.
 """
 
 from __future__ import annotations
@@ -29,8 +32,14 @@ from dra_driver.kubeletplugin.interfaces import ClaimRef
 
 log = structlog.get_logger(__name__)
 
-MAX_ATTEMPTS = 6
 WRITE_DELAY = 0.5
+#: A write that failed for a reason that may pass (the API server down or restarting, a
+#: conflict) is tried again after a backoff doubling from 0.2 s up to this: a claim's status
+#: is never given up on while the claim stands, since a pod waiting for its binding
+#: conditions would wait out the scheduler's binding timeout (10 minutes) instead.
+MAX_BACKOFF = 30.0
+#: Failed attempts of one claim's write before a warning says it is still being tried.
+WARN_AFTER = 6
 
 
 class DeviceStatus(NamedTuple):
@@ -89,19 +98,32 @@ def status_body(
     }
 
 
+class _Retry(NamedTuple):
+    timer: asyncio.TimerHandle
+    ref: ClaimRef
+    devices: list[DeviceStatus]
+
+
 class ClaimReporter:
     """Background writer of claim device status and prepare-failure events."""
 
     def __init__(
-        self, client: KubeClient, driver: str, pool: str, delay: float = WRITE_DELAY
+        self,
+        client: KubeClient,
+        driver: str,
+        pool: str,
+        delay: float = WRITE_DELAY,
+        max_backoff: float = MAX_BACKOFF,
     ) -> None:
         """``client`` is owned by the caller; ``pool`` is the pool of this node's devices.
 
         Writes wait ``delay`` seconds, so a claim unprepared right after its prepare (pod
-        churn) costs the API server nothing at all.
+        churn) costs the API server nothing at all; a failed write is tried again after a
+        backoff of up to ``max_backoff`` seconds, for as long as the claim stands.
         """
         self._client = client
         self._delay = delay
+        self._max_backoff = max_backoff
         self._driver = driver
         self._pool = pool
         self._pending: dict[str, tuple[ClaimRef, list[DeviceStatus]]] = {}
@@ -116,6 +138,10 @@ class ClaimReporter:
         #: Claims whose status the API server refuses to apply over their allocation's opaque
         #: parameters: written by update instead, until cleared or gone.
         self._by_update: set[str] = set()
+        #: Per claim UID, the write that failed and waits for its next attempt, and how many
+        #: attempts have failed in a row (the backoff); a newer update replaces the write.
+        self._retries: dict[str, _Retry] = {}
+        self._failures: dict[str, int] = {}
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -134,6 +160,7 @@ class ClaimReporter:
         devices left, the API server holds them and nothing is written (a clear still
         queued is dropped).
         """
+        self._drop_retry(ref.uid)
         queued = self._pending.get(ref.uid)
         if not devices and queued is not None and queued[1] and ref.uid not in self._shown:
             # Cleared before its devices were written: the API server never saw them.
@@ -160,6 +187,7 @@ class ClaimReporter:
         """Preparing the claim before binding failed: set each device's binding failure
         conditions, (device name, condition types[, shareID]) each, so the scheduler tries
         elsewhere."""
+        self._drop_retry(ref.uid)
         self._pending[ref.uid] = (
             ref,
             [DeviceStatus(d[0], {}, (), (d[1], message), *d[2:]) for d in devices],
@@ -168,8 +196,8 @@ class ClaimReporter:
 
     @property
     def pending(self) -> int:
-        """Claims whose status is waiting to be written."""
-        return len(self._pending)
+        """Claims whose status is waiting to be written (queued, or to be tried again)."""
+        return len(self._pending) + len(self._retries)
 
     def prepare_failed(self, ref: ClaimRef, message: str) -> None:
         """A Warning event on the claim, so ``kubectl describe`` shows why."""
@@ -193,6 +221,9 @@ class ClaimReporter:
         seconds (at shutdown, once the kubelet's calls are done and :meth:`run` is
         cancelled): a status set in the last moments still reaches the claim."""
 
+        for uid in list(self._retries):  # their next attempt is now
+            self._requeue(uid)
+
         async def write_all() -> None:
             while self._pending:
                 uid = next(iter(self._pending))
@@ -214,51 +245,82 @@ class ClaimReporter:
             # so a claim unprepared and prepared again meanwhile is still one update.
             for uid in list(self._pending):
                 queued = self._pending.pop(uid, None)
-                if queued is not None:
-                    await self._apply(*queued)
+                if queued is not None and await self._apply(*queued):
+                    self._retry_later(*queued)
 
-    async def _apply(self, ref: ClaimRef, devices: list[DeviceStatus]) -> None:
+    def _retry_later(self, ref: ClaimRef, devices: list[DeviceStatus]) -> None:
+        """Queue the write of ``devices`` again after this claim's backoff."""
+        failures = self._failures.get(ref.uid, 0) + 1
+        self._failures[ref.uid] = failures
+        if failures == WARN_AFTER:
+            log.warning(
+                "claim status not written yet, still trying",
+                claim=str(ref),
+                claim_uid=ref.uid,
+                attempts=failures,
+            )
+        backoff = min(self._max_backoff, 0.2 * 2 ** (failures - 1)) * random.uniform(0.5, 1.0)
+        timer = asyncio.get_running_loop().call_later(backoff, self._requeue, ref.uid)
+        self._retries[ref.uid] = _Retry(timer, ref, devices)
+
+    def _requeue(self, uid: str) -> None:
+        """The next attempt of the claim's failed write is due: queue it."""
+        retry = self._retries.pop(uid)
+        retry.timer.cancel()  # when called before its time (at shutdown)
+        self._pending[uid] = (retry.ref, retry.devices)
+        self._wake.set()
+
+    def _drop_retry(self, uid: str) -> None:
+        """A newer update of the claim replaces the write waiting to be tried again."""
+        retry = self._retries.pop(uid, None)
+        if retry is not None:
+            retry.timer.cancel()
+
+    async def _apply(self, ref: ClaimRef, devices: list[DeviceStatus]) -> bool:
+        """Write one update of a claim; True if it failed for a reason that may pass and no
+        newer update of the claim came meanwhile (then the caller tries it again later)."""
         # Whatever stood is changing: until this write's answer, nothing may be skipped.
         self._written.pop(ref.uid, None)
         if devices:
             self._shown.add(ref.uid)
-        for attempt in range(MAX_ATTEMPTS):
-            if ref.uid in self._pending:
-                return  # superseded while we were backing off
-            body = status_body(ref, self._driver, self._pool, devices, resourceapi.api_time())
-            by_update = ref.uid in self._by_update
-            try:
-                if by_update:
-                    status, text = await self._update(ref, body["status"]["devices"])
-                else:
-                    status, text = await self._server_side_apply(ref, body)
-            except Exception as exc:  # connection trouble: retry below
-                status, text = 0, str(exc)
-            if not by_update and status in (403, 422) and "status.allocation" in text:
-                # Our apply never names the allocation: the API server re-encoded its opaque
-                # parameters (see rawstatus). Write this claim's status by update from now on.
-                log.debug("claim status written by update from now on", claim=str(ref))
-                self._by_update.add(ref.uid)
-                continue
-            if 200 <= status < 300:
-                version = _resource_version(text)
-                if devices and version:
-                    self._written[ref.uid] = (version, devices)
-                elif not devices:
-                    self._by_update.discard(ref.uid)
-                    self._shown.discard(ref.uid)
-                return
-            if status == 404:
+        status, text = await self._write(ref, devices)
+        if not (200 <= status < 300 or status in (400, 403, 404, 422)):
+            log.debug("claim status not written", claim=str(ref), status=status, error=text[:200])
+            return ref.uid not in self._pending
+        self._failures.pop(ref.uid, None)
+        if 200 <= status < 300:
+            version = _resource_version(text)
+            if devices and version:
+                self._written[ref.uid] = (version, devices)
+            elif not devices:
                 self._by_update.discard(ref.uid)
                 self._shown.discard(ref.uid)
-                return  # the claim is gone, nothing to report on
-            if status in (400, 403, 422):
-                log.error(
-                    "claim status rejected", claim=str(ref), status=status, error=_message(text)
-                )
-                return
-            await asyncio.sleep(min(10.0, 0.2 * 2**attempt) * random.uniform(0.5, 1.0))
-        log.warning("giving up on claim status", claim=str(ref), attempts=MAX_ATTEMPTS)
+        elif status == 404:  # the claim is gone, nothing to report on
+            self._by_update.discard(ref.uid)
+            self._shown.discard(ref.uid)
+        else:
+            log.error("claim status rejected", claim=str(ref), status=status, error=_message(text))
+        return False
+
+    async def _write(self, ref: ClaimRef, devices: list[DeviceStatus]) -> tuple[int, str]:
+        """One write of the claim's devices: the API server's status and answer (0 when it
+        could not be reached)."""
+        body = status_body(ref, self._driver, self._pool, devices, resourceapi.api_time())
+        by_update = ref.uid in self._by_update
+        try:
+            if by_update:
+                status, text = await self._update(ref, body["status"]["devices"])
+            else:
+                status, text = await self._server_side_apply(ref, body)
+        except Exception as exc:  # connection trouble: tried again later
+            return 0, str(exc)
+        if not by_update and status in (403, 422) and "status.allocation" in text:
+            # Our apply never names the allocation: the API server re-encoded its opaque
+            # parameters (see rawstatus). Write this claim's status by update from now on.
+            log.debug("claim status written by update from now on", claim=str(ref))
+            self._by_update.add(ref.uid)
+            return await self._write(ref, devices)
+        return status, text
 
     async def _server_side_apply(self, ref: ClaimRef, body: dict[str, Any]) -> tuple[int, str]:
         path = resourceapi.path(

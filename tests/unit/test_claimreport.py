@@ -375,3 +375,136 @@ async def test_flush_writes_what_is_pending_at_shutdown_within_its_time() -> Non
         started = asyncio.get_running_loop().time()
         await stuck.flush(0.2)
         assert asyncio.get_running_loop().time() - started < 2
+
+
+async def test_a_failed_write_is_tried_again_until_it_lands_without_holding_others() -> None:
+    """An API server that refuses writes for longer than a few attempts (a restart, a
+    control-plane upgrade) does not lose a claim's status: the scheduler waits for it
+    (binding conditions) up to its 10-minute timeout. Meanwhile other claims' writes go on."""
+    import asyncio
+
+    from aiohttp import web
+
+    from dra_driver.claimreport import WARN_AFTER, ClaimReporter
+    from tests.unit.kubeserver import plain_client, serve
+
+    base = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims"
+    failures = WARN_AFTER + 3
+
+    async def flaky(_: web.Request) -> web.Response:
+        nonlocal failures
+        if failures:
+            failures -= 1
+            return web.json_response({"message": "etcdserver: leader changed"}, status=503)
+        return web.json_response({"metadata": {"resourceVersion": "7"}})
+
+    async with serve() as server, plain_client(server) as client:
+        server.routes[("PATCH", f"{base}/a/status")] = flaky
+        server.json("PATCH", f"{base}/b/status", 200, {})
+        reporter = ClaimReporter(client, "gpu.dra.dev", "node-1", delay=0.01, max_backoff=0.05)
+        task = asyncio.create_task(reporter.run())
+        reporter.set_devices(ClaimRef("ns", "a", "ua"), [DeviceStatus("gpu-0", {"uuid": "A"})])
+        await asyncio.sleep(0.05)
+        reporter.set_devices(ClaimRef("ns", "b", "ub"), [DeviceStatus("gpu-1", {"uuid": "B"})])
+        for _ in range(300):
+            if failures == 0 and reporter.pending == 0:
+                break
+            await asyncio.sleep(0.02)
+        task.cancel()
+    paths = [s["path"] for s in server.seen]
+    assert paths.count(f"{base}/a/status") == WARN_AFTER + 4
+    assert paths.count(f"{base}/b/status") == 1
+    # b was written while a was still being refused, not after a's last attempt.
+    assert paths.index(f"{base}/b/status") < len(paths) - 1
+    assert reporter.pending == 0
+
+
+async def test_a_newer_update_replaces_the_write_waiting_for_its_retry() -> None:
+    """A retry never writes over a newer update: the claim was unprepared (status cleared)
+    while its prepared status waited to be tried again."""
+    import asyncio
+
+    from aiohttp import web
+
+    from dra_driver.claimreport import ClaimReporter
+    from tests.unit.kubeserver import plain_client, serve
+
+    path = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/a/status"
+    bodies: list[bytes] = []
+
+    async def first_fails(request: web.Request) -> web.Response:
+        bodies.append(await request.read())
+        if len(bodies) == 1:
+            return web.json_response({}, status=500)
+        return web.json_response({"metadata": {"resourceVersion": "9"}})
+
+    async with serve() as server, plain_client(server) as client:
+        server.routes[("PATCH", path)] = first_fails
+        reporter = ClaimReporter(client, "gpu.dra.dev", "node-1", delay=0.01, max_backoff=0.3)
+        task = asyncio.create_task(reporter.run())
+        ref = ClaimRef("ns", "a", "ua")
+        reporter.set_devices(ref, [DeviceStatus("gpu-0", {"uuid": "A"})])
+        for _ in range(100):
+            if bodies:
+                break
+            await asyncio.sleep(0.01)
+        reporter.set_devices(ref, [])
+        for _ in range(100):
+            if len(bodies) == 2 and reporter.pending == 0:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.4)  # past the failed write's backoff
+        task.cancel()
+    assert len(bodies) == 2
+    assert b'"devices":[]' in bodies[1].replace(b" ", b"")
+
+
+async def test_a_write_waiting_for_its_retry_is_written_at_shutdown() -> None:
+    import asyncio
+
+    from aiohttp import web
+
+    from dra_driver.claimreport import ClaimReporter
+    from tests.unit.kubeserver import plain_client, serve
+
+    path = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/a/status"
+    answers = [503, 200]
+
+    async def answer(_: web.Request) -> web.Response:
+        return web.json_response({}, status=answers.pop(0))
+
+    async with serve() as server, plain_client(server) as client:
+        server.routes[("PATCH", path)] = answer
+        reporter = ClaimReporter(client, "gpu.dra.dev", "node-1", delay=0.01, max_backoff=60)
+        reporter._failures["ua"] = 10  # the next retry would be tens of seconds away
+        task = asyncio.create_task(reporter.run())
+        reporter.set_devices(ClaimRef("ns", "a", "ua"), [DeviceStatus("gpu-0", {"uuid": "A"})])
+        for _ in range(100):
+            if server.seen:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        task.cancel()
+        assert reporter.pending == 1
+        await reporter.flush(2.0)
+    assert answers == []
+    assert reporter.pending == 0
+
+
+async def test_a_claim_gone_or_refusing_its_status_is_not_tried_again() -> None:
+    import asyncio
+
+    from dra_driver.claimreport import ClaimReporter
+    from tests.unit.kubeserver import plain_client, serve
+
+    base = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims"
+    async with serve() as server, plain_client(server) as client:
+        server.json("PATCH", f"{base}/bad/status", 422, {"message": "status.devices: Invalid"})
+        reporter = ClaimReporter(client, "gpu.dra.dev", "node-1", delay=0.01, max_backoff=0.02)
+        task = asyncio.create_task(reporter.run())
+        reporter.set_devices(ClaimRef("ns", "gone", "ug"), [DeviceStatus("gpu-0", {})])
+        reporter.set_devices(ClaimRef("ns", "bad", "ub"), [DeviceStatus("gpu-1", {})])
+        await asyncio.sleep(0.3)
+        task.cancel()
+    assert sorted(s["path"] for s in server.seen) == [f"{base}/bad/status", f"{base}/gone/status"]
+    assert reporter.pending == 0
