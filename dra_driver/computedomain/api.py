@@ -172,6 +172,8 @@ class Domain:
     finalizers: tuple[str, ...]
     channel: int | None  # the IMEX channel given to it, from its annotation
     status: JSON
+    #: The version read; a write that replaces a list (the finalizers) is made on it only.
+    resource_version: str = ""
 
     @property
     def key(self) -> str:
@@ -200,6 +202,7 @@ def read_domain(obj: JSON, names: ApiNames) -> Domain:
             (meta.get("annotations") or {}).get(names.channel_annotation), f"{namespace}/{name}"
         ),
         status=status if isinstance(status, dict) else {},
+        resource_version=str(meta.get("resourceVersion") or ""),
     )
 
 

@@ -383,37 +383,55 @@ class DomainController:
         )
         actions = plan(observed, self._names, self._settings)
         for action in actions:
-            await self._carry_out(domain, action)
+            # The next write's precondition is the version this one left.
+            domain = await self._carry_out(domain, action)
         return actions
 
     # -- writing ---------------------------------------------------------------------
 
-    async def _patch_domain(self, domain: Domain, patch: JSON, subresource: str = "") -> None:
+    async def _patch_domain(self, domain: Domain, patch: JSON, subresource: str = "") -> Domain:
+        """Merge ``patch`` into the domain as read in ``domain`` and return it as written.
+
+        The version read is a precondition (409 otherwise, retried on a fresh read): a
+        domain deleted and made again under its name is never written with what was planned
+        for the old one (its UID alone is no precondition on the status subresource), and a
+        list the patch replaces (the finalizers) cannot have changed since it was read.
+        """
+        meta = {"uid": domain.uid}
+        if domain.resource_version:
+            meta["resourceVersion"] = domain.resource_version
+        body = {**patch, "metadata": {**patch.get("metadata", {}), **meta}}
         path = self._names.path(domain.namespace, domain.name, subresource)
         response = await self._client.request(
-            "PATCH", path, body=patch, content_type="application/merge-patch+json"
+            "PATCH", path, body=body, content_type="application/merge-patch+json"
         )
         raise_for_status(response, verb="patch", resource="computedomains", name=domain.key)
+        written = read_domain(response.json(), self._names) if response.body else None
+        if written is None or written.uid != domain.uid:
+            return replace(domain, resource_version="")  # not told: the UID stays checked
+        return written
 
-    async def _carry_out(self, domain: Domain, action: Action) -> None:
+    async def _carry_out(self, domain: Domain, action: Action) -> Domain:
+        """Carry out one action; the domain as it stands after it."""
         names = self._names
         finalizers = list(domain.finalizers)
         match action:
             case AddFinalizer():
-                await self._patch_domain(
-                    domain, {"metadata": {"finalizers": [*finalizers, names.finalizer]}}
-                )
+                added = [*finalizers, names.finalizer]
+                return await self._patch_domain(domain, {"metadata": {"finalizers": added}})
             case RemoveFinalizer():
                 rest = [f for f in finalizers if f != names.finalizer]
-                await self._patch_domain(domain, {"metadata": {"finalizers": rest}})
+                domain = await self._patch_domain(domain, {"metadata": {"finalizers": rest}})
                 log.info("compute domain released", domain=domain.key)
             case SetChannel(channel=channel):
                 annotations = {names.channel_annotation: str(channel)}
-                await self._patch_domain(domain, {"metadata": {"annotations": annotations}})
+                domain = await self._patch_domain(
+                    domain, {"metadata": {"annotations": annotations}}
+                )
                 self._assigned[domain.uid] = channel
                 log.info("imex channel given", domain=domain.key, channel=channel)
             case SetStatus(status=status):
-                await self._patch_domain(domain, {"status": status}, "status")
+                domain = await self._patch_domain(domain, {"status": status}, "status")
                 log.info("compute domain status", domain=domain.key, status=status["status"])
             case Apply(resource=resource, namespace=ns, name=name, body=body):
                 response = await server_side_apply(
@@ -443,6 +461,7 @@ class DomainController:
                 await self._unlabel(domain, node)
             case Emit(reason=reason, message=message, warning=warning):
                 await self._emit(domain, reason, message, warning)
+        return domain
 
     async def _unlabel(self, domain: Domain, node: str) -> None:
         await remove_domain_label(self._client, self._names.domain_label, node, domain.uid)

@@ -332,6 +332,61 @@ async def test_the_api_server_refuses_an_invalid_or_changed_spec(
     assert response.status == 422 and b"immutable" in response.body
 
 
+async def test_the_controller_writes_only_to_the_domain_it_read(
+    kube_client: KubeClient, installed: None, namespace: str
+) -> None:
+    """A domain deleted and made again under its name between the controller's read and its
+    write is not written with what was planned for the old one (above all, the new domain's
+    finalizer is not removed by the old one's teardown); a finalizer list that changed since
+    the read is not replaced. Each is refused by the API server and retried on a fresh read."""
+    from dra_driver.computedomain.planner import AddFinalizer, RemoveFinalizer, SetStatus
+    from dra_driver.resourceslice.rawapi import ApiError
+
+    client = kube_client
+    settings = DaemonSettings(namespace=namespace, image="localhost/dra-driver:e2e")
+    writer = DomainController(client, NAMES, settings)
+    body = _domain("again", "t")
+    body["metadata"]["finalizers"] = ["example.com/keep"]
+    old = read_domain(await _create_domain(client, namespace, body), NAMES)
+    path = NAMES.path(namespace, "again")
+    strip = {"metadata": {"finalizers": None}}
+    await _ok(
+        await client.request("PATCH", path, body=strip, content_type="application/merge-patch+json")
+    )
+    await _ok(await client.request("DELETE", path))
+    await _until("the old domain gone", lambda: _gone(client, path))
+    body["metadata"]["finalizers"] = [NAMES.finalizer]
+    new = read_domain(await _create_domain(client, namespace, body), NAMES)
+    assert new.uid != old.uid
+
+    for action in (RemoveFinalizer(), SetStatus({"status": "Ready", "nodes": []})):
+        with pytest.raises(ApiError) as refused:
+            await writer._carry_out(old, action)
+        assert refused.value.status == 409, refused.value
+    got = await _get(client, path)
+    assert got is not None and got["metadata"]["finalizers"] == [NAMES.finalizer]
+    assert not (got.get("status") or {}).get("status")
+
+    # Someone else's finalizer added after the read is not dropped by replacing the list.
+    other = {"metadata": {"finalizers": [NAMES.finalizer, "example.com/other"]}}
+    await _ok(
+        await client.request("PATCH", path, body=other, content_type="application/merge-patch+json")
+    )
+    with pytest.raises(ApiError) as conflict:
+        await writer._carry_out(new, RemoveFinalizer())
+    assert conflict.value.status == 409
+    fresh = read_domain(await _get(client, path) or {}, NAMES)
+    await writer._carry_out(fresh, RemoveFinalizer())
+    got = await _get(client, path)
+    assert got is not None and got["metadata"]["finalizers"] == ["example.com/other"]
+    with pytest.raises(ApiError):
+        await writer._carry_out(fresh, AddFinalizer())  # read before the removal above
+    await writer._carry_out(read_domain(got, NAMES), AddFinalizer())
+    got = await _get(client, path)
+    assert got is not None
+    assert got["metadata"]["finalizers"] == ["example.com/other", NAMES.finalizer]
+
+
 # -- the node side: the compute domain plugin beside the kubelet ---------------------------
 
 CLASSES = {
