@@ -113,6 +113,7 @@ class GpuDriver:
         """Prepare a claim the scheduler waits for (binding conditions) and set its
         conditions: all True, or on failure its failure conditions, so the scheduler
         deallocates it and schedules the pod again."""
+        await self._release_earlier_allocation(claim)
         started = time.perf_counter()
         results = await run_blocking(self.state.prepare, [claim], True)
         metrics.observe_batch(metrics.PREPARE_SECONDS, started, dict(results))
@@ -138,6 +139,33 @@ class GpuDriver:
             self.reporter.prepare_failed(claim.ref, message)
         else:
             self._report_prepared(self.reporter, claim)
+
+    async def _release_earlier_allocation(self, claim: ClaimToPrepare) -> None:
+        """Undo what was prepared before binding for an earlier allocation of ``claim``.
+
+        A claim deallocated and allocated again between two of the watcher's views (the
+        same devices, new shares of them) still has the first allocation's preparation,
+        which the watcher's view of device names cannot tell apart; answered from it, its
+        status would name shares that are no longer the claim's, which the API server
+        refuses, and the scheduler would wait out its binding timeout. A failed release is
+        raised (the watcher sets the claim's failure conditions)."""
+        early = await run_blocking(self.state.prepared_before_binding)
+        if claim.ref.uid not in early:
+            return
+        recorded = sorted((n, s or "") for n, _, s in self.state.device_ids(claim.ref.uid))
+        wanted = sorted((str(r.get("device")), str(r.get("shareID") or "")) for r in claim.results)
+        if recorded == wanted:
+            return
+        log.info(
+            "unpreparing a claim prepared before binding for an earlier allocation",
+            claim=str(claim.ref),
+            claim_uid=claim.ref.uid,
+            recorded=recorded,
+            allocated=wanted,
+        )
+        outcome = (await self.unprepare([claim.ref])).get(claim.ref.uid)
+        if isinstance(outcome, Exception):
+            raise outcome
 
     async def allocated(self, claims: Mapping[str, frozenset[str]]) -> None:
         """Unprepare what was prepared before binding for a claim that is no longer

@@ -297,3 +297,35 @@ async def test_failed_creation_sets_failure_conditions_and_names_the_gpu(tmp_pat
     )
     await driver.prepare_before_binding(bad)
     assert UID in reporter.failed and told == []
+
+
+async def test_a_claim_allocated_again_with_new_shares_is_not_answered_from_the_old_ones(
+    tmp_path: Path,
+) -> None:
+    """Capacity layout: a claim deallocated before binding and allocated again on the same
+    GPU (new shareIDs) before the watcher saw it go. Its device names are the same, so the
+    watcher's view does not change; the first allocation's preparation must still not answer
+    for the second: its status would name a share the API server no longer holds."""
+    from tests.unit.gpu.mig.test_mig_capacity import _claim, _share
+    from tests.unit.gpu.mig.test_mig_capacity import _instances as instances
+    from tests.unit.gpu.mig.test_mig_capacity import _state as capacity_state
+
+    state = capacity_state(tmp_path)
+    reporter = _Reporter()
+    driver = GpuDriver(state, reporter)
+    first = _claim(UID, _share("one", 1, 1))
+    await driver.prepare_before_binding(first)
+    assert [d[4] for d in reporter.devices[UID]] == ["share-one"]
+    assert len(instances(tmp_path)) == 1
+    await driver.allocated({UID: frozenset({"gpu-0"})})  # the view: the same device name
+    again = _claim(UID, _share("two", 1, 1))
+    await driver.prepare_before_binding(again)
+    assert [d[4] for d in reporter.devices[UID]] == ["share-two"]
+    record = state.record(UID)
+    assert record is not None and [d.share_id for d in record.devices] == ["share-two"]
+    assert len(instances(tmp_path)) == 1  # the first share's MIG device went with it
+    # Prepared again for the same allocation (the watcher's retry): kept as it is.
+    uuid = record.devices[0].uuid
+    await driver.prepare_before_binding(again)
+    after = state.record(UID)
+    assert after is not None and after.devices[0].uuid == uuid
