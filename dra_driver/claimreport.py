@@ -245,7 +245,15 @@ class ClaimReporter:
             # so a claim unprepared and prepared again meanwhile is still one update.
             for uid in list(self._pending):
                 queued = self._pending.pop(uid, None)
-                if queued is not None and await self._apply(*queued):
+                if queued is None:
+                    continue
+                try:
+                    failed = await self._apply(*queued)
+                except asyncio.CancelledError:
+                    # Stopped mid-write (shutdown): the update stays for flush to write.
+                    self._pending.setdefault(uid, queued)
+                    raise
+                if failed:
                     self._retry_later(*queued)
 
     def _retry_later(self, ref: ClaimRef, devices: list[DeviceStatus]) -> None:

@@ -508,3 +508,34 @@ async def test_a_claim_gone_or_refusing_its_status_is_not_tried_again() -> None:
         task.cancel()
     assert sorted(s["path"] for s in server.seen) == [f"{base}/bad/status", f"{base}/gone/status"]
     assert reporter.pending == 0
+
+
+async def test_a_write_cut_short_by_shutdown_is_written_by_flush() -> None:
+    import asyncio
+
+    from aiohttp import web
+
+    from dra_driver.claimreport import ClaimReporter
+    from tests.unit.kubeserver import plain_client, serve
+
+    path = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/a/status"
+    hang = asyncio.Event()
+
+    async def first_hangs(_: web.Request) -> web.Response:
+        if not hang.is_set():
+            hang.set()
+            await asyncio.sleep(3600)
+        return web.json_response({"metadata": {"resourceVersion": "3"}})
+
+    async with serve() as server, plain_client(server) as client:
+        server.routes[("PATCH", path)] = first_hangs
+        reporter = ClaimReporter(client, "gpu.dra.dev", "node-1", delay=0.01)
+        task = asyncio.create_task(reporter.run())
+        reporter.set_devices(ClaimRef("ns", "a", "ua"), [DeviceStatus("gpu-0", {"uuid": "A"})])
+        await asyncio.wait_for(hang.wait(), 5)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert reporter.pending == 1
+        await reporter.flush(5.0)
+    assert reporter.pending == 0
+    assert [s["path"] for s in server.seen] == [path, path]
