@@ -143,6 +143,15 @@ class HealthTracker:
         changed = False
         for name in names:
             old = self._conditions.get(name)
+            if (
+                old is not None
+                and event.problem in MIG_PROBLEMS
+                and old.problem not in MIG_PROBLEMS
+            ):
+                # One condition a device: a MIG creation problem must not replace a health
+                # problem, which would then read healthy to the kubelet and be cleared
+                # without a probe (mig-fragmented after its hold).
+                continue
             new = _Condition(
                 event.problem, event.xid, api_time(), event.uuid, now, event.message, event.hold
             )

@@ -93,7 +93,8 @@ class Catalog:
         """The pool to publish: pool name = node name, slices packed by API limits.
 
         ``taints`` (device name -> device taints) marks unhealthy devices. A placement
-        without taints of its own carries those of its whole GPU: they share its health.
+        (or MIG device) without taints of its own carries those of its whole GPU: they
+        share its health.
         ``withdraw_tainted``: leave the devices that would carry taints out instead, for an
         API server without device taints (nothing else keeps the scheduler off them).
         ``bind_placements``: MIG placements (and GPUs published by MIG capacity) carry binding
@@ -136,7 +137,9 @@ class Catalog:
             pool_name=node_name,
             node_name=node_name,
             slices=contents_for(
-                tainted(self.plain, False),
+                # Plain MIG devices inherit too: ones made after the tracker was built
+                # (dynamic MIG given up since) are unknown to it, their GPU's name is not.
+                tainted(self.plain, True),
                 self.counter_sets,
                 [tainted(group, True) for group in self.groups],
             ),

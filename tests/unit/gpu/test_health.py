@@ -394,3 +394,53 @@ def test_an_event_on_a_mig_device_reaches_only_that_device(layout: Layout, tmp_p
     published = _published(catalog, tracker)
     assert {n for n, tainted in published.items() if tainted} == {name} & set(published)
     assert _unhealthy(tracker) == {name}
+
+
+@pytest.mark.parametrize("problem", ["mig-fragmented", "mig-failed"])
+def test_a_mig_creation_problem_does_not_replace_a_health_problem(problem: str) -> None:
+    # A lost GPU (or one with a critical Xid) where a MIG device then cannot be made (a
+    # claim allocated before the loss is prepared): the GPU must stay tainted as lost and
+    # unhealthy for the kubelet; clearing the MIG problem (30 s later, without a probe)
+    # must not untaint it.
+    tracker, uuids = _tracker("dgx-h100")
+    assert tracker.apply(HealthEvent(uuids[0], "gpu-lost"), 0.0)
+    event = HealthEvent(
+        uuids[0],
+        problem,  # type: ignore[arg-type]
+        message="Insufficient Resources",
+        hold=300,
+    )
+    assert not tracker.apply(event, 1.0)
+    assert tracker.taints()["gpu-0"][0]["key"] == f"{DRIVER}/gpu-lost"
+    health = {d.device_name: d.status for d in tracker.device_health("n")}
+    assert health["gpu-0"] is HealthStatus.UNHEALTHY
+    assert tracker.clear(uuids[0], problem) == {}  # type: ignore[arg-type]
+    assert tracker.taints()["gpu-0"][0]["key"] == f"{DRIVER}/gpu-lost"
+
+
+async def test_a_gpu_event_taints_mig_devices_made_before_dynamic_mig_was_given_up(
+    tmp_path: Path,
+) -> None:
+    # Dynamic MIG made a MIG device after the agent started (its tracker knows the GPU
+    # without it); then the API server dropped DRAPartitionableDevices and the node is
+    # published statically: that MIG device is a plain device of its own. An Xid on its
+    # GPU must keep the scheduler off it.
+    inventory = _single_h100()
+    gpu = inventory.gpus[0]
+    backend = SimulatedMig(tmp_path / SIMULATED_STATE_FILE, inventory)
+    publishing = NodePublishing(backend, inventory)
+    tracker = HealthTracker(inventory, DRIVER)  # as NodeAgent builds it, at start
+    backend.set_mig_mode(gpu, True)
+    profile = next(p for p in gpu.mig_profiles if p.name == "3g.40gb")
+    backend.create(gpu, profile, profile.placements[0].start)
+    assert await publishing.on_dropped({"DRAPartitionableDevices"})
+    assert not publishing.dynamic
+
+    assert tracker.apply(HealthEvent(gpu.uuid, "xid", 79), 0.0)
+    slices = render_pool(publishing.pool(NODE, DRIVER, tracker.taints()))
+    assert check_pool(slices) == []
+    devices = {d["name"]: d for s in slices for d in s["spec"].get("devices") or []}
+    assert list(devices) == ["gpu-0-mig-3g40gb-9-0"]
+    assert [t["key"] for t in devices["gpu-0-mig-3g40gb-9-0"].get("taints", [])] == [
+        f"{DRIVER}/xid"
+    ]
