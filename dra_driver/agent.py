@@ -318,7 +318,9 @@ class NodeAgent:
         scheduler, which only counts, places the pod elsewhere instead of here again."""
         self._keep_off(
             gpus,
-            HealthEvent("", "mig-fragmented", message=message),
+            # The hold keeps a re-check (which finds the GPU healthy) from clearing it
+            # before _unfragment_later does when the re-check interval is shorter.
+            HealthEvent("", "mig-fragmented", message=message, hold=FRAGMENTED_HOLD),
             "MIGNoPlacement",
             f"the slices fit but no placement is free; no new claims there for "
             f"{FRAGMENTED_HOLD:g}s",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from prometheus_client import REGISTRY
 from dra_driver.agent import NodeAgent, build_state
 from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
 from dra_driver.gpu.health.nvml import WatchEnded
+from dra_driver.gpu.health.tracker import FRAGMENTED_HOLD
 from dra_driver.settings import Settings
 from dra_driver.supervise import Heartbeats, supervise
 
@@ -152,3 +154,22 @@ async def test_a_health_watch_that_cannot_start_fails_liveness(
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_no_free_placement_is_not_rechecked_away_before_its_hold(
+    agent: NodeAgent,
+) -> None:
+    # Re-checks more often than FRAGMENTED_HOLD: the probe finds the GPU healthy (it is),
+    # which must not untaint it before the hold is over.
+    uuid = agent.inventory.gpus[0].uuid
+    at = time.monotonic()
+    agent.on_no_placement((uuid,), "no placement of 3g.40gb is free")
+    try:
+        assert agent.health.taints()["gpu-0"][0]["key"].endswith("/mig-fragmented")
+        assert agent.health.due(at + FRAGMENTED_HOLD / 2, 10.0) == []
+        assert agent.health.due(at + FRAGMENTED_HOLD + 1, 10.0) == [uuid]
+    finally:
+        tasks = list(agent._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
