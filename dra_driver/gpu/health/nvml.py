@@ -301,7 +301,11 @@ class NvmlProber:
         try:
             return {uuid: _probe_one(pynvml, uuid) for uuid in sources}
         finally:
-            pynvml.nvmlShutdown()
+            # Not fatal, as in the event thread: raising here would drop the answers.
+            try:
+                pynvml.nvmlShutdown()
+            except pynvml.NVMLError as exc:
+                log.warning("NVML not shut down", error=str(exc))
 
 
 def _probe_one(pynvml: Any, uuid: str) -> str | None:

@@ -427,7 +427,9 @@ def test_stop_ends_the_thread_within_one_wait(node: FakeNode, tmp_path: Path) ->
 
 _PROBE = """
 import json, sys
+from dra_driver import logs
 from dra_driver.gpu.health.nvml import NvmlProber
+logs.configure("json")  # logs go to stderr; stdout carries the answer
 print(json.dumps(NvmlProber().probe(json.loads(sys.argv[1]))))
 """
 
@@ -484,3 +486,13 @@ def test_probe_without_nvml_reports_every_device(node: FakeNode, tmp_path: Path)
     uuid = node.inventory.gpus[0].uuid
     answer = _probe(node, tmp_path / "none", [uuid], FAKE_NVML_FAIL="nvmlInitWithFlags=9")
     assert answer == {uuid: "NVML did not initialise: Driver Not Loaded"}
+
+
+def test_probe_answers_though_nvml_does_not_shut_down(node: FakeNode, tmp_path: Path) -> None:
+    # A failed nvmlShutdown (as the event thread's, only logged) must not throw away the
+    # answers: the re-check loop would crash on every round and never untaint anything.
+    health = tmp_path / "nvml.health"
+    gpus = [g.uuid for g in node.inventory.gpus[:2]]
+    health.write_text(f"{gpus[1]} lost\n")
+    answer = _probe(node, health, gpus, FAKE_NVML_FAIL="nvmlShutdown")
+    assert answer == {gpus[0]: None, gpus[1]: "GPU is lost"}
