@@ -391,7 +391,12 @@ class HostSharing:
         cgroup and its shm tmpfs are removed. A daemon that is gone is not an error."""
         identity = self._daemon(daemon_id, pipe_dir)
         if identity is not None:
-            self._control(pipe_dir, "quit")
+            try:
+                self._control(pipe_dir, "quit")
+            except SharingError as exc:
+                # A hung daemon times the client out, a driver upgrade may remove the tool:
+                # the recorded process is signalled all the same, never left running.
+                log.warning("MPS daemon quit failed", daemon=daemon_id, error=str(exc))
             if not _exited(identity, QUIT_GRACE):
                 log.warning("MPS daemon ignored quit: terminating it", daemon=daemon_id)
                 _signal(identity, signal.SIGTERM)

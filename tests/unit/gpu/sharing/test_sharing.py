@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -266,3 +268,32 @@ def test_an_mps_tool_outside_the_driver_root_fails_the_daemon_with_what_to_set(
     daemon = daemon_for(tmp_path / "mps", "claim-1", ["GPU-1"])
     with pytest.raises(SharingError, match=r"is not in the driver root .*--driver-root"):
         backend.start_mps(daemon)
+
+
+def test_a_daemon_whose_quit_fails_is_still_signalled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hung daemon makes the control client time out (or the tool is gone after a driver
+    upgrade): the recorded process is still terminated, not left running with no claim."""
+    from dra_driver.gpu.sharing import host as hostmod
+    from dra_driver.gpu.sharing import procs
+
+    daemon = subprocess.Popen(["sleep", "60"])
+    try:
+        backend = HostSharing(tmp_path / "gpu.dra.dev" / "mps")
+        identity = procs.identify(daemon.pid)
+        assert identity is not None
+        backend._record("d1", identity)
+
+        def hung(pipe_dir: Path, command: str) -> subprocess.CompletedProcess[str]:
+            raise SharingError("nvidia-cuda-mps-control: timed out after 30 seconds")
+
+        monkeypatch.setattr(backend, "_control", hung)
+        monkeypatch.setattr(backend, "_cleanup", lambda daemon_id, shm_dir: None)
+        monkeypatch.setattr(hostmod, "QUIT_GRACE", 0.1)
+        backend.stop_mps("d1", backend.mps_root / "d1" / "pipe")
+        assert daemon.wait(timeout=5) == -signal.SIGTERM
+        assert not (backend.registry / "d1.json").exists()
+    finally:
+        daemon.kill()
+        daemon.wait()
