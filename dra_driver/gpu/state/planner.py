@@ -139,7 +139,9 @@ def plan_claim(
             share = share_of(str(result["shareID"]), result.get("consumedCapacity"))
             device = with_share(device, share)
         devices.append(device)
-    uuids = [d.uuid for d in devices]
+    # A MIG device made on demand has no UUID yet (its GPU's is not its own): only an
+    # index names it, else a key naming its GPU passes here and then limits nothing.
+    uuids = [d.uuid for d, spec in zip(devices, carve, strict=True) if spec is None]
     for device in devices:
         where = f"claim {ref}, request {device.requests[0]}"
         check_device_keys(device.config, devices=len(devices), uuids=uuids, where=where)

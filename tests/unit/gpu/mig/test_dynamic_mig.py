@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from dra_driver import faults
+from dra_driver.gpu.config import ConfigError
 from dra_driver.gpu.discovery.simulated import build_inventory, load_profile
 from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.mig.backend import MigError
@@ -436,3 +437,34 @@ def test_dynamic_mig_batches_are_never_quick(tmp_path: Path) -> None:
     assert not state.quick_prepare([claim])
     assert isinstance(state.prepare([claim])["a"], list)
     assert not state.quick_unprepare([claim.ref])
+
+
+def test_a_per_device_limit_keyed_by_the_parent_gpu_of_a_mig_device_made_on_demand_is_refused(
+    tmp_path: Path,
+) -> None:
+    """A MIG device made on demand has no UUID before it exists; its GPU's UUID does not name
+    it: such a key was accepted, then matched nothing, and the device ran without a limit."""
+    sim = SimulatedSharing(tmp_path / "sim.json")
+    state = DeviceState(
+        inventory=_inventory(),
+        driver_name=DRIVER,
+        node_name=NODE,
+        cdi_root=tmp_path / "cdi",
+        state_dir=tmp_path / "plugin",
+        boot_id="boot-1",
+        mig=_backend(tmp_path),
+        evidence=NOTHING_IN_USE,
+        sharing=sim,
+    )
+    gpu = _inventory().gpus[0].uuid
+    mps = {"defaultPerDevicePinnedMemoryLimit": {gpu: "1Gi"}}
+    parameters = {
+        "apiVersion": "gpu.dra.dev/v1alpha1",
+        "kind": "MigDeviceConfig",
+        "sharing": {"strategy": "MPS", "mpsConfig": mps},
+    }
+    config = [{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": parameters}}]
+    out = state.prepare([_claim("a", MIG_3G, config=config)])
+    assert isinstance(out["a"], ConfigError), out
+    assert "names no device of the claim" in str(out["a"])
+    assert sim.read().mps == {} and _instances(tmp_path) == []
