@@ -26,7 +26,6 @@ from dra_driver.gpu.discovery.base import DiscoveryError
 from dra_driver.gpu.discovery.nvml import SYSFS_ROOT_ENV, NvmlDiscovery, cuda_version_string
 from dra_driver.gpu.discovery.nvmllib import (
     LIBRARY,
-    LIBRARY_DIRS,
     NvmlInitError,
     error_code,
     nvml_init,
@@ -34,6 +33,7 @@ from dra_driver.gpu.discovery.nvmllib import (
     nvml_text,
     preload_library,
 )
+from dra_driver.gpu.driverroot import BIN_DIRS, find_library, tool_env
 from dra_driver.gpu.hwcheck import (
     NO_GPUS,
     PASS_CARVE,
@@ -68,8 +68,6 @@ from dra_driver.gpu.publish.devices import gpu_device_name
 from dra_driver.gpu.sharing.backend import MpsDaemon
 from dra_driver.gpu.sharing.mps import daemon_for
 
-#: Where driver installations put their tools, relative to the driver root.
-BIN_DIRS = ("usr/bin", "usr/local/bin", "bin")
 SMI_TIMEOUT = 30.0
 #: How long a stopped MPS daemon may take to go.
 MPS_STOP_WAIT = 10.0
@@ -142,8 +140,7 @@ def _driver(driver_root: Path) -> Row | NvmlUnavailable:
     try:
         preloaded = preload_library(driver_root)
     except OSError as exc:
-        candidates = (driver_root / d / LIBRARY for d in LIBRARY_DIRS)
-        path = next((c for c in candidates if c.exists()), driver_root)
+        path = find_library(driver_root, LIBRARY) or driver_root
         return load_failure(str(path), str(exc))
     try:
         nvml_init()
@@ -210,13 +207,8 @@ def _tool(driver_root: Path, name: str) -> str | None:
 
 
 def _tool_env(driver_root: Path) -> dict[str, str]:
-    """The environment for the driver's tools: its library directories first."""
-    env = dict(os.environ)
-    if driver_root != Path("/"):
-        libs = [str(driver_root / d) for d in LIBRARY_DIRS if (driver_root / d).is_dir()]
-        if libs:
-            env["LD_LIBRARY_PATH"] = ":".join([*libs, env.get("LD_LIBRARY_PATH", "")]).rstrip(":")
-    return env
+    """The environment for the driver's tools (:func:`~dra_driver.gpu.driverroot.tool_env`)."""
+    return {**os.environ, **tool_env(driver_root)}
 
 
 def _smi_listing(driver_root: Path) -> SmiListing | str:

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import pynvml
 
 from dra_driver.gpu.discovery.base import DiscoveryError
+from dra_driver.gpu.driverroot import NVML, find_library
 
 T = TypeVar("T")
 
@@ -87,14 +88,7 @@ def nvml_shutdown() -> None:
 
 
 #: Where driver installations put libnvidia-ml, relative to the driver root.
-LIBRARY_DIRS = (
-    "usr/lib64",
-    "usr/lib/x86_64-linux-gnu",
-    "usr/lib/aarch64-linux-gnu",
-    "lib64",
-    "usr/lib",
-)
-LIBRARY = "libnvidia-ml.so.1"
+LIBRARY = NVML
 
 
 def preload_library(driver_root: Path) -> Path | None:
@@ -106,9 +100,7 @@ def preload_library(driver_root: Path) -> Path | None:
     """
     if driver_root == Path("/"):
         return None
-    for directory in LIBRARY_DIRS:
-        candidate = driver_root / directory / LIBRARY
-        if candidate.exists():
-            ctypes.CDLL(str(candidate), mode=ctypes.RTLD_GLOBAL)
-            return candidate
-    return None
+    candidate = find_library(driver_root, LIBRARY)
+    if candidate is not None:
+        ctypes.CDLL(str(candidate), mode=ctypes.RTLD_GLOBAL)
+    return candidate

@@ -2,8 +2,8 @@
 for MPS control daemons.
 
 The tools come from the NVIDIA driver root (``--driver-root``, where the host's driver is
-mounted into the agent's container). Only the child processes get the driver root's library
-directories in ``LD_LIBRARY_PATH``; the agent itself loads nothing from there.
+mounted into the agent's container), run with the driver's libraries preloaded
+(:func:`~dra_driver.gpu.driverroot.tool_env`); the agent itself loads nothing from there.
 
 MPS control daemons serve running pods, so they must outlive the agent: a crash, a restart or
 ``helm upgrade`` of the agent must not stop them. A container's processes die with its PID
@@ -36,21 +36,13 @@ import structlog
 from pydantic import BaseModel, ValidationError
 
 from dra_driver.cdi.writer import remove, write_atomic
+from dra_driver.gpu.driverroot import BIN_DIRS, CUDA, NVML, tool_env
 from dra_driver.gpu.sharing import procs
 from dra_driver.gpu.sharing.backend import MpsDaemon, SharingError
 from dra_driver.gpu.sharing.timeslicing import timeslice_value
 
 log = structlog.get_logger(__name__)
 
-#: Where driver installations put their tools and libraries, relative to the driver root.
-BIN_DIRS = ("usr/bin", "usr/local/bin", "bin")
-LIB_DIRS = (
-    "usr/lib64",
-    "usr/lib/x86_64-linux-gnu",
-    "usr/lib/aarch64-linux-gnu",
-    "lib64",
-    "usr/lib",
-)
 TIMEOUT = 30.0
 MPS_CONTROL = "nvidia-cuda-mps-control"
 #: The cgroup (in every hierarchy) under which each daemon gets a cgroup of its own.
@@ -172,18 +164,9 @@ class HostSharing:
             raise SharingError(f"{name} not found in the driver root {self.driver_root} or PATH")
         return found
 
-    def _env(self, extra: Mapping[str, str] = {}, root: Path | None = None) -> dict[str, str]:
-        """This process's environment with the driver's directories first; ``root`` is where
-        the child sees the driver root (the host's path for a daemon started on the host)."""
-        env = dict(os.environ)
-        if self.driver_root != Path("/"):
-            root = root or self.driver_root
-            libs = [str(root / d) for d in LIB_DIRS if (self.driver_root / d).is_dir()]
-            env["LD_LIBRARY_PATH"] = ":".join(libs)
-            bins = [str(root / d) for d in BIN_DIRS]
-            env["PATH"] = ":".join([*bins, env.get("PATH", "")])
-        env.update(extra)
-        return env
+    def _env(self, extra: Mapping[str, str] = {}) -> dict[str, str]:
+        """This process's environment with what the driver's tools need (run here)."""
+        return {**os.environ, **tool_env(self.driver_root), **extra}
 
     def _run(
         self, argv: Sequence[str], *, stdin: str = "", env: Mapping[str, str] = {}
@@ -341,10 +324,14 @@ class HostSharing:
                 f"{found}): set --driver-root to where the host's NVIDIA driver is mounted"
             )
         tool = root / found.relative_to(self.driver_root)
+        # Only the daemon gets the driver's libraries (through env at its exec): the host's
+        # own tools of the launch (sh, mkdir, mount, unshare) run as the host runs them.
+        driver = tool_env(self.driver_root, (NVML, CUDA), seen_as=root)
         argv = [
             *prefix, "sh", "-c", LAUNCH_SCRIPT, "sh",
-            str(daemon.shm_dir), self.shm_size, self._group(daemon.daemon_id), str(tool), "-d",
-            *(["-M"] if daemon.limits.multi_user else []),
+            str(daemon.shm_dir), self.shm_size, self._group(daemon.daemon_id),
+            *(["env", *(f"{k}={v}" for k, v in driver.items())] if driver else []),
+            str(tool), "-d", *(["-M"] if daemon.limits.multi_user else []),
         ]  # fmt: skip
         env = {
             "CUDA_VISIBLE_DEVICES": ",".join(daemon.uuids),
@@ -358,7 +345,7 @@ class HostSharing:
                 capture_output=True,
                 text=True,
                 timeout=TIMEOUT,
-                env=self._env(env, root),
+                env={**os.environ, **env},
                 start_new_session=True,
                 check=False,
             )

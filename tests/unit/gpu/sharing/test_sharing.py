@@ -297,3 +297,71 @@ def test_a_daemon_whose_quit_fails_is_still_signalled(
     finally:
         daemon.kill()
         daemon.wait()
+
+
+def _whole_root(tmp_path: Path) -> tuple[Path, Path]:
+    """A driver root that is a whole root filesystem (the chart mounts the host's /) whose
+    libc is not this system's: here one that cannot load at all."""
+    root = tmp_path / "driver-root"
+    libs = root / "usr" / "lib" / "x86_64-linux-gnu"
+    libs.mkdir(parents=True)
+    (root / "usr" / "bin").mkdir()
+    (libs / "libc.so.6").write_bytes(b"\x7fELF\x02\x01\x01\x00 another system's libc")
+    return root, libs
+
+
+def test_the_driver_roots_own_libc_is_not_lent_to_its_tools(tmp_path: Path) -> None:
+    """nvidia-smi from the driver root runs under this system's dynamic loader: given the
+    driver root's library directories (LD_LIBRARY_PATH), it loaded that system's libc and
+    failed before main wherever the two differ (an agent image and a host of other glibc)."""
+    root, _ = _whole_root(tmp_path)
+    smi = root / "usr" / "bin" / "nvidia-smi"
+    smi.write_text('#!/bin/sh\necho "$@" > "$0.args"\n')
+    smi.chmod(0o755)
+    HostSharing(tmp_path / "mps", driver_root=root).set_timeslice("GPU-1", "Short")
+    assert smi.with_name("nvidia-smi.args").read_text().split() == [
+        "compute-policy",
+        "-i",
+        "GPU-1",
+        f"--set-timeslice={timeslice_value('Short')}",
+    ]
+
+
+def test_only_the_mps_daemon_gets_the_driver_libraries_preloaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host's own tools of the launch (sh, mkdir, mount, unshare) run with the host's
+    libraries; the daemon gets the driver's NVML and CUDA preloaded by their host paths."""
+    from dra_driver.gpu.sharing import host as hostmod
+    from dra_driver.gpu.sharing import procs
+
+    root, libs = _whole_root(tmp_path)
+    for name in ("libnvidia-ml.so.1", "libcuda.so.1"):
+        (libs / name).write_bytes(b"")
+    tool = root / "usr" / "bin" / "nvidia-cuda-mps-control"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    host_root = Path("/run/nvidia/driver")
+    backend = HostSharing(tmp_path / "mps", driver_root=root, host_driver_root=host_root)
+    seen: dict[str, Any] = {}
+
+    def run(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        seen.update(argv=argv, env=kwargs["env"])
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(procs, "host_namespace_pid", lambda: 1)
+    monkeypatch.setattr(hostmod.subprocess, "run", run)
+    monkeypatch.setattr(backend, "_search", lambda *a: None)
+    daemon = daemon_for(tmp_path / "mps", "claim-1", ["GPU-1"])
+    with pytest.raises(SharingError, match="no daemon serves"):
+        backend.start_mps(daemon)
+    assert "LD_LIBRARY_PATH" not in seen["env"] and "LD_PRELOAD" not in seen["env"]
+    argv = seen["argv"]
+    at = argv.index("env")
+    host_libs = host_root / "usr" / "lib" / "x86_64-linux-gnu"
+    assert argv[at + 1 : at + 3] == [
+        f"PATH={host_root}/usr/bin:{host_root}/usr/local/bin:{host_root}/bin:"
+        + os.environ["PATH"],
+        f"LD_PRELOAD={host_libs}/libnvidia-ml.so.1 {host_libs}/libcuda.so.1",
+    ]
+    assert argv[at + 3 :] == [str(host_root / "usr" / "bin" / "nvidia-cuda-mps-control"), "-d"]
