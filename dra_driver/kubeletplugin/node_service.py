@@ -119,7 +119,8 @@ class _Coalescer:
     them never does (a prepare of a device an earlier unprepare frees would fail), and every
     claim's calls run in the order they came.
     If the call that runs a batch is cancelled (its caller's deadline), the others of the batch
-    find their result unset when they get the lock and run their own claims.
+    find their result unset when they get the lock and run their own claims, still in their
+    places in the queue. A call answered by another's batch returns without the lock.
     """
 
     def __init__(
@@ -139,21 +140,50 @@ class _Coalescer:
         me = _Waiter(kind, items)
         self._queue.append(me)
         try:
+            if not self._lock.locked():  # the usual call: nobody to be batched by
+                return await self._turn(me)
+            # Queued behind others: a batch that takes this call along answers it before the
+            # lock comes round (an unprepare runs ahead of prepares queued before it), and
+            # the answer must not wait for them.
+            turn = asyncio.ensure_future(self._turn(me))
+            try:
+                await asyncio.wait({turn, me.result}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not turn.done():
+                    # Answered, or our caller is gone: leave the queue (no batch may take
+                    # a call nobody waits for) and stop waiting for the lock; cancelling
+                    # that wait (or our own batch) never leaves the lock held.
+                    if me in self._queue:
+                        self._queue.remove(me)
+                    turn.cancel()
+                    await asyncio.gather(turn, return_exceptions=True)
+            return me.result.result() if me.result.done() else turn.result()
+        finally:
+            if me in self._queue:
+                self._queue.remove(me)
+
+    async def _turn(self, me: _Waiter) -> _Results:
+        """Under the lock: ``me``'s result if a batch already gave it, else run its batch."""
+        kind = me.kind
+        try:
             async with self._lock.hold():
                 if me.result.done():
                     return me.result.result()
                 batch = self._batch(me)
-                self._queue = [w for w in self._queue if w not in batch]
                 merged: dict[str, Any] = {}
                 for waiter in batch:
                     for item in waiter.items:
                         merged.setdefault(self._key[kind](item), item)
                 results = await self._calls[kind](list(merged.values()))
+                # Only now do the others leave the queue: if this call is cancelled, they
+                # keep their places, so no later call of the other kind runs ahead of them.
+                self._queue = [w for w in self._queue if w not in batch]
                 for waiter in batch[1:]:
                     if not waiter.result.done():
                         waiter.result.set_result(results)
                 return results
         finally:
+            # Out of the queue as the lock is released, before the next holder batches.
             if me in self._queue:
                 self._queue.remove(me)
 

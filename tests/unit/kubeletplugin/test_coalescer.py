@@ -86,3 +86,79 @@ async def test_an_unprepare_never_runs_ahead_of_a_prepare_of_its_claim() -> None
         ("prepare", ["c"]),
         ("unprepare", ["c"]),
     ]
+
+
+async def test_a_cancelled_batch_keeps_its_unprepares_ahead_of_later_prepares() -> None:
+    # The unprepare of "d" joins the batch of "b"; that batch's caller hits its deadline in
+    # the driver call, so "d" is unprepared on its own call. The prepare of "d" queued after
+    # it must still wait for it (its device may be the one the unprepare frees).
+    recorder = _Recorder()
+    leader_started = asyncio.Event()
+    leader_release = asyncio.Event()
+    batches = recorder.batches
+
+    async def unprepare(uids: list[str]) -> Mapping[str, None]:
+        batches.append(("unprepare", sorted(uids)))
+        if "b" in uids:
+            leader_started.set()
+            await leader_release.wait()  # cancelled with its caller
+        return dict.fromkeys(uids)
+
+    coalescer = _Coalescer(
+        NodeLock(None),
+        {"prepare": recorder.call("prepare"), "unprepare": unprepare},
+        {"prepare": str, "unprepare": str},
+        overtakes="unprepare",
+    )
+    first = asyncio.create_task(coalescer.run("prepare", ["first"]))
+    await recorder.started.wait()
+    tasks = {}
+    for kind, uid in [("unprepare", "b"), ("prepare", "c"), ("unprepare", "d"), ("prepare", "d")]:
+        tasks[kind, uid] = asyncio.create_task(coalescer.run(kind, [uid]))
+        await asyncio.sleep(0)
+    recorder.release.set()
+    await leader_started.wait()
+    assert batches[-1] == ("unprepare", ["b", "d"])
+    tasks["unprepare", "b"].cancel()
+    await asyncio.gather(first, *(t for k, t in tasks.items() if k != ("unprepare", "b")))
+    later = batches[2:]
+    assert later.index(("unprepare", ["d"])) < next(
+        i for i, (kind, uids) in enumerate(later) if kind == "prepare" and "d" in uids
+    ), later
+
+
+async def test_a_call_answered_by_a_batch_returns_without_waiting_for_the_lock() -> None:
+    # The unprepare of "d" runs in the batch of "b", ahead of the prepare of "c": its answer
+    # must not wait for that prepare (nor for the lock at all), however long it takes.
+    recorder = _Recorder()
+    slow_started = asyncio.Event()
+    slow_release = asyncio.Event()
+
+    async def prepare(uids: list[str]) -> Mapping[str, None]:
+        recorder.batches.append(("prepare", sorted(uids)))
+        if uids == ["first"]:
+            recorder.started.set()
+            await recorder.release.wait()
+        else:
+            slow_started.set()
+            await slow_release.wait()
+        return dict.fromkeys(uids)
+
+    coalescer = _Coalescer(
+        NodeLock(None),
+        {"prepare": prepare, "unprepare": recorder.call("unprepare")},
+        {"prepare": str, "unprepare": str},
+        overtakes="unprepare",
+    )
+    first = asyncio.create_task(coalescer.run("prepare", ["first"]))
+    await recorder.started.wait()
+    tasks = []
+    for kind, uid in [("unprepare", "b"), ("prepare", "c"), ("unprepare", "d")]:
+        tasks.append(asyncio.create_task(coalescer.run(kind, [uid])))
+        await asyncio.sleep(0)
+    recorder.release.set()
+    await slow_started.wait()
+    assert recorder.batches[1:] == [("unprepare", ["b", "d"]), ("prepare", ["c"])]
+    assert "d" in await asyncio.wait_for(tasks[2], 1.0)
+    slow_release.set()
+    await asyncio.gather(first, *tasks)
