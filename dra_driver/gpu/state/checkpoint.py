@@ -278,6 +278,11 @@ class CheckpointFile:
         #: saved a snapshot and emptied it.
         self._journal: Journal | None = None
         self._stored: dict[str, dict[str, Any]] = {}
+        #: The next write must save a snapshot: the journal was last read with a cut batch at
+        #: its end (another agent died while appending), behind which an appended batch would
+        #: never be read back; or the snapshot was found corrupt and moved aside, and a batch
+        #: appended without it would be read back as all there is.
+        self._snapshot_due = False
 
     def _stamp(self) -> tuple[tuple[int, int, int] | None, ...]:
         stamps: list[tuple[int, int, int] | None] = []
@@ -292,20 +297,12 @@ class CheckpointFile:
 
     def read(self) -> CheckpointData:
         """Read the snapshot (see :func:`load`), replay the journal onto it, remember both."""
-        data = load(self.path, self.boot_id)
-        for change in journal.read(self.journal_path):
-            if not valid_uid(change.uid):
-                _drop(change.uid, self.journal_path)
-                continue
-            if change.record is None:
-                data.claims.pop(change.uid, None)
-                continue
-            try:
-                data.claims[change.uid] = ClaimRecord.model_validate(change.record)
-            except ValidationError as exc:
-                reason = str(exc).splitlines()[0]
-                log.warning("journal record unreadable: replay ends here", reason=reason)
-                break
+        try:
+            data = load(self.path, self.boot_id)
+        except CorruptCheckpoint:
+            self._snapshot_due = True
+            raise
+        self._replay(data)
         self._remember(_stored(data))
         if self._journal is None:
             # Opened now rather than by the first write, so the agent's descriptors are the
@@ -325,6 +322,35 @@ class CheckpointFile:
             self._seen = self._stamp()
         return data if data.boot_id == self.boot_id else None
 
+    def recovered(self, known: CheckpointData) -> CheckpointData:
+        """After :meth:`read` found the snapshot corrupt (and moved it aside): ``known``, the
+        records this agent holds, with the journal replayed onto it. Its changes are whole
+        records in order, so those this agent saw already change nothing, and batches another
+        agent appended since (a surge update) are not lost."""
+        data = known.model_copy(deep=True)
+        self._replay(data)
+        return data
+
+    def _replay(self, data: CheckpointData) -> None:
+        """Apply the journal's changes to ``data``, up to its first unreadable record."""
+        changes, whole = journal.scan(self.journal_path)
+        if not whole:
+            self._snapshot_due = True
+        for change in changes:
+            if not valid_uid(change.uid):
+                _drop(change.uid, self.journal_path)
+                continue
+            if change.record is None:
+                data.claims.pop(change.uid, None)
+                continue
+            try:
+                data.claims[change.uid] = ClaimRecord.model_validate(change.record)
+            except ValidationError as exc:
+                reason = str(exc).splitlines()[0]
+                log.warning("journal record unreadable: replay ends here", reason=reason)
+                self._snapshot_due = True
+                break
+
     def write(self, data: CheckpointData, changed: Collection[str] | None = None) -> None:
         """Record ``data`` durably (raises ``OSError``, the files left as they were) and
         remember it. ``changed``: the only claims whose records may differ from the last
@@ -332,12 +358,18 @@ class CheckpointFile:
         record is compared. A batch touches its own claims only, and serialising every
         record per write would make each prepare cost as much as all prepared claims."""
         stored = self._stored_after(data, changed)
-        if self._journal is None or not self._journal.appendable or self._journal.full:
+        if (
+            self._journal is None
+            or not self._journal.appendable
+            or self._journal.full
+            or self._snapshot_due
+        ):
             save(self.path, data)
             if self._journal is None:
                 self._journal = Journal(self.journal_path)
             else:
                 self._journal.reset()
+            self._snapshot_due = False
         else:
             changes = [
                 Change(uid, record)

@@ -233,8 +233,16 @@ class DeviceState:
         try:
             data = self._file.reread()
         except checkpoint.CorruptCheckpoint as exc:
-            # Keep what this agent knows; its next write replaces the unreadable file.
+            # Keep what this agent knows, with what another agent journaled since, and write
+            # it again at once: with the file moved aside, the next read (another agent's,
+            # or this one's after a failed write) would take the journal alone for all the
+            # node's records.
             log.error("checkpoint corrupt: keeping the records in memory", reason=exc.reason)
+            self._data = self._file.recovered(self._data)
+            try:
+                self._file.write(self._data)
+            except OSError as err:
+                log.error("writing the checkpoint again failed", error=str(err))
             return
         if data is not None:
             self._data = data

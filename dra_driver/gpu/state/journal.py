@@ -70,11 +70,20 @@ def read(path: Path) -> list[Change]:
     Stops at the first line that is cut or does not match its checksum (the end of a batch
     that a crash interrupted before it was acknowledged).
     """
+    return scan(path)[0]
+
+
+def scan(path: Path) -> tuple[list[Change], bool]:
+    """:func:`read`, and whether every byte of the journal was read: ``False`` when it ends
+    in a cut batch, behind which an appended batch would never be read back."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        return []
-    changes = []
+        return [], True
+    changes: list[Change] = []
+    # A last line without its newline was cut, even if it checks out: the next batch would
+    # be glued to it.
+    whole = not raw or raw.endswith(b"\n")
     for line in raw.split(b"\n"):
         if not line:
             continue
@@ -88,9 +97,9 @@ def read(path: Path) -> list[Change]:
                 raise TypeError("not a claim UID and record")
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("journal ends in an interrupted batch", path=str(path), reason=str(exc))
-            break
+            return changes, False
         changes.append(Change(uid, record))
-    return changes
+    return changes, whole
 
 
 class Journal:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from dra_driver.cdi.writer import DurableWriteError
-from dra_driver.gpu.state.journal import Change, Journal, encode, read
+from dra_driver.gpu.state.journal import Change, Journal, encode, read, scan
 
 
 def _record(name: str, state: str = "PrepareCompleted") -> dict[str, Any]:
@@ -164,3 +164,18 @@ def test_a_full_disk_while_emptying_the_journal_names_the_file(
     journal.close()
     with pytest.raises(DurableWriteError, match=r"cannot write .*: No such file or directory"):
         Journal(tmp_path / "gone" / "j")
+
+
+@pytest.mark.parametrize(("cut", "whole"), [(None, True), (1, False), (30, False), (-1, False)])
+def test_scan_tells_a_journal_that_ends_in_a_cut_batch(
+    tmp_path: Path, cut: int | None, whole: bool
+) -> None:
+    """A batch appended behind a cut line is never read back: the caller must know."""
+    journal = Journal(tmp_path / "j")
+    journal.append([Change("u1", _record("a"))])
+    journal.close()
+    if cut is not None:
+        with (tmp_path / "j").open("ab") as f:
+            f.write(encode([Change("u2", _record("b"))])[:cut])
+    assert scan(tmp_path / "j")[1] is whole
+    assert scan(tmp_path / "nothing") == ([], True)

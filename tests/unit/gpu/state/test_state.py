@@ -552,3 +552,80 @@ def test_an_error_escaping_a_batch_leaves_no_claim_prepared_in_memory_only(
     restarted = restart()
     assert list(restarted.prepared_claims()) == ["a"] and restarted.spec_path("a").exists()
     assert not restarted.spec_path("b").exists()
+
+
+@pytest.mark.parametrize(("cut", "kept"), [(1, []), (40, []), (-1, ["x"])])
+def test_a_batch_after_another_agents_cut_batch_is_not_lost(
+    tmp_path: Path, cut: int, kept: list[str]
+) -> None:
+    """A surge update: the first agent dies in the middle of appending a batch (a cut line at
+    the journal's end, or a whole line without its newline); the second agent's next batch
+    must not land behind it, where every later read stops before it."""
+    from dra_driver.gpu.state.journal import Change, encode
+
+    first = _state(tmp_path)
+    second = _state(tmp_path)
+    assert isinstance(first.prepare([_claim("a", "gpu-2")])["a"], list)
+    assert isinstance(second.prepare([_claim("b", "gpu-3")])["b"], list)  # its snapshot
+    # The first agent dies while appending a batch it never acknowledged.
+    cut_line = encode([Change("x", {"state": "PrepareCompleted", "namespace": "ns", "name": "x"})])
+    with (tmp_path / "plugin" / "checkpoint.json.journal").open("ab") as f:
+        f.write(cut_line[:cut])
+    assert isinstance(second.prepare([_claim("c", "gpu-1-mig-4g40gb-5-0")])["c"], list)
+    assert second.unprepare([ClaimRef("ns", "claim-a", "a")]) == {"a": None}
+    # What the second agent answered is what a restart finds (and a whole cut line, which
+    # the journal keeps as a record of something done).
+    assert sorted(_state(tmp_path).prepared_claims()) == ["b", "c", *kept]
+
+
+def test_a_snapshot_found_corrupt_while_running_is_written_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent keeps its records when its refresh finds the snapshot corrupt (and moved
+    aside); its next write must be a snapshot of them, not a journal batch on top of a
+    snapshot that is no longer there, which a later read takes for all there is."""
+    import os
+
+    assert isinstance(_state(tmp_path).prepare([_claim("a", "gpu-2")])["a"], list)
+    state = _state(tmp_path)
+    assert isinstance(state.prepare([_claim("d", "gpu-1-mig-4g40gb-5-0")])["d"], list)
+    path = tmp_path / "plugin" / "checkpoint.json"
+    assert "a" in json.loads(path.read_text())["data"]["claims"]  # in the snapshot only
+    path.write_text("{not json")  # damaged while the agent runs
+    assert isinstance(state.prepare([_claim("b", "gpu-3")])["b"], list)
+    assert sorted(checkpoint.stored_claims(path)) == ["a", "b", "d"]
+    # A failed write makes the agent read the files again: claim A must still hold gpu-2.
+    real = os.fdatasync
+
+    def no_space(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fdatasync", no_space)
+    assert isinstance(state.unprepare([ClaimRef("ns", "claim-b", "b")])["b"], ClaimError)
+    monkeypatch.setattr(os, "fdatasync", real)
+    out = state.prepare([_claim("c", "gpu-2")])
+    assert isinstance(out["c"], ClaimError) and "claim-a" in str(out["c"])
+
+
+def test_a_snapshot_found_corrupt_is_rewritten_before_another_agent_reads_it(
+    tmp_path: Path,
+) -> None:
+    """A surge update: the agent that finds the snapshot corrupt moves it aside; the other
+    agent must not then read the journal alone as all the node's records, and the snapshot
+    written again keeps what the other agent journaled since the first last read."""
+    assert isinstance(_state(tmp_path).prepare([_claim("a", "gpu-2")])["a"], list)
+    first = _state(tmp_path)
+    assert isinstance(first.prepare([_claim("d", "gpu-1-mig-4g40gb-5-0")])["d"], list)
+    second = _state(tmp_path)
+    assert isinstance(second.prepare([_claim("f", "gpu-0-mig-3g40gb-9-0")])["f"], list)
+    assert isinstance(first.prepare([_claim("g", "gpu-0-mig-1g10gb-19-6")])["g"], list)
+    # The other agent journals a batch the first has not read.
+    assert isinstance(second.prepare([_claim("e", "gpu-3")])["e"], list)
+    path = tmp_path / "plugin" / "checkpoint.json"
+    path.write_text("{not json")  # damaged while the agents run
+    # A batch that writes nothing (A is prepared already) still finds it corrupt.
+    assert isinstance(first.prepare([_claim("a", "gpu-2")])["a"], list)
+    out = second.prepare([_claim("c", "gpu-2")])
+    assert isinstance(out["c"], ClaimError) and "claim-a" in str(out["c"])
+    assert sorted(checkpoint.stored_claims(path)) == ["a", "d", "e", "f", "g"]
+    assert sorted(_state(tmp_path).prepared_claims()) == ["a", "d", "e", "f", "g"]
