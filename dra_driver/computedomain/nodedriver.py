@@ -21,6 +21,7 @@ channel claims: its daemons are going away.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -68,6 +69,8 @@ READY_WAIT = 30.0
 #: Seconds a pod waiting for binding may wait for the daemon (the scheduler gives 10 min).
 BINDING_WAIT = 300.0
 POLL = 1.0
+#: The longest wait between two tries of a binding condition the API server failed.
+CONDITION_RETRY_CAP = 30.0
 #: The API server refused or could not be reached.
 API_FAILURES: tuple[type[BaseException], ...] = (ApiError, *CONNECTION_ERRORS)
 CLAIM_FAILURES: tuple[type[BaseException], ...] = (ImexClaimError, *API_FAILURES)
@@ -317,11 +320,13 @@ class ImexDriver:
     async def _prepare(self, claim: ClaimToPrepare) -> list[PreparedDevice]:
         ref = claim.ref
         recorded = self.checkpoint.claims.get(ref.uid)
-        if recorded is not None:
+        # The specs live in /var/run/cdi (a tmpfs), the checkpoint on disk: after a reboot
+        # the kubelet prepares the claim again, and its spec must be written again.
+        if recorded is not None and await asyncio.to_thread(self._spec_path(ref.uid).is_file):
             return self._prepared(recorded)
         imex = read_claim(claim, self._driver)
         for uid, other in self.checkpoint.claims.items():
-            if set(other.devices) & set(imex.devices):
+            if uid != ref.uid and set(other.devices) & set(imex.devices):
                 raise ImexClaimError(
                     f"claim {ref}: device {imex.devices[0]} is already prepared for claim "
                     f"{other.namespace}/{other.name} ({uid})"
@@ -537,10 +542,21 @@ class ImexDriver:
                 state = DaemonState(False, f"reading the domain failed: {exc}")
             if state.ready:
                 message = f"the IMEX daemon of compute domain {key} on node {self._node} is ready"
-                await self._set_condition(ref, CHANNEL_DEVICE, DAEMON_READY, message)
-                log.info("imex channel ready for binding", claim=str(ref), domain=key)
-                return
-            if state.failed:
+                try:
+                    await self._set_condition(ref, CHANNEL_DEVICE, DAEMON_READY, message)
+                except API_FAILURES as exc:
+                    # Unset, the pod would wait out the scheduler's binding timeout: the next
+                    # poll sets it again.
+                    log.warning(
+                        "setting a binding condition failed, retrying",
+                        claim=str(ref),
+                        condition=DAEMON_READY,
+                        error=str(exc),
+                    )
+                else:
+                    log.info("imex channel ready for binding", claim=str(ref), domain=key)
+                    return
+            elif state.failed:
                 break
             await asyncio.sleep(self._poll)
         waited = "cannot run" if state.failed else f"is not ready after {self._binding_wait:.0f} s"
@@ -551,16 +567,38 @@ class ImexDriver:
         log.warning(
             "imex channel not ready for binding", claim=str(ref), domain=key, said=state.said
         )
-        await self._set_condition(ref, CHANNEL_DEVICE, DAEMON_FAILED, message)
+        # Until it is set (or the claim deallocated cancels this): the scheduler moves on only
+        # when it sees it, or after its own timeout.
+        delay = self._poll
+        for attempt in itertools.count():
+            try:
+                await self._set_condition(
+                    ref, CHANNEL_DEVICE, DAEMON_FAILED, message, event=attempt == 0
+                )
+                return
+            except API_FAILURES as exc:
+                log.warning(
+                    "setting a binding condition failed, retrying",
+                    claim=str(ref),
+                    condition=DAEMON_FAILED,
+                    error=str(exc),
+                    retry_in=delay,
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, CONDITION_RETRY_CAP)
 
-    async def _set_condition(self, ref: ClaimRef, device: str, kind: str, message: str) -> None:
+    async def _set_condition(
+        self, ref: ClaimRef, device: str, kind: str, message: str, *, event: bool = True
+    ) -> None:
+        """Set one binding condition; an API server that is away or overloaded raises (the
+        caller tries again), any other refusal is logged (trying again would not help)."""
         body = condition_status(
             ref, self._driver, self._node, device, kind, message, resourceapi.api_time()
         )
         path = resourceapi.path(
             resourceapi.RESOURCE_CLAIMS, ref.name, namespace=ref.namespace, subresource="status"
         )
-        if kind == DAEMON_FAILED:
+        if kind == DAEMON_FAILED and event:
             # The condition goes with the allocation; the Event stays for `kubectl describe`.
             await post_event(
                 self._client,
@@ -573,6 +611,8 @@ class ImexDriver:
                 component=self._driver,
             )
         response = await server_side_apply(self._client, path, body, field_manager=self._driver)
+        if response.status == 429 or response.status >= 500:
+            raise_for_status(response, verb="apply", resource="resourceclaims", name=ref.name)
         if not response.ok and response.status != 404:
             log.error(
                 "setting a binding condition failed",

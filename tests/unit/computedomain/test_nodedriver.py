@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from dra_driver.computedomain.api import OWN
@@ -447,3 +448,63 @@ async def test_a_channel_the_old_plugin_prepared_in_a_surge_update_still_leaves(
 async def _settled(driver: ImexDriver) -> None:
     tasks = [j.task for j in driver._joining.values() if j.task is not None]
     await asyncio.gather(*tasks)
+
+
+async def test_a_claim_whose_spec_a_reboot_removed_is_prepared_again(tmp_path: Path) -> None:
+    """The CDI specs live in /var/run/cdi (a tmpfs), the checkpoint below the kubelet's
+    plugins directory (a disk): after a reboot the kubelet prepares its pods' claims again,
+    and answering from the checkpoint alone would name CDI devices no spec defines (the
+    containers fail to start, the node's IMEX daemon among them)."""
+    api = FakeApi()
+    api.domain("team", "train", UID, ready=True)
+    driver = _driver(api, tmp_path)
+    claims = [_claim("w", "channel-0"), _claim("d", "daemon-0", namespace="dra")]
+    first = await driver.prepare(claims)
+    assert not any(isinstance(r, Exception) for r in first.values()), first
+    for spec in (tmp_path / "cdi").iterdir():
+        spec.unlink()  # the reboot
+    restarted = _driver(api, tmp_path)
+    again = await restarted.prepare(claims)
+    assert again == first
+    specs = [json.loads(p.read_text()) for p in (tmp_path / "cdi").iterdir()]
+    names = sorted(d["name"] for s in specs for d in s["devices"])
+    assert names == ["uid-d-daemon-0", "uid-w-channel-0"]
+    assert set(_driver(api, tmp_path).checkpoint.claims) == {"uid-w", "uid-d"}
+
+
+class _FlakyStatusApi(FakeApi):
+    """The API server fails the first claim status writes (away, or overloaded)."""
+
+    def __init__(self, failures: list[str]) -> None:
+        super().__init__()
+        self.failures = failures
+
+    async def request(self, method: str, path: str, **kw: Any) -> Response:
+        if path.endswith("/status") and self.failures:
+            if self.failures.pop(0) == "connection":
+                raise aiohttp.ClientConnectionError("connection reset by peer")
+            return Response(503, {}, b'{"message": "etcdserver: leader changed"}')
+        return await super().request(method, path, **kw)
+
+
+@pytest.mark.parametrize("failures", [["connection"], ["503"], ["503", "connection"]])
+async def test_a_binding_condition_the_api_server_failed_is_set_again(
+    tmp_path: Path, failures: list[str]
+) -> None:
+    """A condition write that failed must be tried again: otherwise the pod waits out the
+    scheduler's binding timeout (10 minutes) with a ready daemon, and a connection error
+    ended the follower with an exception nobody saw."""
+    api = _FlakyStatusApi(list(failures))
+    api.domain("team", "train", UID, ready=True)
+    driver = _driver(api, tmp_path, binding_wait=60)
+    await driver.prepare_before_binding(_claim("w", "channel-0"))
+    await asyncio.wait_for(_settled(driver), 5)
+    assert [(c, t) for c, t, _ in api.conditions] == [("w", "IMEXDaemonReady")]
+
+    late = _FlakyStatusApi(list(failures))
+    late.domain("team", "train", UID, ready=False)
+    driver = _driver(late, tmp_path / "late", binding_wait=0.05)
+    await driver.prepare_before_binding(_claim("w", "channel-0"))
+    await asyncio.wait_for(_settled(driver), 5)
+    assert [(c, t) for c, t, _ in late.conditions] == [("w", "IMEXDaemonFailed")]
+    assert [r for r, _ in late.events] == ["IMEXDaemonFailed"]  # one Event, not one a try
