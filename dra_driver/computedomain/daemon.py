@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import ipaddress
 import os
 import signal
@@ -267,10 +266,17 @@ class ImexDaemon:
 
         async def output() -> None:
             assert proc.stdout is not None
-            # A line past the stream's limit (64 KiB) ends the forwarding, not the daemon.
-            with contextlib.suppress(ValueError):
-                async for raw in proc.stdout:
-                    self._log_lines(raw)
+            while True:
+                try:
+                    raw = await proc.stdout.readline()
+                except ValueError:
+                    # A line past the stream's limit (64 KiB) is dropped, and reading goes on:
+                    # a daemon whose output is not read blocks once the pipe is full.
+                    self._log.warning("nvidia-imex wrote a line too long to forward")
+                    continue
+                if not raw:
+                    return
+                self._log_lines(raw)
 
         reader = asyncio.ensure_future(output())
         offset, partial = 0, b""

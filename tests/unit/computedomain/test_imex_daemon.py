@@ -790,3 +790,28 @@ async def test_the_process_follows_its_pods_and_stops_on_sigterm(
     assert events["domain daemons"]["peers"] == [A]
     assert events["nvidia-imex stopped"]["exit_code"] == 0
     assert any(e.get("source") == DAEMON for e in lines)
+
+
+async def test_a_line_too_long_to_forward_does_not_block_the_daemon(tmp_path: Path) -> None:
+    """A line past the stream's limit ends the reading of that line only: a daemon whose
+    output is no longer read blocks on its next writes once the pipe is full, and with it
+    the IMEX domain on the node."""
+    marker = tmp_path / "went-on"
+    binary = _script(
+        tmp_path / "imex",
+        "head -c 70000 /dev/zero | tr '\\0' x; echo\n"
+        'i=0; while [ $i -lt 10000 ]; do echo "[INFO] line $i of the daemon\'s chatter"; '
+        "i=$((i+1)); done\n"
+        f"touch {marker}\nwhile :; do sleep 0.05; done\n",
+    )
+    log = Recorder()
+    config = ImexConfig(pod_ip=A, files=ImexFiles(tmp_path / "run"))
+    core = ImexDaemon(binary, config, logger=log, stop_timeout=0.5)
+    core.set_peers([B])
+    task = asyncio.create_task(core.run())
+    try:
+        await _until(marker.exists, "the daemon past its output", within=10)
+        assert log.said("line 9999 of the daemon's chatter")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
