@@ -151,8 +151,14 @@ def resolve_in(root: Path, path: Path, limit: int = 40) -> Path:
         if not path.is_symlink():
             return path
         target = Path(path.readlink())
-        joined = root / target.relative_to("/") if target.is_absolute() else path.parent / target
-        path = Path(os.path.normpath(joined))
+        if not path.parent.is_relative_to(root):
+            joined = path.parent / target  # not under the root: nothing to keep it in
+            path = Path(os.path.normpath(joined))
+            continue
+        # Resolved as the host would, from the root's "/": an absolute target starts there,
+        # and ".." at "/" stays there (normpath drops it), so no link leads out of the root.
+        inside = os.path.normpath(Path("/") / path.parent.relative_to(root) / target)
+        path = root / inside.lstrip("/")
     return path
 
 

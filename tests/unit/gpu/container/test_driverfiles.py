@@ -206,3 +206,23 @@ def test_simulated_gpus_without_a_driver_get_no_driver_files(tmp_path: Path) -> 
     settings = Settings(backend="simulated", driver_root=tmp_path, node_name="n1")
     inventory = SimulatedDiscovery("l4x4", "n1").discover()
     assert driver_files(settings, inventory) == NO_EDITS
+
+
+def test_a_relative_link_climbing_past_the_root_stays_inside_it(tmp_path: Path) -> None:
+    """On the host ``..`` at ``/`` stays at ``/``: a link with more ``..`` than its depth
+    still names a file of the driver root, never one of the agent's filesystem."""
+    root = tmp_path / "root"
+    (root / "proc/driver/nvidia").mkdir(parents=True)
+    (root / "proc/driver/nvidia/version").write_text(
+        f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {VERSION}  Release Build\n"
+    )
+    real = root / "opt/nvidia/bin/nvidia-smi"
+    real.parent.mkdir(parents=True)
+    real.write_text("#!/bin/sh\n")
+    (root / "usr/bin").mkdir(parents=True)
+    (root / "usr/bin/nvidia-smi").symlink_to("../" * 20 + "opt/nvidia/bin/nvidia-smi")
+    assert driverfiles.resolve_in(root, root / "usr/bin/nvidia-smi") == real
+    files = driverfiles.find_driver_files(root, machine="x86_64")
+    assert files.binaries == (root / "usr/bin/nvidia-smi",)
+    mounts = mounts_by_target(driverfiles.driver_edits(files, root, HOST_ROOT, machine="x86_64"))
+    assert mounts["/usr/bin/nvidia-smi"][0] == f"{HOST_ROOT}/opt/nvidia/bin/nvidia-smi"
