@@ -19,7 +19,13 @@ import structlog
 from dra_driver import faults
 from dra_driver.gpu.discovery.base import DiscoveryError
 from dra_driver.gpu.discovery.nvml import NvmlDiscovery
-from dra_driver.gpu.discovery.nvmllib import nvml_init, nvml_shutdown, nvml_text, preload_library
+from dra_driver.gpu.discovery.nvmllib import (
+    error_code,
+    nvml_init,
+    nvml_shutdown,
+    nvml_text,
+    preload_library,
+)
 from dra_driver.gpu.inventory import Gpu, MigDevice, MigProfile, Placement
 from dra_driver.gpu.mig.backend import Instance, MigError, check_create
 
@@ -177,13 +183,13 @@ class NvmlMig:
             return ()
         devices = {d.gpu_instance_id: d for d in self._mig_devices(gpu, handle)}
         out = []
-        for profile in gpu.mig_profiles:
+        for profile_id in self._gpu_instance_profile_ids(handle, gpu.uuid):
             count = ctypes.c_uint(32)
             array = (pynvml.c_nvmlGpuInstance_t * 32)()
             _nvml(
                 pynvml.nvmlDeviceGetGpuInstances,
                 handle,
-                profile.profile_id,
+                profile_id,
                 array,
                 ctypes.byref(count),
                 what=gpu.uuid,
@@ -194,8 +200,30 @@ class NvmlMig:
                     start=int(info.placement.start), size=int(info.placement.size)
                 )
                 gi_id = int(info.id)
-                out.append(Instance(gi_id, profile.profile_id, placement, devices.get(gi_id)))
+                out.append(Instance(gi_id, profile_id, placement, devices.get(gi_id)))
         return tuple(sorted(out, key=lambda i: i.gpu_instance_id))
+
+    @staticmethod
+    def _gpu_instance_profile_ids(handle: Any, what: str) -> tuple[int, ...]:
+        """Every GI profile id the GPU offers, asked of NVML: ``gpu.mig_profiles`` may hold
+        only the profiles --mig-profiles chose, yet GIs of the others still take slices."""
+        ids: list[int] = []
+        for index in range(int(getattr(pynvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", 0))):
+            try:
+                info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, index)
+            except pynvml.NVMLError as exc:
+                # As in discovery: a profile this GPU or driver does not offer.
+                if error_code(exc) in (
+                    pynvml.NVML_ERROR_NOT_SUPPORTED,
+                    pynvml.NVML_ERROR_INVALID_ARGUMENT,
+                ):
+                    continue
+                raise MigError(
+                    f"{what}: NVML nvmlDeviceGetGpuInstanceProfileInfo failed: {exc}"
+                ) from None
+            if int(info.id) not in ids:
+                ids.append(int(info.id))
+        return tuple(ids)
 
     @staticmethod
     def _ci_profile_id(gi: Any, profile: MigProfile, what: str) -> int:
@@ -216,13 +244,20 @@ class NvmlMig:
     @staticmethod
     def _compute_instances(gi: Any, what: str) -> tuple[Any, ...]:
         found: tuple[Any, ...] = ()
-        for index in sorted(set(_FULL_CI_PROFILE.values())):
+        seen: set[int] = set()
+        # Every CI profile, not only the spanning ones create uses: a CI of any profile
+        # left behind (an admin's, e.g. 1_SLICE_REV1) makes the GI's destroy fail IN_USE.
+        total = int(getattr(pynvml, "NVML_COMPUTE_INSTANCE_PROFILE_COUNT", 0))
+        for index in range(max(total, max(_FULL_CI_PROFILE.values()) + 1)):
             try:
                 info = pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
                     gi, index, pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
                 )
             except pynvml.NVMLError:
                 continue  # a CI profile this GI does not offer
+            if int(info.id) in seen:
+                continue  # listed already: destroying a CI twice fails
+            seen.add(int(info.id))
             count = ctypes.c_uint(8)
             array = (pynvml.c_nvmlComputeInstance_t * 8)()
             _nvml(

@@ -358,6 +358,13 @@ def fake_split_layout(monkeypatch: pytest.MonkeyPatch, gpu: Gpu) -> tuple[FakeMi
             sharedOfaCount=profile.ofa_engines,
         )
 
+    indexed = {p.nvml_index: p for p in gpu.mig_profiles}
+
+    def profile_info(_handle: object, index: int) -> SimpleNamespace:
+        if index not in indexed:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return SimpleNamespace(id=indexed[index].profile_id)
+
     def gi_handle(gi_id: int) -> object:
         return ctypes.cast(gi_id, pynvml.c_nvmlGpuInstance_t)
 
@@ -384,6 +391,7 @@ def fake_split_layout(monkeypatch: pytest.MonkeyPatch, gpu: Gpu) -> tuple[FakeMi
         "nvmlDeviceGetGpuInstanceById": lambda _h, gi_id: gi_handle(gi_id),
         "nvmlGpuInstanceGetInfo": gi_info,
         "nvmlDeviceGetGpuInstances": gpu_instances,
+        "nvmlDeviceGetGpuInstanceProfileInfo": profile_info,
     }.items():
         monkeypatch.setattr(pynvml, name, fn)
     return devices

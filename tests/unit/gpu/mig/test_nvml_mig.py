@@ -7,18 +7,22 @@ that the next process sees what the previous one did.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import pynvml
 import pytest
 
 from dra_driver.faults import EXIT_CODE
 from dra_driver.gpu.discovery.simulated import build_inventory, load_profile
 from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.mig.nvml import NvmlMig
+from dra_driver.gpu.publish.profiles import restrict_profiles
 from tests.unit.gpu.discovery.test_nvml_backend import build, fake_split_layout, render
 
 SINGLE_H100 = str(Path(__file__).parents[3] / "data" / "single-h100.yaml")
@@ -28,6 +32,7 @@ import json, sys
 from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.mig.backend import MigError
 from dra_driver.gpu.mig.nvml import NvmlMig
+from dra_driver.gpu.publish.profiles import restrict_profiles
 inventory = Inventory.model_validate_json(sys.argv[1])
 gpu = inventory.gpus[0]
 profiles = {p.name: p for p in gpu.mig_profiles}
@@ -165,3 +170,54 @@ def test_a_gpu_instance_split_into_compute_instances_is_listed_without_a_mig_dev
         (2, 9, 4),
     ]
     assert [i.device.uuid if i.device else None for i in listed] == [None, whole.uuid]
+
+
+def test_gpu_instances_of_profiles_left_out_by_mig_profiles_are_listed(node: Node) -> None:
+    # With --mig-profiles the agent's GPU lists only the chosen profiles, yet GIs of the
+    # others (made by hand, or under an earlier --mig-profiles) still take their slices:
+    # they must be listed so carving sees the overlap and recovery can sweep them.
+    three = node.run(["enable"], ["create", "3g.40gb", 4])["list"]
+    assert [(i["profile"], i["start"]) for i in three] == [(9, 4)]
+    node.inventory = restrict_profiles(node.inventory, ["1g.10gb"])
+    assert node.run()["list"] == three
+    assert "overlaps" in node.run(["create", "1g.10gb", 4])["error"]
+
+
+def test_destroy_removes_compute_instances_of_every_ci_profile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A CI an admin made with a profile the driver never uses for its own spanning CIs
+    # (NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE_REV1, index 7) must be destroyed too: a GI
+    # with a CI left answers IN_USE, and the GI could never be destroyed.
+    rev1 = pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE_REV1
+    offered = {pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE: [], rev1: [42]}
+    destroyed: list[int] = []
+
+    def profile_info(_gi: object, index: int, _engine: int) -> SimpleNamespace:
+        if index not in offered:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return SimpleNamespace(id=index)
+
+    def compute_instances(_gi: object, profile_id: int, array: Any, count: Any) -> None:
+        for i, ci in enumerate(offered[profile_id]):
+            array[i] = ctypes.cast(ci, pynvml.c_nvmlComputeInstance_t)
+        count._obj.value = len(offered[profile_id])
+
+    def destroy_ci(ci: object) -> None:
+        ci_id = ctypes.cast(ci, ctypes.c_void_p).value
+        assert ci_id is not None
+        destroyed.append(ci_id)
+
+    def destroy_gi(_gi: object) -> None:
+        if sorted(destroyed) != [42]:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_IN_USE)
+
+    for name, fn in {
+        "nvmlGpuInstanceGetComputeInstanceProfileInfo": profile_info,
+        "nvmlGpuInstanceGetComputeInstances": compute_instances,
+        "nvmlComputeInstanceDestroy": destroy_ci,
+        "nvmlGpuInstanceDestroy": destroy_gi,
+    }.items():
+        monkeypatch.setattr(pynvml, name, fn)
+    NvmlMig()._destroy_gpu_instance("gi-1", "GPU 0 GPU instance 1")
+    assert destroyed == [42]
