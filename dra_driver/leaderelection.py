@@ -10,6 +10,7 @@ the lease (:func:`may_take`) is a pure function of the lease and the clock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -44,9 +45,20 @@ def _parse_time(text: Any) -> datetime.datetime | None:
         return None
 
 
-def may_take(lease: JSON | None, identity: str, now: datetime.datetime) -> bool:
+def may_take(
+    lease: JSON | None,
+    identity: str,
+    now: datetime.datetime,
+    unchanged_for: float | None = None,
+) -> bool:
     """Whether ``identity`` may hold the lease now: it is missing, unheld, its own, or its
-    holder has not renewed it within its duration."""
+    holder has not renewed it within its duration.
+
+    ``unchanged_for`` (seconds this replica has seen the same lease record, by its own
+    clock) replaces the comparison of ``now`` with the holder's renewTime: that one is
+    written by another machine's clock, and skew between the two would end a live leader's
+    term early (two leaders) or stretch a dead one's.
+    """
     if lease is None:
         return True
     spec = lease.get("spec") or {}
@@ -57,6 +69,8 @@ def may_take(lease: JSON | None, identity: str, now: datetime.datetime) -> bool:
     duration = spec.get("leaseDurationSeconds")
     if renewed is None or not isinstance(duration, int):
         return True
+    if unchanged_for is not None:
+        return unchanged_for > duration
     return now > renewed + datetime.timedelta(seconds=duration)
 
 
@@ -98,6 +112,25 @@ class LeaderElector:
         self._renew_deadline = min(renew_deadline, duration)
         self._renew_every = renew_every
         self._retry_every = retry_every
+        #: The lease record last seen and when (loop clock) it was first seen so: expiry is
+        #: judged by this replica's own clock only (client-go's observedTime).
+        self._observed: tuple[Any, ...] | None = None
+        self._observed_at = 0.0
+
+    def _unchanged_for(self, lease: JSON | None) -> float:
+        """Seconds this replica has seen ``lease`` exactly as it is now."""
+        spec = (lease or {}).get("spec") or {}
+        metadata = (lease or {}).get("metadata") or {}
+        record = (
+            spec.get("holderIdentity"),
+            spec.get("renewTime"),
+            spec.get("acquireTime"),
+            metadata.get("resourceVersion"),
+        )
+        now = asyncio.get_running_loop().time()
+        if record != self._observed:
+            self._observed, self._observed_at = record, now
+        return now - self._observed_at
 
     async def _try(self) -> bool:
         """One attempt to take or renew the lease; True when it is ours."""
@@ -109,7 +142,7 @@ class LeaderElector:
             lease = response.json()
         elif response.status != 404:
             return False
-        if not may_take(lease, self._identity, now):
+        if not may_take(lease, self._identity, now, self._unchanged_for(lease)):
             return False
         spec = lease_spec(lease, self._identity, self._duration, now)
         if lease is None:
@@ -128,22 +161,26 @@ class LeaderElector:
     async def run(self, work: Callable[[], Awaitable[None]]) -> None:
         """Wait for the lease, then run ``work`` until it returns or the lease is lost
         (:class:`LostLease`)."""
-        await self._acquire()
+        renewed = await self._acquire()
         log.info("leader", lease=self._name, identity=self._identity)
         task = asyncio.ensure_future(work())
         try:
-            await self._renew_until(task)
+            await self._renew_until(task, renewed)
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         if task.done() and not task.cancelled() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]
 
-    async def _acquire(self) -> None:
+    async def _acquire(self) -> float:
+        """Poll until the lease is ours; the loop time the successful attempt started (no
+        later than the renewTime it wrote)."""
         # Polling is the protocol: a lease has no watchable "free" event of its own.
+        loop = asyncio.get_running_loop()
         while True:
+            started = loop.time()
             if await self._attempt():
-                return
+                return started
             await asyncio.sleep(self._retry_every)
 
     async def _attempt(self) -> bool:
@@ -153,16 +190,24 @@ class LeaderElector:
             log.warning("lease request failed", lease=self._name, error=str(exc))
             return False
 
-    async def _renew_until(self, task: asyncio.Future[None]) -> None:
+    async def _renew_until(self, task: asyncio.Future[None], renewed: float) -> None:
+        """Renew until ``task`` ends; ``renewed`` is when the last renewal started."""
         loop = asyncio.get_running_loop()
-        renewed = loop.time()
         while not task.done():
             await asyncio.wait({task}, timeout=self._renew_every)
             if task.done():
                 return
-            if await self._attempt():
-                renewed = loop.time()
-            elif loop.time() - renewed > self._renew_deadline:
+            started = loop.time()
+            ok = False
+            # A stalled API server must not hold the check below past the deadline (each
+            # request alone may take 10 s): the attempt gets only what is left of it.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(renewed + self._renew_deadline - started, 0)):
+                    ok = await self._attempt()
+            if ok:
+                # The lease's renewTime was taken after this, so it expires no earlier.
+                renewed = started
+            elif loop.time() - renewed >= self._renew_deadline:
                 # Stop before the lease runs out, so no other replica acts while this one does.
                 log.error("lost the lease, stopping", lease=self._name, identity=self._identity)
                 raise LostLease(f"lease {self._name} not renewed for {self._renew_deadline} s")

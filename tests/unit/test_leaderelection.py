@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime
+import json
 from typing import Any
 
 import pytest
 
-from dra_driver.leaderelection import lease_spec, may_take
+from dra_driver.kube import Response
+from dra_driver.leaderelection import LeaderElector, LostLease, lease_spec, may_take
 
 NOW = datetime.datetime(2026, 11, 27, 3, 0, 0, tzinfo=datetime.UTC)
 
@@ -50,3 +54,119 @@ def test_taking_counts_a_transition_and_renewing_does_not() -> None:
     assert renewed["acquireTime"] == taken["acquireTime"]
     assert renewed["renewTime"] == "2026-11-27T03:00:02.000000Z"
     assert lease_spec(None, "me", 15, NOW)["leaseTransitions"] == 0
+
+
+class FakeLeases:
+    """One Lease behind ``request``, as the API server keeps it (resourceVersion checks)."""
+
+    def __init__(self, lease: dict[str, Any] | None = None) -> None:
+        self.lease = lease
+        self.version = 1
+        self.puts: list[dict[str, Any]] = []
+        #: PUTs after this many hang until their deadline (a stalled API server).
+        self.hang_after: int | None = None
+        #: Called before each GET answer (another replica renewing meanwhile).
+        self.before_get: Any = None
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        timeout: float = 30.0,  # noqa: ASYNC109
+        **_: Any,
+    ) -> Response:
+        if method == "GET":
+            if self.before_get is not None:
+                self.before_get(self)
+            if self.lease is None:
+                return Response(404, {}, b"{}")
+            return Response(200, {}, json.dumps(self.lease).encode())
+        if self.hang_after is not None and len(self.puts) >= self.hang_after:
+            await asyncio.sleep(timeout)
+            raise TimeoutError
+        if method == "PUT" and body["metadata"]["resourceVersion"] != str(self.version):
+            return Response(409, {}, b"{}")
+        self.version += 1
+        self.lease = {
+            **body,
+            "metadata": {**body["metadata"], "resourceVersion": str(self.version)},
+        }
+        self.puts.append(body)
+        return Response(200, {}, b"{}")
+
+
+def held_by_other(renewed: datetime.datetime, version: int) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "l", "resourceVersion": str(version)},
+        "spec": {
+            "holderIdentity": "other",
+            "leaseDurationSeconds": 1,
+            "renewTime": renewed.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        },
+    }
+
+
+def elector(api: FakeLeases) -> LeaderElector:
+    return LeaderElector(
+        api,  # type: ignore[arg-type]
+        namespace="ns",
+        name="l",
+        identity="me",
+        duration=1,
+        renew_deadline=0.6,
+        renew_every=0.1,
+        retry_every=0.1,
+    )
+
+
+async def test_leader_stops_before_its_lease_expires_when_a_renewal_hangs() -> None:
+    api = FakeLeases(held_by_other(datetime.datetime.now(datetime.UTC), 1))
+    api.lease["spec"]["holderIdentity"] = ""  # type: ignore[index]
+    api.hang_after = 3  # take, renew twice, then the API server stalls
+    stopped_at: list[datetime.datetime] = []
+
+    async def work() -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            stopped_at.append(datetime.datetime.now(datetime.UTC))
+
+    with pytest.raises(LostLease):
+        await asyncio.wait_for(elector(api).run(work), 3)
+    last = api.puts[-1]["spec"]
+    expires = datetime.datetime.fromisoformat(last["renewTime"].replace("Z", "+00:00"))
+    expires += datetime.timedelta(seconds=last["leaseDurationSeconds"])
+    # Another replica may take the lease from `expires` on: this one must have stopped.
+    assert stopped_at and stopped_at[0] < expires
+
+
+async def test_a_live_leader_is_not_displaced_by_a_clock_that_runs_ahead() -> None:
+    # The other leader renews on every look, but its clock is a minute behind ours.
+    def renewing(api: FakeLeases) -> None:
+        api.version += 1
+        skewed = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=60)
+        api.lease = held_by_other(skewed, api.version)
+
+    api = FakeLeases()
+    api.before_get = renewing
+    started = asyncio.Event()
+
+    async def work() -> None:
+        started.set()
+
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(elector(api).run(work), 1.5)
+    assert not api.puts and not started.is_set()
+
+
+async def test_a_dead_leader_whose_clock_ran_ahead_is_replaced_after_one_duration() -> None:
+    ahead = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=3600)
+    api = FakeLeases(held_by_other(ahead, 1))
+
+    async def work() -> None:
+        pass
+
+    await asyncio.wait_for(elector(api).run(work), 3)
+    assert api.lease["spec"]["holderIdentity"] == "me"  # type: ignore[index]
