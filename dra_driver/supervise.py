@@ -80,7 +80,14 @@ async def supervise(
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             raise
-        error = task.exception()
+        error: BaseException | None
+        if task.cancelled():
+            # Nobody cancelled the supervisor (that raised above): the loop let a
+            # CancelledError of a call beneath it escape. A crash like any other, or the
+            # loop would end unseen and only liveness would notice.
+            error = asyncio.CancelledError("cancelled from within the loop")
+        else:
+            error = task.exception()
         metrics.LOOP_CRASHES.labels(loop=name).inc()
         delay = backoff.next_delay()
         if error is None:

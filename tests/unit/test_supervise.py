@@ -211,3 +211,24 @@ async def test_cancel_stops_the_loop_and_its_supervisor() -> None:
     task.cancel()
     results: list[Awaitable[Any] | BaseException] = await asyncio.gather(task, return_exceptions=True)
     assert isinstance(results[0], asyncio.CancelledError) and cancelled.is_set()
+
+
+async def test_a_loop_that_raises_cancelled_error_itself_is_restarted_and_logged() -> None:
+    # A call cancelled beneath the loop (an inner task, a gRPC call) raises CancelledError
+    # although nobody cancelled the supervisor: a crash like any other, not an exit.
+    runs = 0
+
+    async def cancelled_beneath() -> None:
+        nonlocal runs
+        runs += 1
+        if runs == 1:
+            raise asyncio.CancelledError
+        await asyncio.Event().wait()
+
+    with capture_logs() as logs:
+        task = asyncio.create_task(supervise("inner", cancelled_beneath, Heartbeats(), **FAST))
+        await _until(lambda: runs == 2 or task.done(), "restart")
+        assert not task.done()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert [e["event"] for e in logs if e.get("loop") == "inner"] == ["background loop crashed"]
