@@ -252,14 +252,10 @@ class BindingWatcher:
             # One view for the whole round: the reflector changes ``_claims`` at every await
             # below, and each change sets ``_changed``, so the next round sees it.
             claims = dict(self._claims)
-            allocated = {
-                uid: allocated_devices(c, self._driver_name, self._pool)
-                for uid, c in claims.items()
-            }
+            allocated = self._allocated()
             if allocated != seen:
                 try:
-                    await self._locked(functools.partial(self._driver.allocated, allocated))
-                    seen, failures = allocated, 0
+                    seen, failures = await self._hand_over(), 0
                 except Exception as exc:
                     # The driver's undo of a deallocated claim failed (the API server, the
                     # disk): watching goes on, and the same claims are handed over again.
@@ -290,6 +286,25 @@ class BindingWatcher:
                     self._attempts.pop(key, None)
                 else:
                     self._retry_later(key, claim, failed)
+
+    def _allocated(self) -> dict[str, frozenset[str]]:
+        return {
+            uid: allocated_devices(c, self._driver_name, self._pool)
+            for uid, c in self._claims.items()
+        }
+
+    async def _hand_over(self) -> dict[str, frozenset[str]]:
+        """Tell the driver the allocated claims as they are once the node lock is held (a
+        claim allocated and prepared by the kubelet while this waited for it is in the
+        view, which a view taken before would undo); returns the view told."""
+        told: dict[str, frozenset[str]] = {}
+
+        async def current() -> None:
+            told.update(self._allocated())
+            await self._driver.allocated(dict(told))
+
+        await self._locked(current)
+        return told
 
     def _retry_later(self, key: Key, claim: JSON, error: str) -> None:
         attempt = self._attempts.get(key, 0)

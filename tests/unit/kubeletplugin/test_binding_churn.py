@@ -325,3 +325,29 @@ class Unreachable:
             self.failed += 1
             raise aiohttp.ClientConnectionError("Cannot connect to host 10.96.0.1:443")
         return await self._client.request(method, path, **kwargs)
+
+
+async def test_the_allocations_are_read_once_the_node_lock_is_held() -> None:
+    """The view handed to the driver is the one when the node lock is taken: a claim
+    allocated (and prepared by the kubelet) while the watcher waited for the lock is in it,
+    else a driver that undoes what is not allocated (the ComputeDomain plugin leaving a
+    domain) would undo it."""
+    driver = GatedDriver()
+    lock_free = asyncio.Event()
+
+    async def held_lock(work: Callable[[], Any]) -> None:
+        await lock_free.wait()  # a kubelet call holds the node lock
+        await work()
+
+    watcher = BindingWatcher(None, driver, driver_name=DRIVER, pool=POOL, locked=held_lock)
+    task = asyncio.create_task(watcher._act())
+    try:
+        watcher._on_listed([_claim("a", "dev-0")])
+        await asyncio.sleep(0.05)  # the round waits for the lock
+        watcher._on_event("ADDED", _claim("b", "dev-1"))
+        lock_free.set()
+        await until("the driver told", lambda: bool(driver.allocations), task)
+        assert driver.allocations[0] == {"uid-a": {"dev-0"}, "uid-b": {"dev-1"}}
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
