@@ -533,7 +533,8 @@ DOMAIN: Obj = {
 
 async def _controller_requests(names: ApiNames, settings: DaemonSettings) -> RecordingClient:
     # Leader election (the Lease missing, then held by another replica that stopped
-    # renewing) and the controller's list and watch of everything it follows.
+    # renewing: taken once it has stood unchanged for its duration, here 1 s, on this
+    # replica's clock) and the controller's list and watch of everything it follows.
     watched = 5
     clients = [
         RecordingClient(),
@@ -542,7 +543,7 @@ async def _controller_requests(names: ApiNames, settings: DaemonSettings) -> Rec
                 "metadata": {"name": "dra-driver-compute-domain", "resourceVersion": "7"},
                 "spec": {
                     "holderIdentity": "old",
-                    "leaseDurationSeconds": 15,
+                    "leaseDurationSeconds": 1,
                     "renewTime": "2020-01-01T00:00:00.000000Z",
                 },
             }
@@ -552,7 +553,7 @@ async def _controller_requests(names: ApiNames, settings: DaemonSettings) -> Rec
         task = asyncio.ensure_future(
             run_controller(client, names, settings, identity="me")  # type: ignore[arg-type]
         )
-        for _ in range(500):
+        for _ in range(1000):
             if sum(1 for r in client.requests if r[2].get("watch") == "true") >= watched:
                 break
             await asyncio.sleep(0.01)
