@@ -547,12 +547,7 @@ class ImexDriver:
                 except API_FAILURES as exc:
                     # Unset, the pod would wait out the scheduler's binding timeout: the next
                     # poll sets it again.
-                    log.warning(
-                        "setting a binding condition failed, retrying",
-                        claim=str(ref),
-                        condition=DAEMON_READY,
-                        error=str(exc),
-                    )
+                    _condition_failed(ref, DAEMON_READY, exc, self._poll)
                 else:
                     log.info("imex channel ready for binding", claim=str(ref), domain=key)
                     return
@@ -577,13 +572,7 @@ class ImexDriver:
                 )
                 return
             except API_FAILURES as exc:
-                log.warning(
-                    "setting a binding condition failed, retrying",
-                    claim=str(ref),
-                    condition=DAEMON_FAILED,
-                    error=str(exc),
-                    retry_in=delay,
-                )
+                _condition_failed(ref, DAEMON_FAILED, exc, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, CONDITION_RETRY_CAP)
 
@@ -654,3 +643,13 @@ class ImexDriver:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _condition_failed(ref: ClaimRef, condition: str, exc: BaseException, retry_in: float) -> None:
+    log.warning(
+        "setting a binding condition failed, retrying",
+        claim=str(ref),
+        condition=condition,
+        error=str(exc),
+        retry_in=retry_in,
+    )

@@ -9,13 +9,14 @@ from typing import Any
 import pytest
 
 from dra_driver import faults
-from dra_driver.gpu.config import ConfigError
+from dra_driver.gpu.config import OWN_API, ConfigError, ConfigKinds
 from dra_driver.gpu.discovery.simulated import build_inventory, load_profile
 from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.mig.backend import MigError
 from dra_driver.gpu.mig.simulated import SIMULATED_STATE_FILE, SimulatedMig
 from dra_driver.gpu.nvidia_config import config_apis
 from dra_driver.gpu.publish.publisher import NodePublishing
+from dra_driver.gpu.sharing.backend import SharingBackend
 from dra_driver.gpu.sharing.simulated import SimulatedSharing
 from dra_driver.gpu.state.checkpoint import ClaimState, stored_claims
 from dra_driver.gpu.state.device_state import ClaimError, DeviceState
@@ -43,17 +44,25 @@ NOTHING_IN_USE = Evidence(specs={}, api={})
 
 
 def _state(
-    tmp_path: Path, profile: str = SINGLE_H100, evidence: Evidence = NOTHING_IN_USE
+    tmp_path: Path,
+    profile: str = SINGLE_H100,
+    evidence: Evidence = NOTHING_IN_USE,
+    *,
+    driver: str = DRIVER,
+    sharing: SharingBackend | None = None,
+    config_kinds: ConfigKinds = OWN_API,
 ) -> DeviceState:
     return DeviceState(
         inventory=_inventory(profile),
-        driver_name=DRIVER,
+        driver_name=driver,
         node_name=NODE,
         cdi_root=tmp_path / "cdi",
         state_dir=tmp_path / "plugin",
         boot_id="boot-1",
         mig=_backend(tmp_path, profile),
         evidence=evidence,
+        sharing=sharing,
+        config_apis=config_kinds,
     )
 
 
@@ -190,17 +199,8 @@ def test_time_slicing_of_a_dynamic_mig_device_sets_no_interval(tmp_path: Path) -
     # no hardware step. A MIG device made on demand is prepared as an existing one is: no
     # time-slice is set on its UUID at prepare, nor reset at unprepare.
     sim = SimulatedSharing(tmp_path / "sim.json")
-    state = DeviceState(
-        inventory=_inventory(),
-        driver_name="gpu.nvidia.com",
-        node_name=NODE,
-        cdi_root=tmp_path / "cdi",
-        state_dir=tmp_path / "plugin",
-        boot_id="boot-1",
-        mig=_backend(tmp_path),
-        evidence=NOTHING_IN_USE,
-        sharing=sim,
-        config_apis=config_apis("nvidia"),
+    state = _state(
+        tmp_path, driver="gpu.nvidia.com", sharing=sim, config_kinds=config_apis("nvidia")
     )
     parameters = {
         "apiVersion": "resource.nvidia.com/v1beta1",
@@ -445,17 +445,7 @@ def test_a_per_device_limit_keyed_by_the_parent_gpu_of_a_mig_device_made_on_dema
     """A MIG device made on demand has no UUID before it exists; its GPU's UUID does not name
     it: such a key was accepted, then matched nothing, and the device ran without a limit."""
     sim = SimulatedSharing(tmp_path / "sim.json")
-    state = DeviceState(
-        inventory=_inventory(),
-        driver_name=DRIVER,
-        node_name=NODE,
-        cdi_root=tmp_path / "cdi",
-        state_dir=tmp_path / "plugin",
-        boot_id="boot-1",
-        mig=_backend(tmp_path),
-        evidence=NOTHING_IN_USE,
-        sharing=sim,
-    )
+    state = _state(tmp_path, sharing=sim)
     gpu = _inventory().gpus[0].uuid
     mps = {"defaultPerDevicePinnedMemoryLimit": {gpu: "1Gi"}}
     parameters = {
