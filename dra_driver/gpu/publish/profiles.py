@@ -22,7 +22,9 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-_PROFILE = re.compile(r"^\d+g\.\d+gb(\+[a-z0-9]+)?$")
+# NVML's GPU instance profile names: slices and memory, then options such as +me, -me,
+# +me.all or +gfx (newer drivers and GPUs add such variants of each profile).
+_PROFILE = re.compile(r"^\d+g\.\d+gb([+-][a-z0-9]+(\.[a-z0-9]+)*)*$")
 
 
 class ProfileListError(StartError, ValueError):

@@ -33,13 +33,17 @@ DRIVER = "gpu.dra.dev"
         ("1g.10gb", {"1g.10gb"}),
         ("1g.10gb, 3g.40gb,7g.80gb", {"1g.10gb", "3g.40gb", "7g.80gb"}),
         ("1g.10gb+me,1g.10gb,", {"1g.10gb+me", "1g.10gb"}),
+        # Newer drivers' variants of a profile: without media engines, with all, graphics.
+        ("1g.24gb-me,1g.24gb+me.all,1g.24gb+gfx", {"1g.24gb-me", "1g.24gb+me.all", "1g.24gb+gfx"}),
     ],
 )
 def test_parse_profiles(text: str, names: set[str]) -> None:
     assert parse_profiles(text) == names
 
 
-@pytest.mark.parametrize("text", ["bogus", "1g", "1g.10GB", "1g.10gb;3g.40gb", "gpu-0"])
+@pytest.mark.parametrize(
+    "text", ["bogus", "1g", "1g.10GB", "1g.10gb;3g.40gb", "gpu-0", "1g.10gb+", "1g.10gb+me."]
+)
 def test_parse_profiles_rejects_what_is_no_profile_name(text: str) -> None:
     with pytest.raises(ProfileListError, match="is not a MIG profile name"):
         parse_profiles(text)
