@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dra_driver.output import table
+from dra_driver.quantity import NANOS, QuantityError, parse_quantity
 
 
 def _attribute(device: dict[str, Any], name: str) -> str:
@@ -14,7 +15,11 @@ def _attribute(device: dict[str, Any], name: str) -> str:
 
 def _memory(device: dict[str, Any]) -> str:
     raw = ((device.get("capacity") or {}).get("memory") or {}).get("value")
-    return f"{int(raw) / 2**30:.1f}Gi" if raw is not None and str(raw).isdigit() else "-"
+    try:
+        # As the API server returns it too: "80Gi" as well as "85899345920".
+        return f"{parse_quantity(str(raw)).nanos / NANOS / 2**30:.1f}Gi"
+    except QuantityError:
+        return "-"
 
 
 def slices_table(slices: list[dict[str, Any]], driver: str) -> str:
