@@ -355,6 +355,11 @@ class SliceController:
                 retry_in=round(delay, 2),
             )
             await asyncio.sleep(delay)
+            # The pool or the slices may have changed while paused: write what is wanted now.
+            result = self._plan()
+            self._generation = result.generation
+            if result.yielded_to is not None or result.empty:
+                return False  # the next round says so
         await self._execute(result)
         return False
 

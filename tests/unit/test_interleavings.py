@@ -50,6 +50,7 @@ import grpc
 import pytest
 from aiohttp import web
 from grpc_health.v1 import health_pb2
+from structlog.testing import capture_logs
 
 from dra_driver import resourceapi
 from dra_driver._proto.dra.v1 import api_pb2 as v1_pb2
@@ -916,3 +917,52 @@ async def deleted_slice_comes_back(
         f"{sorted(o['metadata']['name'] for o in ours(cluster.list(SLICES)))}, the "
         f"controller believes {sorted(o['metadata']['name'] for o in controller.slices)}"
     )
+
+
+async def test_a_pool_set_while_writes_pause_is_what_the_controller_writes_next() -> None:
+    """Rounds that do not settle the pool (another writer undoes every write) make the
+    controller pause before its next write. The plan of that write must be made after the
+    pause: made before it, a pool set meanwhile (a GPU's taint, say) was overwritten by the
+    older one first, and the slices showed the older devices for another round."""
+    cluster = Cluster(random.Random(0))
+    node = cluster.create(NODES, {"metadata": {"name": NODE}})
+    first = pool_of([device(0)])
+    second = pool_of([device(0, memory="40Gi")])
+    fight = [True]
+    written: list[str] = []
+
+    async with serving(cluster) as server, plain_client(server) as client:
+
+        async def write(request: web.Request) -> web.StreamResponse:
+            if request.method not in ("POST", "PUT") or not request.path.startswith(SLICES_PATH):
+                return await cluster.handle(request)
+            response = await cluster.handle(request)
+            (stored,) = ours(cluster.list(SLICES))
+            written.append(stored["spec"]["devices"][0]["capacity"]["memory"]["value"])
+            if fight:
+                (undone,) = ours(cluster.list(SLICES))
+                undone["spec"]["devices"][0]["attributes"]["model"] = {"string": "undone"}
+                cluster.update(SLICES, undone)
+            return response
+
+        server.fallback = write
+        controller = SliceController(
+            client, driver=DRIVER, node_name=NODE, debounce=0.01, backoff_cap=1.0
+        )
+        with capture_logs() as events:
+            task = asyncio.create_task(controller.run())
+            try:
+                await controller.set_pool(first)
+
+                async def pausing() -> bool:
+                    return any(e["event"].startswith("pool does not settle") for e in events)
+
+                assert await until(pausing, 5, step=0.005), "the writes never paused"
+                fight.clear()
+                await controller.set_pool(second)
+                since = len(written)
+                await deleted_slice_comes_back(cluster, controller, second, node, task)
+                assert written[since:] == ["40Gi"], written
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
