@@ -118,6 +118,7 @@ class SliceController:
 
         self._desired: DesiredPool | None = None
         self._owner: NodeOwner | None = None
+        self._owner_looked_up = False
         self._store = SliceStore(driver, node_name)
         self._listed = asyncio.Event()
         self._wake = asyncio.Event()
@@ -319,6 +320,12 @@ class SliceController:
     async def _reconcile_once(self, backoff: Backoff) -> bool:
         """Make one round of writes; True when nothing needed to be written."""
         result = self._plan()
+        if result.empty and not self._owner_looked_up:
+            # Slices an earlier run wrote while the Node was unreadable lack its owner
+            # reference; a plan without an owner finds them unchanged. Looked up once.
+            self._owner = await self._lookup_owner()
+            self._owner_looked_up = True
+            result = self._plan()
         self._generation = result.generation
         if result.yielded_to != self._yielded_to:
             self._yielded_to = result.yielded_to
@@ -342,6 +349,7 @@ class SliceController:
             return True
         self._synced.clear()
         owner = await self._lookup_owner()
+        self._owner_looked_up = True
         if owner != self._owner:
             self._owner = owner
             result = self._plan()

@@ -966,3 +966,28 @@ async def test_a_pool_set_while_writes_pause_is_what_the_controller_writes_next(
             finally:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_slices_published_without_their_node_as_owner_are_adopted_at_start() -> None:
+    """Slices an earlier run wrote while the Node was unreadable have no owner reference. A
+    later agent whose pool is the same must still add it (else deleting the Node leaves them
+    behind): a plan without an owner found them unchanged and wrote nothing."""
+    cluster = Cluster(random.Random(0))
+    node = cluster.create(NODES, {"metadata": {"name": NODE}})
+    pool = pool_of([device(0)], [device(1)])
+    for obj in render_pool(pool):
+        cluster.create(SLICES, obj)
+    assert all("ownerReferences" not in o["metadata"] for o in ours(cluster.list(SLICES)))
+
+    async with serving(cluster) as server, plain_client(server) as client:
+        controller = SliceController(client, driver=DRIVER, node_name=NODE, debounce=0.01)
+        task = asyncio.create_task(controller.run())
+        try:
+            await controller.set_pool(pool)
+            await deleted_slice_comes_back(cluster, controller, pool, node, task)
+            for obj in ours(cluster.list(SLICES)):
+                (ref,) = obj["metadata"]["ownerReferences"]
+                assert (ref["kind"], ref["uid"]) == ("Node", node["metadata"]["uid"]), obj
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
