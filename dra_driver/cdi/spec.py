@@ -14,8 +14,9 @@ from dra_driver.errors import DriverError
 
 JSON = dict[str, Any]
 
-_VENDOR_OR_CLASS = re.compile(r"^[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
-_DEVICE_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
+# Used with fullmatch: "$" would also match before a trailing newline.
+_VENDOR_OR_CLASS = re.compile(r"[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?")
+_DEVICE_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?")
 
 
 class CdiNameError(DriverError, ValueError):
@@ -25,14 +26,14 @@ class CdiNameError(DriverError, ValueError):
 def check_kind(kind: str) -> tuple[str, str]:
     """Split ``vendor/class`` and check both parts."""
     vendor, sep, cls = kind.partition("/")
-    if not sep or not _VENDOR_OR_CLASS.match(vendor) or not _VENDOR_OR_CLASS.match(cls):
+    if not sep or not _VENDOR_OR_CLASS.fullmatch(vendor) or not _VENDOR_OR_CLASS.fullmatch(cls):
         raise CdiNameError(f"invalid CDI kind {kind!r}: want vendor/class")
     return vendor, cls
 
 
 def check_device_name(name: str) -> str:
     """Device names start and end alphanumeric and may contain ``_.:-``."""
-    if not _DEVICE_NAME.match(name):
+    if not _DEVICE_NAME.fullmatch(name):
         raise CdiNameError(f"invalid CDI device name {name!r}")
     return name
 

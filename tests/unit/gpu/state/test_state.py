@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from dra_driver import faults
-from dra_driver.cdi.spec import parse_qualified_name
+from dra_driver.cdi.spec import CdiNameError, parse_qualified_name
 from dra_driver.cdi.writer import DurableWriteError
+from dra_driver.gpu.container.claim_spec import cdi_device_id
 from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
 from dra_driver.gpu.inventory import Gpu, MigDevice, MigProfile
 from dra_driver.gpu.mig.simulated import SIMULATED_STATE_FILE, SimulatedMig
@@ -53,12 +54,25 @@ def _state(
     )
 
 
-def _claim(uid: str, *devices: str, config: list[dict[str, Any]] | None = None, admin: bool = False) -> ClaimToPrepare:
+def _claim(
+    uid: str, *devices: str, config: list[dict[str, Any]] | None = None, admin: bool = False
+) -> ClaimToPrepare:
     results = tuple(
-        {"request": f"req{i}", "driver": DRIVER, "pool": NODE, "device": d, **({"adminAccess": True} if admin else {})}
+        {
+            "request": f"req{i}",
+            "driver": DRIVER,
+            "pool": NODE,
+            "device": d,
+            **({"adminAccess": True} if admin else {}),
+        }
         for i, d in enumerate(devices)
     )
-    return ClaimToPrepare(ref=ClaimRef("ns", f"claim-{uid}", uid), claim={}, results=results, config=tuple(config or ()))
+    return ClaimToPrepare(
+        ref=ClaimRef("ns", f"claim-{uid}", uid),
+        claim={},
+        results=results,
+        config=tuple(config or ()),
+    )
 
 
 def _spec(state: DeviceState, uid: str) -> dict[str, Any]:
@@ -70,7 +84,9 @@ def test_prepare_writes_a_valid_cdi_spec(tmp_path: Path) -> None:
     out = state.prepare([_claim("uid-a", "gpu-2")])
     devices = out["uid-a"]
     assert isinstance(devices, list)
-    assert devices == [PreparedDevice(("req0",), NODE, "gpu-2", ("k8s.gpu.dra.dev/claim=uid-a-gpu-2",))]
+    assert devices == [
+        PreparedDevice(("req0",), NODE, "gpu-2", ("k8s.gpu.dra.dev/claim=uid-a-gpu-2",))
+    ]
     spec = _spec(state, "uid-a")
     assert state.spec_path("uid-a").name == "k8s.gpu.dra.dev-claim_uid-a.json"
     assert schema_errors(spec) == []
@@ -80,7 +96,11 @@ def test_prepare_writes_a_valid_cdi_spec(tmp_path: Path) -> None:
     edits = spec["containerEdits"]
     uuid = SimulatedDiscovery("mixed", NODE).discover().gpus[2].uuid
     assert f"NVIDIA_VISIBLE_DEVICES={uuid}" in edits["env"]
-    assert [n["path"] for n in edits["deviceNodes"]] == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    assert [n["path"] for n in edits["deviceNodes"]] == [
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+    ]
     for cdi_id in devices[0].cdi_device_ids:
         assert parse_qualified_name(cdi_id) == ("k8s.gpu.dra.dev", "claim", "uid-a-gpu-2")
 
@@ -93,6 +113,24 @@ def test_lowest_cdi_version(tmp_path: Path) -> None:
     assert _spec(state, "123")["cdiVersion"] == "0.5.0"
 
 
+@pytest.mark.parametrize(
+    "name",
+    [
+        "k8s.gpu.dra.dev/claim=uid-a-gpu-2\n",
+        "k8s.gpu.dra.dev/claim\n=uid-a-gpu-2",
+        "k8s.gpu.dra.dev\n/claim=uid-a-gpu-2",
+    ],
+)
+def test_cdi_names_with_a_trailing_newline_are_refused(name: str) -> None:
+    """CDI (tags.cncf.io/container-device-interface/pkg/parser) refuses any character but
+    letters, digits and ``_.:-`` in a device name (``_.-`` in vendor and class): a name
+    ending in a newline must not pass as valid (a regex's ``$`` matches before one)."""
+    with pytest.raises(CdiNameError):
+        parse_qualified_name(name)
+    with pytest.raises(CdiNameError):
+        cdi_device_id("uid-a", "gpu-2", "share-1\n")
+
+
 def test_mig_device_gets_its_caps(tmp_path: Path) -> None:
     state = _state(tmp_path)
     out = state.prepare([_claim("m", "gpu-0-mig-3g40gb-9-0")])
@@ -100,18 +138,43 @@ def test_mig_device_gets_its_caps(tmp_path: Path) -> None:
     spec = _spec(state, "m")
     assert schema_errors(spec) == []
     nodes = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
-    assert nodes[0] == "/dev/nvidia0" and all(n.startswith("/dev/nvidia-caps/nvidia-cap") for n in nodes[1:])
+    assert nodes[0] == "/dev/nvidia0" and all(
+        n.startswith("/dev/nvidia-caps/nvidia-cap") for n in nodes[1:]
+    )
     mig_uuid = SimulatedDiscovery("mixed", NODE).discover().gpus[0].mig_devices[0].uuid
     assert f"NVIDIA_VISIBLE_DEVICES={mig_uuid}" in spec["containerEdits"]["env"]
 
 
 def test_one_bad_claim_does_not_fail_the_others(tmp_path: Path) -> None:
     state = _state(tmp_path)
-    bad_config = [{"source": "FromClaim", "requests": ["req0"], "opaque": {"driver": DRIVER, "parameters": {"apiVersion": "gpu.dra.dev/v1alpha1", "kind": "GpuConfig", "sharing": {"strategy": "Nope"}}}}]
-    out = state.prepare([_claim("good", "gpu-2"), _claim("ghost", "gpu-99"), _claim("badcfg", "gpu-3", config=bad_config)])
+    bad_config = [
+        {
+            "source": "FromClaim",
+            "requests": ["req0"],
+            "opaque": {
+                "driver": DRIVER,
+                "parameters": {
+                    "apiVersion": "gpu.dra.dev/v1alpha1",
+                    "kind": "GpuConfig",
+                    "sharing": {"strategy": "Nope"},
+                },
+            },
+        }
+    ]
+    out = state.prepare(
+        [
+            _claim("good", "gpu-2"),
+            _claim("ghost", "gpu-99"),
+            _claim("badcfg", "gpu-3", config=bad_config),
+        ]
+    )
     assert isinstance(out["good"], list)
-    assert isinstance(out["ghost"], ClaimError) and "'gpu-99' is not published by this node" in str(out["ghost"])
-    assert "sharing.strategy" in str(out["badcfg"]) and "claim ns/claim-badcfg" in str(out["badcfg"])
+    assert isinstance(out["ghost"], ClaimError) and "'gpu-99' is not published by this node" in str(
+        out["ghost"]
+    )
+    assert "sharing.strategy" in str(out["badcfg"]) and "claim ns/claim-badcfg" in str(
+        out["badcfg"]
+    )
     assert set(state.prepared_claims()) == {"good"}
     assert not state.spec_path("ghost").exists() and not state.spec_path("badcfg").exists()
 
@@ -144,7 +207,10 @@ def test_admin_access_may_share_a_device(tmp_path: Path) -> None:
 def test_unprepare_after_restart_and_of_unknown_claims(tmp_path: Path) -> None:
     _state(tmp_path).prepare([_claim("a", "gpu-2")])
     state = _state(tmp_path)
-    assert state.unprepare([ClaimRef("ns", "claim-a", "a"), ClaimRef("ns", "never", "zzz")]) == {"a": None, "zzz": None}
+    assert state.unprepare([ClaimRef("ns", "claim-a", "a"), ClaimRef("ns", "never", "zzz")]) == {
+        "a": None,
+        "zzz": None,
+    }
     assert not state.spec_path("a").exists()
     assert _state(tmp_path).prepared_claims() == {}
     # The device is free again.
@@ -153,7 +219,25 @@ def test_unprepare_after_restart_and_of_unknown_claims(tmp_path: Path) -> None:
 
 def test_mps_config_becomes_environment_and_pipe_mount(tmp_path: Path) -> None:
     state = _state(tmp_path)
-    mps = [{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": {"apiVersion": "gpu.dra.dev/v1alpha1", "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 25, "defaultPinnedDeviceMemoryLimit": "10Gi"}}}}}]
+    mps = [
+        {
+            "source": "FromClaim",
+            "opaque": {
+                "driver": DRIVER,
+                "parameters": {
+                    "apiVersion": "gpu.dra.dev/v1alpha1",
+                    "kind": "GpuConfig",
+                    "sharing": {
+                        "strategy": "MPS",
+                        "mpsConfig": {
+                            "defaultActiveThreadPercentage": 25,
+                            "defaultPinnedDeviceMemoryLimit": "10Gi",
+                        },
+                    },
+                },
+            },
+        }
+    ]
     out = state.prepare([_claim("mps", "gpu-2", config=mps)])
     assert isinstance(out["mps"], list)
     spec = _spec(state, "mps")
@@ -224,7 +308,9 @@ def test_every_published_device_can_be_prepared(tmp_path: Path, profile: str) ->
     from dra_driver.gpu.publish.catalog import build_catalog
 
     state = _state(tmp_path, profile)
-    names = [d["name"] for d in build_catalog(SimulatedDiscovery(profile, NODE).discover()).published()]
+    names = [
+        d["name"] for d in build_catalog(SimulatedDiscovery(profile, NODE).discover()).published()
+    ]
     out = state.prepare([_claim(f"c{i}", n) for i, n in enumerate(names)])
     assert all(isinstance(v, list) for v in out.values())
     for i in range(len(names)):
@@ -266,7 +352,9 @@ def test_only_batches_that_write_nothing_but_files_are_quick(tmp_path: Path) -> 
     assert state.quick_unprepare([plain.ref])
     assert not state.quick_unprepare([plain.ref, sliced.ref])
     assert not state.quick_unprepare([ClaimRef("ns", "claim-c", "c")])
-    assert state.device_ids("a") == [("gpu-2", SimulatedDiscovery("mixed", NODE).discover().gpus[2].uuid, None)]
+    assert state.device_ids("a") == [
+        ("gpu-2", SimulatedDiscovery("mixed", NODE).discover().gpus[2].uuid, None)
+    ]
     assert state.device_ids("c") == []
 
 
@@ -290,7 +378,10 @@ def test_start_up_sweeps_our_temp_files_only_under_the_node_lock(tmp_path: Path)
         tmp_path / "cdi" / ".k8s.gpu.dra.dev-claim_d502e626-1aad.json.tyx394v0.tmp",
         state_dir / ".checkpoint.json.ab12cd34.tmp",
     ]
-    kept = [tmp_path / "cdi" / ".other.vendor-x_1.json.tmp", tmp_path / "cdi" / "other.vendor-x_1.json"]
+    kept = [
+        tmp_path / "cdi" / ".other.vendor-x_1.json.tmp",
+        tmp_path / "cdi" / "other.vendor-x_1.json",
+    ]
     for path in left + kept:
         path.write_text("{")
     # While another agent of the node holds the lock (it may be writing), nothing is swept.
