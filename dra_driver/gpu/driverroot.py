@@ -29,10 +29,29 @@ NVML = "libnvidia-ml.so.1"
 CUDA = "libcuda.so.1"
 
 
+def resolve_in(root: Path, path: Path, limit: int = 40) -> Path:
+    """Follow symlinks as if ``root`` were ``/``: an absolute link target stays inside it."""
+    for _ in range(limit):
+        if not path.is_symlink():
+            return path
+        target = Path(path.readlink())
+        if not path.parent.is_relative_to(root):
+            joined = path.parent / target  # not under the root: nothing to keep it in
+            path = Path(os.path.normpath(joined))
+            continue
+        # Resolved as the host would, from the root's "/": an absolute target starts there,
+        # and ".." at "/" stays there (normpath drops it), so no link leads out of the root.
+        inside = os.path.normpath(Path("/") / path.parent.relative_to(root) / target)
+        path = root / inside.lstrip("/")
+    return path
+
+
 def find_library(driver_root: Path, name: str) -> Path | None:
-    """The library ``name`` in the driver root's library directories, or None."""
+    """The library ``name`` in the driver root's library directories, or None. Links are
+    followed inside the root (a driver container's point at its own absolute paths): the
+    file returned is the root's, whoever opens it."""
     for directory in LIBRARY_DIRS:
-        candidate = driver_root / directory / name
+        candidate = resolve_in(driver_root, driver_root / directory / name)
         if candidate.exists():
             return candidate
     return None

@@ -24,7 +24,8 @@ from typing import Any
 import structlog
 
 from dra_driver.cdi.spec import ContainerEdits, DeviceNode, Mount
-from dra_driver.gpu.container.driverfiles import discover_edits, resolve_in
+from dra_driver.gpu.container.driverfiles import discover_edits
+from dra_driver.gpu.driverroot import resolve_in
 
 log = structlog.get_logger(__name__)
 

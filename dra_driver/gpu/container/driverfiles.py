@@ -16,7 +16,6 @@ from the library's ELF header), which is the name programs link against and ``dl
 
 from __future__ import annotations
 
-import os
 import platform
 import re
 import stat
@@ -27,6 +26,7 @@ import structlog
 
 from dra_driver.cdi.spec import ContainerEdits, Mount
 from dra_driver.gpu.container.elf import soname
+from dra_driver.gpu.driverroot import resolve_in
 
 log = structlog.get_logger(__name__)
 
@@ -143,23 +143,6 @@ def _first_file(root: Path, dirs: tuple[str, ...], name: str) -> Path | None:
         if resolve_in(root, candidate).is_file():
             return candidate
     return None
-
-
-def resolve_in(root: Path, path: Path, limit: int = 40) -> Path:
-    """Follow symlinks as if ``root`` were ``/``: an absolute link target stays inside it."""
-    for _ in range(limit):
-        if not path.is_symlink():
-            return path
-        target = Path(path.readlink())
-        if not path.parent.is_relative_to(root):
-            joined = path.parent / target  # not under the root: nothing to keep it in
-            path = Path(os.path.normpath(joined))
-            continue
-        # Resolved as the host would, from the root's "/": an absolute target starts there,
-        # and ".." at "/" stays there (normpath drops it), so no link leads out of the root.
-        inside = os.path.normpath(Path("/") / path.parent.relative_to(root) / target)
-        path = root / inside.lstrip("/")
-    return path
 
 
 def _library(root: Path, dirs: tuple[str, ...], name: str, version: str) -> Library | None:

@@ -16,6 +16,7 @@ import pytest
 
 from dra_driver.agent import driver_files
 from dra_driver.cdi.spec import NO_EDITS, ContainerEdits
+from dra_driver.gpu import driverroot
 from dra_driver.gpu.allocation import AllocatedDevice
 from dra_driver.gpu.container import ctk, driverfiles
 from dra_driver.gpu.container.claim_spec import build_claim_spec
@@ -226,3 +227,21 @@ def test_a_relative_link_climbing_past_the_root_stays_inside_it(tmp_path: Path) 
     assert files.binaries == (root / "usr/bin/nvidia-smi",)
     mounts = mounts_by_target(driverfiles.driver_edits(files, root, HOST_ROOT, machine="x86_64"))
     assert mounts["/usr/bin/nvidia-smi"][0] == f"{HOST_ROOT}/opt/nvidia/bin/nvidia-smi"
+
+
+def test_a_tools_preloaded_library_is_the_driver_roots_through_absolute_links(
+    tmp_path: Path,
+) -> None:
+    """A driver container's root links to its own absolute paths (as
+    test_red_hat_layout_and_absolute_links): the library a tool of the root gets preloaded
+    (the agent's NVML, the MPS daemon started on the host) is the root's file, found and
+    named inside the root, never the file the link names in the agent's or the host's ``/``."""
+    root = tmp_path / "root"
+    real = root / "opt" / f"libnvidia-ml.so.{VERSION}"
+    real.parent.mkdir(parents=True)
+    real.write_bytes(b"\x7fELF")
+    (root / "usr/lib64").mkdir(parents=True)
+    (root / "usr/lib64" / driverroot.NVML).symlink_to(f"/opt/{real.name}")
+    assert driverroot.find_library(root, driverroot.NVML) == real
+    env = driverroot.tool_env(root, seen_as=HOST_ROOT)
+    assert env["LD_PRELOAD"] == f"{HOST_ROOT}/opt/{real.name}"
