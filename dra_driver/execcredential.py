@@ -144,6 +144,22 @@ def parse_exec_credential(stdout: str, api_version: str) -> Credential:
     )
 
 
+#: The cluster extension a kubeconfig passes to exec plugins as ``spec.cluster.config``.
+EXEC_EXTENSION = "client.authentication.k8s.io/exec"
+
+
+def _exec_extension(extensions: Any) -> Any:
+    """The ``config`` for the plugin: a kubeconfig lists a cluster's extensions by name
+    (``- name: ..., extension: ...``), and the plugin gets the one named
+    :data:`EXEC_EXTENSION`, as client-go hands it over. A mapping is passed as it is."""
+    if isinstance(extensions, list):
+        for item in extensions:
+            if isinstance(item, dict) and item.get("name") == EXEC_EXTENSION:
+                return item.get("extension") or {}
+        return {}
+    return extensions or {}
+
+
 def _exec_info(config: ExecConfig, cluster: Mapping[str, Any]) -> str:
     """The KUBERNETES_EXEC_INFO the plugin reads: API version, no terminal, maybe the cluster."""
     spec: dict[str, Any] = {"interactive": False}
@@ -154,7 +170,7 @@ def _exec_info(config: ExecConfig, cluster: Mapping[str, Any]) -> str:
             "insecure-skip-tls-verify": bool(cluster.get("insecure-skip-tls-verify")),
             "certificate-authority-data": cluster.get("certificate-authority-data", ""),
             "proxy-url": cluster.get("proxy-url", ""),
-            "config": (cluster.get("extensions") or {}),
+            "config": _exec_extension(cluster.get("extensions")),
         }
     return json.dumps({"apiVersion": config.api_version, "kind": "ExecCredential", "spec": spec})
 

@@ -125,6 +125,27 @@ def test_args_env_and_exec_info(tmp_path: Path) -> None:
     assert info["spec"]["cluster"]["config"] == {"audience": "k8s"}
 
 
+def test_exec_info_config_is_the_exec_extension_of_the_cluster(tmp_path: Path) -> None:
+    """A kubeconfig lists a cluster's extensions by name (``- name: ..., extension: ...``);
+    the plugin's ``spec.cluster.config`` is the one named client.authentication.k8s.io/exec,
+    as client-go hands it over, not the whole list."""
+    plugin(tmp_path, {"token": "x"})
+    path = kubeconfig(
+        tmp_path / "config",
+        cluster={
+            "server": "http://h:1",
+            "extensions": [
+                {"name": "example.com/other", "extension": {"ignored": True}},
+                {"name": "client.authentication.k8s.io/exec", "extension": {"audience": "k8s"}},
+            ],
+        },
+        user=exec_user("./plugin", provideClusterInfo=True),
+    )
+    load_connection(str(path))
+    (run,) = runs(tmp_path)
+    assert json.loads(run["info"])["spec"]["cluster"]["config"] == {"audience": "k8s"}
+
+
 def test_command_from_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     plugin(tmp_path, {"token": "from-path"}, name="cloud-auth")
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
