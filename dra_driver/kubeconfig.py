@@ -35,7 +35,8 @@ class KubeConfigError(StartError):
 
 
 class TokenSource:
-    """A bearer token, static or read from a file that is re-read periodically."""
+    """A bearer token, static or read from a file that is re-read periodically (with both,
+    the file's, and the static one while the file cannot be read)."""
 
     def __init__(
         self,
@@ -49,7 +50,11 @@ class TokenSource:
         self._refresh = refresh
         self._clock = clock
         self._read_at: float | None = None
-        if path:
+        if path and token:
+            # The token is the fallback while the file cannot be read (as in client-go).
+            with contextlib.suppress(OSError):
+                self._reload()
+        elif path:
             self._reload()  # fail early (at start-up) when the file is unreadable
 
     def _reload(self) -> None:
@@ -331,10 +336,13 @@ class KubeConfig:
             token: TokenSource | None = None
             if runner is not None:
                 token = ExecTokenSource(runner)
+            elif user.get("tokenFile"):
+                # The file wins over a token given too: it is re-read as it rotates.
+                token = TokenSource(
+                    token=str(user.get("token") or ""), path=rel(user_dir, user["tokenFile"])
+                )
             elif user.get("token"):
                 token = TokenSource(token=str(user["token"]))
-            elif user.get("tokenFile"):
-                token = TokenSource(path=rel(user_dir, user["tokenFile"]))
         except (OSError, ssl.SSLError) as exc:
             raise KubeConfigError(f"context {name!r}: {exc}") from None
         basic = None

@@ -96,6 +96,22 @@ def test_token_file_is_relative_to_the_kubeconfig(tmp_path: Path, certs: Certs) 
     assert conn.token is not None and conn.token.token() == "from-file"
 
 
+def test_token_file_wins_over_a_token_as_in_client_go(tmp_path: Path) -> None:
+    """With both ``token`` and ``tokenFile`` client-go sends what the file holds (re-read as
+    it rotates) and falls back on the token only while the file cannot be read."""
+    (tmp_path / "tok").write_text("rotated\n")
+    path = kubeconfig(
+        tmp_path / "config",
+        cluster={"server": "http://h"},
+        user={"token": "snapshot", "tokenFile": "tok"},
+    )
+    conn = KubeConfig.load([path]).connection()
+    assert conn.token is not None and conn.token.token() == "rotated"
+    (tmp_path / "tok").unlink()
+    conn = KubeConfig.load([path]).connection()  # no file (yet): not an error
+    assert conn.token is not None and conn.token.token() == "snapshot"
+
+
 def test_client_certificate_data(tmp_path: Path, certs: Certs) -> None:
     path = kubeconfig(
         tmp_path / "config",
