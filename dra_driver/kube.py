@@ -190,6 +190,9 @@ class KubeClient:
         # Streams (watches) hold their connection for as long as they run; out of the
         # request pool, so a watch never waits for a claim read nor the other way round.
         self._streams = self._new_session(0, KEEPALIVE)
+        #: Request pools replaced when an exec plugin renewed the client certificate (their
+        #: kept-alive connections present the old one); closed at the next renewal or close.
+        self._retired: list[aiohttp.ClientSession] = []
 
     def _new_session(self, limit: int, keepalive: float) -> aiohttp.ClientSession:
         """A session of at most ``limit`` connections (0: one per open stream)."""
@@ -236,7 +239,7 @@ class KubeClient:
 
     async def close(self) -> None:
         """Close the connections (idempotent)."""
-        for session in (self._warm, self._session, self._streams):
+        for session in (self._warm, self._session, self._streams, *self._retired):
             await session.close()
 
     @property
@@ -260,11 +263,26 @@ class KubeClient:
         self._observe(method, str(status))
         if status == 401 and self._token is not None:
             self._token.invalidate()  # a rotated token file may already hold a fresh one
+        if status == 401 and self.connection.certificate is not None:
+            self.connection.certificate.invalidate()
+
+    async def _renew_pools(self) -> None:
+        """Requests go to new connections, which present the renewed client certificate; the
+        old pools' requests finish undisturbed (a credential lifetime before they are closed).
+        Watches keep their connections, authenticated when they began."""
+        retired, self._retired = self._retired, [self._warm, self._session]
+        self._warm = self._new_session(1, WARM_KEEPALIVE)
+        self._session = self._new_session(REQUEST_POOL - 1, KEEPALIVE)
+        for session in retired:
+            await session.close()
 
     async def _kwargs(
         self, query: Query | None, body: Any, content_type: str, limits: aiohttp.ClientTimeout
     ) -> dict[str, Any]:
         """The request's arguments; awaits the token (an exec plugin may have to run)."""
+        certificate, context = self.connection.certificate, self.connection.ssl_context
+        if certificate is not None and context is not None and await certificate.refresh(context):
+            await self._renew_pools()
         data = _encode(body)
         kwargs: dict[str, Any] = {
             "headers": await self._headers(content_type if data is not None else None),

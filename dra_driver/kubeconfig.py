@@ -34,6 +34,12 @@ class KubeConfigError(StartError):
     """No way to reach the API server was found; the message says which were tried."""
 
 
+class CredentialError(KubeConfigError, ConnectionError):
+    """A request needed a fresh credential and the exec plugin failed to give one. Like a
+    lost connection, the request failed and a later one may succeed (the plugin's cloud
+    login was briefly away): callers that retry on connection errors retry on this too."""
+
+
 class TokenSource:
     """A bearer token, static or read from a file that is re-read periodically (with both,
     the file's, and the static one while the file cannot be read)."""
@@ -94,7 +100,7 @@ class ExecTokenSource(TokenSource):
         try:
             return self._runner.credential().token
         except ExecPluginError as exc:
-            raise KubeConfigError(str(exc)) from None
+            raise CredentialError(str(exc)) from None
 
     async def token_async(self) -> str:
         """The plugin's token; a renewal runs while the event loop goes on, and concurrent
@@ -102,10 +108,38 @@ class ExecTokenSource(TokenSource):
         try:
             return (await self._runner.credential_async()).token
         except ExecPluginError as exc:
-            raise KubeConfigError(str(exc)) from None
+            raise CredentialError(str(exc)) from None
 
     def invalidate(self) -> None:
         """The server rejected the token: ask the plugin for a new one."""
+        self._runner.invalidate()
+
+
+class ExecCertificate:
+    """A client certificate from a kubeconfig ``exec`` plugin, renewed when it expires (or
+    the server refuses it): the TLS context then presents the new one on new connections."""
+
+    def __init__(self, runner: ExecRunner, cert: bytes, key: bytes) -> None:
+        """``cert`` and ``key`` are what the context was made with."""
+        self._runner = runner
+        self._pem = (cert, key)
+
+    async def refresh(self, context: ssl.SSLContext) -> bool:
+        """Load a renewed certificate into ``context`` (the plugin runs when it expired);
+        whether one was loaded (connections made before present the old one)."""
+        try:
+            credential = await self._runner.credential_async()
+        except ExecPluginError as exc:
+            raise CredentialError(str(exc)) from None
+        pem = (credential.client_certificate, credential.client_key)
+        if pem == self._pem or not credential.client_certificate:
+            return False
+        _load_cert_chain_from_memory(context, *pem)
+        self._pem = pem
+        return True
+
+    def invalidate(self) -> None:
+        """The server rejected the credential: ask the plugin for a new one."""
         self._runner.invalidate()
 
 
@@ -124,6 +158,8 @@ class Connection:
     #: The default namespace: the context's, or the service account's (empty: none given).
     namespace: str = ""
     headers: dict[str, str] = field(default_factory=dict)
+    #: The exec plugin's client certificate in ``ssl_context``, renewed as it expires.
+    certificate: ExecCertificate | None = None
 
 
 def _ssl_context(
@@ -304,8 +340,6 @@ class KubeConfig:
             except ExecPluginError as exc:
                 raise KubeConfigError(str(exc)) from None
             exec_cert, exec_key = credential.client_certificate, credential.client_key
-            if not credential.token:
-                runner = None
 
         def rel(base: Path, value: Any) -> str:
             return str(base / Path(str(value)).expanduser()) if value else ""
@@ -334,7 +368,7 @@ class KubeConfig:
                     ),
                 )
             token: TokenSource | None = None
-            if runner is not None:
+            if runner is not None and credential.token:
                 token = ExecTokenSource(runner)
             elif user.get("tokenFile"):
                 # The file wins over a token given too: it is re-read as it rotates.
@@ -348,9 +382,13 @@ class KubeConfig:
         basic = None
         if user.get("username") and not token:
             basic = (str(user["username"]), str(user.get("password") or ""))
+        certificate = None
+        if runner is not None and exec_cert and context_obj is not None:
+            certificate = ExecCertificate(runner, exec_cert, exec_key)
         return Connection(
             server=server,
             ssl_context=context_obj,
+            certificate=certificate,
             token=token,
             basic_auth=basic,
             tls_server_name=str(cluster.get("tls-server-name") or ""),

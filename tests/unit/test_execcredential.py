@@ -6,14 +6,18 @@ log file, so the tests see how often the plugin ran and with which environment.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
+import ssl
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 from aiohttp import web
 
 from dra_driver.execcredential import (
@@ -23,8 +27,11 @@ from dra_driver.execcredential import (
     parse_exec_credential,
 )
 from dra_driver.kube import KubeClient
-from dra_driver.kubeconfig import KubeConfigError, load_connection
-from tests.unit.kubeserver import Certs, make_certs, serve
+from dra_driver.kubeconfig import Connection, ExecTokenSource, KubeConfigError, load_connection
+from dra_driver.resourceslice.rawapi import CONNECTION_ERRORS, RawApi
+from dra_driver.resourceslice.reflector import Reflector
+from dra_driver.resourceslice.reporting import ApiErrorReporter
+from tests.unit.kubeserver import Certs, _openssl, make_certs, serve
 from tests.unit.test_kube import kubeconfig
 
 V1 = "client.authentication.k8s.io/v1"
@@ -269,4 +276,135 @@ async def test_requests_carry_the_plugin_token_and_renew_on_401(tmp_path: Path) 
             assert (await client.request("GET", "/whoami")).status == 401  # t1 rejected
             assert (await client.request("GET", "/whoami")).status == 200  # t2 from a new run
             assert (await client.request("GET", "/whoami")).status == 200  # t2 cached
+    assert len(runs(tmp_path)) == 2
+
+
+async def test_a_plugin_failing_at_renewal_fails_the_request_like_a_lost_connection(
+    tmp_path: Path,
+) -> None:
+    """A renewal that fails while the agent runs (the cloud login briefly down) fails that
+    request the way a lost connection does, so callers retry; it is not a start-up error
+    that ends the watch for good."""
+    script = plugin(tmp_path, {"token": "x"}, exit_code=3)
+    runner = ExecRunner(
+        parse_exec_config({"apiVersion": V1, "command": str(script)}, "u"),
+        user="u",
+        base_dir=tmp_path,
+    )
+    async with serve() as server:
+        server.json("GET", "/whoami", 200, {})
+        connection = Connection(server=server.url, token=ExecTokenSource(runner))
+        async with KubeClient(connection) as client:
+            with pytest.raises(CONNECTION_ERRORS) as err:
+                await client.request("GET", "/whoami")
+            assert "exited with status 3" in str(err.value)
+            reflector = Reflector(
+                lambda: RawApi(client).list_objects("/whoami", "things"),
+                lambda version, timeout: RawApi(client).watch_objects(
+                    "/whoami", "things", "", version, timeout
+                ),
+                resource="things",
+                on_listed=lambda items: None,
+                on_event=lambda kind, obj: None,
+                log=structlog.get_logger(),
+                reporter=ApiErrorReporter(structlog.get_logger()),
+            )
+            task = asyncio.create_task(reflector.run())
+            await asyncio.sleep(0.3)
+            alive = not task.done()
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            assert alive, "the watch ended on a failed credential renewal"
+
+
+def certificate_plugin(tmp_path: Path, certs: Certs, first_expiry: str | None) -> None:
+    """A plugin that gives client certificates, no token: the test CA's client certificate
+    (CN test-user) with ``first_expiry`` on its first run, a second one (CN second-user)
+    valid for an hour on later runs."""
+    key = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    _openssl("req", "-new", *key, "-keyout", "second.key", "-out", "second.csr",
+             "-subj", "/CN=second-user", cwd=certs.dir)  # fmt: skip
+    (certs.dir / "second.ext").write_text("extendedKeyUsage=clientAuth\n")
+    _openssl("x509", "-req", "-in", "second.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+             "-CAcreateserial", "-out", "second.crt", "-days", "2",
+             "-extfile", "second.ext", cwd=certs.dir)  # fmt: skip
+    pems = [
+        (certs.client_cert.read_text(), certs.client_key.read_text()),
+        ((certs.dir / "second.crt").read_text(), (certs.dir / "second.key").read_text()),
+    ]
+    log = tmp_path / "plugin.log"
+    later = rfc3339(datetime.now(UTC) + timedelta(hours=1))
+    script = tmp_path / "plugin"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        "import json, os\n"
+        f"log = {str(log)!r}\n"
+        "n = (len(open(log).readlines()) if os.path.exists(log) else 0) + 1\n"
+        "open(log, 'a').write('{}\\n')\n"
+        f"pems = {pems!r}\n"
+        "cert, key = pems[0] if n == 1 else pems[1]\n"
+        "status = {'clientCertificateData': cert, 'clientKeyData': key}\n"
+        f"expiry = {first_expiry!r} if n == 1 else {later!r}\n"
+        "if expiry: status['expirationTimestamp'] = expiry\n"
+        f"print(json.dumps({{'apiVersion': {V1!r}, 'kind': 'ExecCredential', 'status': status}}))\n"
+    )
+    script.chmod(0o755)
+
+
+def client_cert_server_tls(certs: Certs) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(certs.server_cert, certs.server_key)
+    context.load_verify_locations(certs.ca)
+    context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def common_name(peercert: Any) -> str:
+    return str(dict(x[0] for x in peercert["subject"])["commonName"])
+
+
+async def test_a_client_certificate_from_the_plugin_is_renewed_when_it_expires(
+    tmp_path: Path,
+) -> None:
+    """A plugin that gives short-lived client certificates (no token) runs again when its
+    certificate expires, and the new certificate is presented, as client-go does."""
+    certs: Certs = make_certs(tmp_path / "certs")
+    certificate_plugin(tmp_path, certs, rfc3339(datetime.now(UTC) + timedelta(seconds=5)))
+    async with serve(client_cert_server_tls(certs)) as server:
+        server.json("GET", "/version", 200, {})
+        path = kubeconfig(
+            tmp_path / "config",
+            cluster={"server": server.url, "certificate-authority-data": certs.b64(certs.ca)},
+            user=exec_user("./plugin"),
+        )
+        async with await KubeClient.create(str(path)) as client:
+            assert (await client.request("GET", "/version")).ok
+    assert common_name(server.seen[0]["peercert"]) == "second-user"
+    assert len(runs(tmp_path)) == 2
+
+
+async def test_a_client_certificate_the_server_refuses_is_renewed(tmp_path: Path) -> None:
+    """A plugin certificate without an expiry is kept until the server refuses it (401);
+    the next request runs the plugin again and presents the new certificate on a new
+    connection (not on the kept-alive one that carries the refused certificate)."""
+    certs: Certs = make_certs(tmp_path / "certs")
+    certificate_plugin(tmp_path, certs, None)
+    async with serve(client_cert_server_tls(certs)) as server:
+
+        async def whoami(request: web.Request) -> web.Response:
+            assert request.transport is not None
+            name = common_name(request.transport.get_extra_info("peercert"))
+            return web.json_response({}, status=200 if name == "second-user" else 401)
+
+        server.routes[("GET", "/whoami")] = whoami
+        path = kubeconfig(
+            tmp_path / "config",
+            cluster={"server": server.url, "certificate-authority-data": certs.b64(certs.ca)},
+            user=exec_user("./plugin"),
+        )
+        async with await KubeClient.create(str(path)) as client:
+            assert (await client.request("GET", "/whoami")).status == 401
+            assert (await client.request("GET", "/whoami")).status == 200
+            assert (await client.request("GET", "/whoami")).status == 200
     assert len(runs(tmp_path)) == 2
