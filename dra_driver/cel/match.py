@@ -65,6 +65,8 @@ class Request:
     admin_access: bool = False
     #: ``tolerations``: the device taints this request tolerates.
     tolerations: tuple[Mapping[str, Any], ...] = ()
+    #: ``capacity.requests``: (capacity name, quantity text) the request consumes of a device.
+    capacity: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -153,6 +155,9 @@ def _request(raw: Mapping[str, Any], name: str) -> Request:
         all_devices=mode == "All",
         admin_access=raw.get("adminAccess") is True,
         tolerations=tuple(t for t in raw.get("tolerations") or [] if isinstance(t, Mapping)),
+        capacity=tuple(
+            (str(k), str(v)) for k, v in ((raw.get("capacity") or {}).get("requests") or {}).items()
+        ),
     )
 
 
@@ -264,10 +269,49 @@ def match_devices(
     return results
 
 
+def _pool_key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    spec = obj.get("spec") or {}
+    return str(spec.get("driver", "")), str((spec.get("pool") or {}).get("name", ""))
+
+
+def _generation(obj: Mapping[str, Any]) -> int:
+    return int(((obj.get("spec") or {}).get("pool") or {}).get("generation") or 0)
+
+
+def current_slices(slices: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The slices of each pool's newest generation (the scheduler ignores older ones)."""
+    listed = list(slices)
+    newest: dict[tuple[str, str], int] = {}
+    for obj in listed:
+        key = _pool_key(obj)
+        newest[key] = max(newest.get(key, _generation(obj)), _generation(obj))
+    return [obj for obj in listed if _generation(obj) == newest[_pool_key(obj)]]
+
+
+def incomplete_pools(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], str]:
+    """(driver, pool) -> why the scheduler ignores it: fewer slices of its newest generation
+    than its ``resourceSliceCount``."""
+    found: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for obj in current_slices(slices):
+        found.setdefault(_pool_key(obj), []).append(obj)
+    out = {}
+    for key, members in found.items():
+        pool = (members[0].get("spec") or {}).get("pool") or {}
+        expected = int(pool.get("resourceSliceCount") or 0)
+        if expected and len(members) != expected:
+            out[key] = (
+                f"pool {key[1]} is incomplete: {len(members)} of {expected} ResourceSlice(s) "
+                f"of generation {_generation(members[0])} published; the scheduler ignores "
+                "it until all are"
+            )
+    return out
+
+
 def slice_devices(slices: Iterable[Mapping[str, Any]]) -> list[Device]:
-    """The devices of ResourceSlice objects (JSON), in slice order."""
+    """The devices of ResourceSlice objects (JSON) of each pool's newest generation, in slice
+    order."""
     devices = []
-    for obj in slices:
+    for obj in current_slices(slices):
         spec = obj.get("spec") or {}
         driver = str(spec.get("driver", ""))
         pool = str((spec.get("pool") or {}).get("name", ""))

@@ -51,9 +51,15 @@ def _pool_lines(pool: PoolReport) -> list[str]:
     if pool.busy:
         owners = ", ".join(f"{d} -> {c}" for d, c in pool.busy.items())
         lines.append(f"      allocated to other claims: {owners}")
-    if pool.tainted:
-        taints = ", ".join(f"{d} ({t})" for d, t in pool.tainted.items())
-        lines.append(f"      tainted, not tolerated by the request: {taints}")
+    for label, why in (
+        ("tainted, not tolerated by the request", pool.tainted),
+        ("shared counters used up by other claims", pool.counters),
+        ("without the requested capacity", pool.capacity),
+    ):
+        if why:
+            lines.append(f"      {label}: {', '.join(f'{d} ({w})' for d, w in why.items())}")
+    if pool.incomplete:
+        lines.append(f"      ignored: {pool.incomplete}")
     lines.append(
         f"      available: {len(pool.available)}"
         + (f" ({', '.join(pool.available)})" if pool.available else "")

@@ -274,3 +274,141 @@ def test_constraint_over_first_available_uses_one_subrequest() -> None:
     report = explain_claim(claim("c", [req, exactly("b")], [constraint]), CLASSES, SLICES, [])
     assert report.constraints == []
     assert report.blocking == []
+
+
+def test_admin_access_results_do_not_make_devices_busy() -> None:
+    # The scheduler does not count a device allocated with adminAccess as in use: a monitoring
+    # claim holding it does not keep a normal request off it.
+    monitor = claim("monitor", [exactly("gpu")], allocated=[("gpu", "node-b", "gpu-0")])
+    monitor["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    slices = [slice_("node-b", gpu("gpu-0", "A100", 0))]
+    assert allocated_devices([monitor]) == {}
+    assert explain_claim(claim("c", [exactly("gpu")]), CLASSES, slices, [monitor]).blocking == []
+
+
+def pooled(node: str, generation: int, count: int, *devices: dict[str, Any]) -> dict[str, Any]:
+    obj = slice_(node, *devices)
+    obj["metadata"]["name"] = f"{node}-{generation}-{len(devices)}"
+    obj["spec"]["pool"].update(generation=generation, resourceSliceCount=count)
+    return obj
+
+
+def test_only_the_newest_complete_generation_of_a_pool_counts() -> None:
+    # While the driver replaces generation 1 by 2, the old slice is still listed: the
+    # scheduler uses generation 2 only, so the H100 of generation 1 is gone.
+    old = pooled("node-a", 1, 1, gpu("gpu-0", "H100", 0), gpu("gpu-1", "H100", 0))
+    new = pooled("node-a", 2, 1, gpu("gpu-0", "A100", 0))
+    c = claim("c", [exactly("gpu", 1, f'{A}.productName == "H100"')])
+    report = explain_claim(c, CLASSES, [old, new], [])
+    (pool,) = report.requests[0].pools
+    assert pool.devices == 1
+    assert pool.available == []
+    assert report.blocking == ["request gpu: no device in any pool matches the selectors"]
+    # A pool with fewer slices of its generation than resourceSliceCount is ignored.
+    partial = pooled("node-a", 3, 2, gpu("gpu-0", "H100", 0))
+    report = explain_claim(c, CLASSES, [old, new, partial], [])
+    (pool,) = report.requests[0].pools
+    assert pool.matching == ["gpu-0"]
+    assert pool.available == []
+    assert "the pool is incomplete" in report.blocking[0]
+    assert "pool node-a is incomplete: 1 of 2" in report.blocking[1]
+    assert "incomplete" in claim_text(report)
+
+
+def counter_slice(node: str) -> dict[str, Any]:
+    obj = pooled(node, 1, 2)
+    obj["metadata"]["name"] = f"{node}-counters"
+    del obj["spec"]["devices"]
+    obj["spec"]["sharedCounters"] = [{"name": "gpu-0", "counters": {"memory": {"value": "80Gi"}}}]
+    return obj
+
+
+def partition(name: str, memory: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "attributes": {"productName": {"string": "H100"}},
+        "consumesCounters": [{"counterSet": "gpu-0", "counters": {"memory": {"value": memory}}}],
+    }
+
+
+def test_exhausted_shared_counters_make_partitions_unavailable() -> None:
+    # The whole GPU is allocated to another claim: its MIG partitions consume the same
+    # counters, so the scheduler cannot allocate any of them.
+    devices = pooled("node-a", 1, 2, partition("whole", "80Gi"), partition("mig-1g", "10Gi"))
+    slices = [counter_slice("node-a"), devices]
+    other = claim("other", [exactly("gpu")], allocated=[("gpu", "node-a", "whole")])
+    c = claim("c", [exactly("gpu")])
+    report = explain_claim(c, CLASSES, slices, [other])
+    (pool,) = report.requests[0].pools
+    assert pool.busy == {"whole": "ns/other"}
+    assert pool.available == []
+    assert "mig-1g" in pool.counters
+    assert report.blocking and "counter" in report.blocking[0]
+    assert "shared counters" in claim_text(report)
+    small = claim("other", [exactly("gpu")], allocated=[("gpu", "node-a", "mig-1g")])
+    report = explain_claim(c, CLASSES, slices, [small])
+    assert report.requests[0].pools[0].available == []  # 80Gi do not fit in the 70Gi left
+    assert explain_claim(c, CLASSES, slices, []).blocking == []
+
+
+def shared_gpu(name: str, memory: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "allowMultipleAllocations": True,
+        "attributes": {"productName": {"string": "H100"}},
+        "capacity": {"memory": {"value": memory}},
+    }
+
+
+def test_capacity_requests_must_fit_the_device() -> None:
+    slices = [slice_("node-a", shared_gpu("gpu-0", "80Gi"))]
+    big = exactly("gpu")
+    big["exactly"]["capacity"] = {"requests": {"memory": "100Gi"}}
+    report = explain_claim(claim("c", [big]), CLASSES, slices, [])
+    assert report.requests[0].pools[0].available == []
+    assert report.blocking and "capacity" in report.blocking[0]
+    fits = exactly("gpu")
+    fits["exactly"]["capacity"] = {"requests": {"memory": "40Gi"}}
+    assert explain_claim(claim("c", [fits]), CLASSES, slices, []).blocking == []
+    unknown = exactly("gpu")
+    unknown["exactly"]["capacity"] = {"requests": {"cores": "1"}}
+    assert explain_claim(claim("c", [unknown]), CLASSES, slices, []).blocking
+    # Another claim already took 60Gi of the shared GPU: 40Gi no longer fit.
+    other = claim("other", [exactly("gpu")], allocated=[("gpu", "node-a", "gpu-0")])
+    result = other["status"]["allocation"]["devices"]["results"][0]
+    result.update(shareID="abc", consumedCapacity={"memory": "60Gi"})
+    report = explain_claim(claim("c", [fits]), CLASSES, slices, [other])
+    assert report.requests[0].pools[0].available == []
+    assert report.blocking
+
+
+def test_equal_toleration_without_key_matches_any_key_with_that_value() -> None:
+    # An Equal toleration with no key tolerates every taint with its value (and effect).
+    taint = {"key": f"{DRIVER}/xid", "value": "79", "effect": "NoSchedule"}
+    slices = [slice_("node-b", {**gpu("gpu-0", "A100", 0), "taints": [taint]})]
+    tolerant = exactly("gpu")
+    tolerant["exactly"]["tolerations"] = [{"operator": "Equal", "value": "79"}]
+    assert explain_claim(claim("c", [tolerant]), CLASSES, slices, []).blocking == []
+    other_value = exactly("gpu")
+    other_value["exactly"]["tolerations"] = [{"operator": "Equal", "value": "48"}]
+    assert explain_claim(claim("c", [other_value]), CLASSES, slices, []).blocking
+
+
+def test_match_attribute_over_an_all_request_needs_every_device_to_share_the_value() -> None:
+    # allocationMode All takes every matching device of node-a (two H100, one A100): they do
+    # not share one productName, so the scheduler cannot satisfy the constraint.
+    every = {"name": "gpu", "exactly": {"deviceClassName": DRIVER, "allocationMode": "All"}}
+    constraint = {"requests": ["gpu"], "matchAttribute": f"{DRIVER}/productName"}
+    report = explain_claim(claim("c", [every], [constraint]), CLASSES, SLICES[:1], [])
+    assert report.constraints and "matchAttribute" in report.constraints[0]
+    h100 = {
+        "name": "gpu",
+        "exactly": {
+            **every["exactly"],
+            "selectors": [{"cel": {"expression": f'{A}.productName == "H100"'}}],
+        },
+    }
+    assert explain_claim(claim("c", [h100], [constraint]), CLASSES, SLICES[:1], []).blocking == []
+    distinct = {"requests": ["gpu"], "distinctAttribute": f"{DRIVER}/numaNode"}
+    report = explain_claim(claim("c", [every], [distinct]), CLASSES, SLICES[:1], [])
+    assert report.constraints and "needs 3 distinct values" in report.constraints[0]

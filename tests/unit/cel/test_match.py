@@ -91,6 +91,29 @@ def test_slices_file(slices_file: Path) -> None:
     assert {r.device.pool for r in results if r.verdict is Verdict.MATCH} == {"node-h"}
 
 
+def test_slices_file_uses_the_newest_generation_of_a_pool(tmp_path: Path) -> None:
+    # A driver that republishes bumps the generation; until the old slice is deleted both are
+    # listed, and the scheduler only sees the newest: each device once, with its new values.
+    def pool_slice(generation: int, product: str) -> dict[str, Any]:
+        return {
+            "kind": "ResourceSlice",
+            "metadata": {"name": f"node-a-{generation}"},
+            "spec": {
+                "driver": DRIVER,
+                "nodeName": "node-a",
+                "pool": {"name": "node-a", "generation": generation, "resourceSliceCount": 1},
+                "devices": [{"name": "gpu-0", "attributes": {"productName": {"string": product}}}],
+            },
+        }
+
+    path = tmp_path / "slices.yaml"
+    path.write_text(yaml.safe_dump_all([pool_slice(2, "H100"), pool_slice(1, "A100")]))
+    devices = slice_file_devices(path)
+    assert [d.name for d in devices] == ["gpu-0"]
+    results = match_devices(devices, [Selector("t", f'{A}.productName == "A100"')])
+    assert [r.verdict for r in results] == [Verdict.NO_MATCH]
+
+
 def test_claim_requests_and_selector_sets() -> None:
     claim = {
         "kind": "ResourceClaim",
