@@ -306,6 +306,13 @@ def test_timeouts_are_quiet_and_the_watch_goes_on(watch: Watcher) -> None:
     _clean(watch.stderr())
 
 
+def _faults(path: Path, text: str) -> None:
+    """Set the stand-in's failures at once: NVML's thread reads the file at every call, and
+    must never read it half written."""
+    path.with_suffix(".tmp").write_text(text)
+    path.with_suffix(".tmp").replace(path)
+
+
 def test_a_set_whose_waits_keep_failing_is_replaced(node: FakeNode, tmp_path: Path) -> None:
     """Waits that fail (not time out) watch nothing: after a few the set is replaced, and
     events are seen again."""
@@ -315,9 +322,9 @@ def test_a_set_whose_waits_keep_failing_is_replaced(node: FakeNode, tmp_path: Pa
         node, tmp_path / "nvml.events", WAIT_MS, retry_s=0.05, FAKE_NVML_FAIL_FILE=str(fail)
     )
     try:
-        fail.write_text("nvmlEventSetWait_v2=999\n")
+        _faults(fail, "nvmlEventSetWait_v2=999\n")
         time.sleep(10 * 0.05 + 3 * WAIT_MS / 1000)  # several failed waits, a new set
-        fail.write_text("")
+        _faults(fail, "")
         # A set replaced now starts after what the file holds (as NVML's): inject later.
         time.sleep(0.5)
         watch.inject(f"{watch.uuid(2)} xid 79")
@@ -338,7 +345,7 @@ def test_a_set_that_only_fails_and_cannot_be_replaced_ends_the_watch(
         node, tmp_path / "nvml.events", WAIT_MS, retry_s=0.05, FAKE_NVML_FAIL_FILE=str(fail)
     )
     try:
-        fail.write_text("nvmlEventSetWait_v2=999\nnvmlEventSetCreate\n")
+        _faults(fail, "nvmlEventSetWait_v2=999\nnvmlEventSetCreate\n")
         ended = watch.next(timeout=10)
         assert ended["ended"].startswith("WatchEnded: no NVML event set"), ended
         assert not watch.alive()
