@@ -523,7 +523,12 @@ def test_mps_daemon_in_the_foreground(mps: Mps) -> None:
         text=True,
     )
     try:
-        wait_for(lambda: (mps.pipe / "control").exists(), "the foreground daemon to listen")
+        # It listens, then writes its pid file: both, before the pid is read.
+        pid_file = mps.pipe / "nvidia-cuda-mps-control.pid"
+        wait_for(
+            lambda: (mps.pipe / "control").exists() and pid_file.exists(),
+            "the foreground daemon to listen",
+        )
         assert mps.daemon_pid() == proc.pid
         assert mps.send("quit").returncode == 0
         _, stderr = proc.communicate(timeout=TIMEOUT)
