@@ -630,6 +630,10 @@ def test_controller_rbac_allows_every_request(mode: str) -> None:
     for verb in ("delete", "create"):
         assert not rbac.allows(Attributes(verb, names.group, "computedomains", "", "t", "cd"))
     assert not rbac.allows(Attributes("get", "", "secrets", "", NAMESPACE, "x"))
+    # Its Events are created once each (dra_driver/events.py): it may not change the Events
+    # of anything else in the cluster.
+    assert not rbac.allows(Attributes("patch", "", "events", "", "team-a", "x"))
+    assert not rbac.allows(Attributes("update", "", "events", "", "team-a", "x"))
 
 
 # ------------------------------------------------------------------------------------
