@@ -317,6 +317,42 @@ def test_values_reach_the_agent(values: dict[str, str]) -> None:
         assert names == {"gpu.example.com", "mig.gpu.example.com", "shared.gpu.example.com"}
 
 
+@pytest.mark.parametrize(
+    ("profiles", "accepted"),
+    [
+        ("1g.10gb", True),
+        ("1g.10gb, 3g.40gb,7g.80gb", True),
+        ("1g.10gb+me,1g.10gb,", True),
+        # Newer drivers' variants of a profile: without media engines, with all, graphics.
+        ("1g.24gb-me", True),
+        ("1g.24gb+me.all", True),
+        ("1g.24gb-me,1g.24gb+me.all,1g.24gb+gfx", True),
+        ("1g", False),
+        ("1g.10GB", False),
+        ("1g.10gb;3g.40gb", False),
+        ("1g.10gb+", False),
+        ("1g.10gb+me.", False),
+    ],
+)
+def test_mig_profiles_the_agent_takes_are_the_schemas(profiles: str, accepted: bool) -> None:
+    """features.migProfiles passes the schema exactly when the agent's --mig-profiles takes it
+    (dra_driver/gpu/publish/profiles.py)."""
+    from dra_driver.gpu.publish.profiles import ProfileListError, parse_profiles
+
+    try:
+        parse_profiles(profiles)
+        agent = True
+    except ProfileListError:
+        agent = False
+    assert agent is accepted, "the table disagrees with the agent"
+    value = profiles.replace(",", "\\,")  # --set splits at unescaped commas
+    if accepted:
+        e = env(render(**{"features.dynamicMig": "true", "features.migProfiles": value}))
+        assert e["DRA_MIG_PROFILES"] == profiles
+    else:
+        assert "/features/migProfiles" in render_error(f"features.migProfiles={value}")
+
+
 def test_extra_volumes_and_the_host_pid_namespace() -> None:
     """Extra volumes reach the pod and their mounts the agent's container; the agent always
     runs in the host's PID namespace (its MPS daemons must outlive it)."""
