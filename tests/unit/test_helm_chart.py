@@ -9,6 +9,7 @@ renders in tests/e2e/test_manifests_e2e.py.
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -246,6 +247,27 @@ def test_service_monitor() -> None:
         )
         == []
     )
+
+
+@pytest.mark.parametrize(
+    ("release", "values"),
+    [
+        ("g" * 53, {}),  # the longest release name Helm takes: "<release>-dra-drive" is 63
+        ("gpu", {"fullnameOverride": "f" * 63}),
+        ("gpu.a", {}),  # Helm takes dots in release names; a Service name cannot have them
+    ],
+    ids=["long-release", "long-fullname", "dotted-release"],
+)
+def test_metrics_service_name_is_a_dns_label(release: str, values: dict[str, str]) -> None:
+    """A Service's name is a DNS-1035 label (at most 63 characters, no dots), unlike the
+    other objects' names: the API server refuses anything else."""
+    objects = render(release, **values, **{"metrics.serviceMonitor.enabled": "true"})
+    (service,) = kind(objects, "Service")
+    name = service["metadata"]["name"]
+    assert len(name) <= 63 and re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name), name
+    assert name.endswith("-metrics")
+    (monitor,) = kind(objects, "ServiceMonitor")
+    assert monitor["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
 
 
 def test_extended_resource_class_needs_acknowledgement() -> None:

@@ -44,6 +44,13 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: kubelet-plugin
 {{- end }}
 
+{{/* The metrics Service's name. A Service's name is a DNS-1035 label (at most 63
+characters, no dots), unlike the other objects' names: the full name, cut to leave room for
+the suffix. */}}
+{{- define "dra-driver.metricsServiceName" -}}
+{{- printf "%s-metrics" (include "dra-driver.fullname" . | replace "." "-" | trunc 55 | trimSuffix "-") }}
+{{- end }}
+
 {{/* The ServiceAccount name; also the user name the admission policy matches. */}}
 {{- define "dra-driver.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
