@@ -438,6 +438,20 @@ def test_compat_nvidia_renders_the_nvidia_drivers_classes_and_name() -> None:
             {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 2, "maxUnavailable": 0}},
         ),
         ({"updateStrategy.type": "OnDelete"}, {"type": "OnDelete"}),
+        # No surge, given alone: the default maxUnavailable 0 would leave both 0, which
+        # Kubernetes refuses; Kubernetes' own default for a DaemonSet, one at a time, instead.
+        (
+            {"updateStrategy.rollingUpdate.maxSurge": "0"},
+            {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+        ),
+        (
+            {"updateStrategy.rollingUpdate.maxSurge": "0%"},
+            {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "0%", "maxUnavailable": 1}},
+        ),
+        (
+            {"updateStrategy.rollingUpdate": "null"},
+            {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+        ),
     ],
 )
 def test_update_strategy_is_one_the_api_server_accepts(
@@ -446,6 +460,7 @@ def test_update_strategy_is_one_the_api_server_accepts(
     strategy = daemonset(render("x", **values))["spec"]["updateStrategy"]
     assert strategy == expected
     rolling = strategy.get("rollingUpdate", {})
-    assert [str(rolling.get(k, 0)) in ("0", "0%") for k in ("maxSurge", "maxUnavailable")].count(
-        False
-    ) <= 1
+    zero = [str(rolling.get(k, 0)) in ("0", "0%") for k in ("maxSurge", "maxUnavailable")]
+    # ValidateRollingUpdateDaemonSet: not both non-zero, and not both zero.
+    assert zero.count(False) <= 1
+    assert not rolling or zero.count(True) <= 1

@@ -125,9 +125,11 @@ dra-driver-compute-domain
 {{- end }}
 
 {{/*
-The DaemonSet's update strategy. Kubernetes takes a surge or unavailable pods, not both:
-a non-zero maxUnavailable (the usual DaemonSet setting, given alone with --set) turns the
-default surge off instead of rendering an object the API server refuses.
+The DaemonSet's update strategy. Kubernetes takes a surge or unavailable pods, not both,
+and not neither: a non-zero maxUnavailable (the usual DaemonSet setting, given alone with
+--set) turns the default surge off, and a surge turned off alone (maxSurge: 0) leaves
+Kubernetes' own default, maxUnavailable: 1, instead of rendering an object the API server
+refuses.
 */}}
 {{- define "dra-driver.updateStrategy" -}}
 type: {{ .type }}
@@ -135,8 +137,11 @@ type: {{ .type }}
 {{- $rolling := .rollingUpdate | default dict }}
 {{- $unavailable := $rolling.maxUnavailable | default 0 }}
 {{- $surge := $rolling.maxSurge | default 0 }}
-{{- if not (has (toString $unavailable) (list "0" "0%")) }}
+{{- $zero := list "0" "0%" }}
+{{- if not (has (toString $unavailable) $zero) }}
 {{- $surge = 0 }}
+{{- else if has (toString $surge) $zero }}
+{{- $unavailable = 1 }}
 {{- end }}
 rollingUpdate:
   maxSurge: {{ toYaml $surge }}
