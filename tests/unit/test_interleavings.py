@@ -50,7 +50,6 @@ import grpc
 import pytest
 from aiohttp import web
 from grpc_health.v1 import health_pb2
-from structlog.testing import capture_logs
 
 from dra_driver import resourceapi
 from dra_driver._proto.dra.v1 import api_pb2 as v1_pb2
@@ -60,6 +59,7 @@ from dra_driver.kubeletplugin import ClaimRef, KubeClaimFetcher, Plugin
 from dra_driver.kubeletplugin.binding import BindingWatcher
 from dra_driver.kubeletplugin.interfaces import ClaimToPrepare
 from dra_driver.kubeletplugin.liveness import LivenessServicer
+from dra_driver.resourceslice import controller as controller_module
 from dra_driver.resourceslice.controller import SliceController
 from dra_driver.resourceslice.planner import plan
 from dra_driver.resourceslice.pool import DesiredPool, NodeOwner, render_pool
@@ -919,7 +919,9 @@ async def deleted_slice_comes_back(
     )
 
 
-async def test_a_pool_set_while_writes_pause_is_what_the_controller_writes_next() -> None:
+async def test_a_pool_set_while_writes_pause_is_what_the_controller_writes_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Rounds that do not settle the pool (another writer undoes every write) make the
     controller pause before its next write. The plan of that write must be made after the
     pause: made before it, a pool set meanwhile (a GPU's taint, say) was overwritten by the
@@ -930,6 +932,24 @@ async def test_a_pool_set_while_writes_pause_is_what_the_controller_writes_next(
     second = pool_of([device(0, memory="40Gi")])
     fight = [True]
     written: list[str] = []
+    paused, resume = asyncio.Event(), asyncio.Event()
+
+    class PausesHeld:
+        """The controller's asyncio, whose backoff pauses last until the test resumes them
+        (its debounce sleeps are short and pass)."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(asyncio, name)
+
+        @staticmethod
+        async def sleep(delay: float) -> None:
+            if delay < 0.1:
+                await asyncio.sleep(delay)
+                return
+            paused.set()
+            await resume.wait()
+
+    monkeypatch.setattr(controller_module, "asyncio", PausesHeld())
 
     async with serving(cluster) as server, plain_client(server) as client:
 
@@ -946,26 +966,21 @@ async def test_a_pool_set_while_writes_pause_is_what_the_controller_writes_next(
             return response
 
         server.fallback = write
-        controller = SliceController(
-            client, driver=DRIVER, node_name=NODE, debounce=0.01, backoff_cap=1.0
-        )
-        with capture_logs() as events:
-            task = asyncio.create_task(controller.run())
-            try:
-                await controller.set_pool(first)
-
-                async def pausing() -> bool:
-                    return any(e["event"].startswith("pool does not settle") for e in events)
-
-                assert await until(pausing, 5, step=0.005), "the writes never paused"
-                fight.clear()
-                await controller.set_pool(second)
-                since = len(written)
-                await deleted_slice_comes_back(cluster, controller, second, node, task)
-                assert written[since:] == ["40Gi"], written
-            finally:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+        controller = SliceController(client, driver=DRIVER, node_name=NODE, debounce=0.01)
+        task = asyncio.create_task(controller.run())
+        try:
+            await controller.set_pool(first)
+            async with asyncio.timeout(5):
+                await paused.wait()
+            fight.clear()
+            await controller.set_pool(second)
+            since = len(written)
+            resume.set()
+            await deleted_slice_comes_back(cluster, controller, second, node, task)
+            assert written[since:] == ["40Gi"], written
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_slices_published_without_their_node_as_owner_are_adopted_at_start() -> None:
