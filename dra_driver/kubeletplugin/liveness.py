@@ -81,7 +81,11 @@ async def serve_liveness(
     """Start the health server on ``address:port``; returns the started grpc.aio server."""
     server = grpc.aio.server()
     health_pb2_grpc.add_HealthServicer_to_server(LivenessServicer(paths, check), server)
-    bound = server.add_insecure_port(f"{address}:{port}")
+    try:
+        # grpcio raises RuntimeError when it cannot bind (older releases returned 0).
+        bound = server.add_insecure_port(f"{address}:{port}")
+    except RuntimeError:
+        bound = 0
     if bound == 0:
         raise OSError(f"cannot listen on {address}:{port} for the liveness probe")
     await server.start()

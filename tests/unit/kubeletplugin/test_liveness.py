@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dra_driver.kubeletplugin import Plugin
@@ -51,3 +52,14 @@ async def test_not_serving_while_the_drivers_own_check_fails(plugin: Plugin) -> 
         assert await _check(port) == health_pb2.HealthCheckResponse.SERVING
     finally:
         await server.stop(0)
+
+
+async def test_a_port_in_use_is_an_os_error_naming_the_port(plugin: Plugin) -> None:
+    """The command line reports an ``OSError`` as one line (exit status 1); anything else
+    escapes as a traceback."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = int(busy.getsockname()[1])
+        with pytest.raises(OSError, match=f"127.0.0.1:{port}"):
+            await serve_liveness(plugin.paths, port, address="127.0.0.1")
