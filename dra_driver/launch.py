@@ -78,8 +78,18 @@ async def _serve(early: SocketSettings, load: Callable[[], Loaded]) -> int:
         loop.add_signal_handler(sig, stop.set)
     parts = LateParts()
     async with kubelet_plugin(early, parts) as plugin:
-        settings, connection = await asyncio.to_thread(load)
-        from dra_driver.agent import serve  # the rest of the agent, loaded after the bind
+        # Calls held for the state get this answer if it is never loaded; before the
+        # plugin stops, so that they do not wait out its stop grace to be cancelled.
+        never = f"the {early.driver_name} node agent is stopping before it loaded the node's state"
+        try:
+            settings, connection = await asyncio.to_thread(load)
+            from dra_driver.agent import serve  # the rest of the agent, loaded after the bind
 
-        await serve(settings, connection, plugin, parts, stop)
+            await serve(settings, connection, plugin, parts, stop)
+        except Exception as exc:
+            never = f"the {early.driver_name} node agent failed to start: {exc}"
+            raise
+        finally:
+            if not parts.ready:
+                parts.fail(never)
     return 0

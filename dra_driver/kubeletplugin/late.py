@@ -3,7 +3,9 @@
 A driver binds its sockets first, so the kubelet registers it at once, and loads its state
 after: discovery, the checkpoint and the API server's answers take longer than the kubelet
 should wait. Until the parts are attached, prepares, unprepares, claim reads and health
-streams wait here; none of them is answered from a state that is not loaded yet.
+streams wait here; none of them is answered from a state that is not loaded yet. When the
+state is never loaded (loading failed, or the agent stops first), :meth:`LateParts.fail`
+answers them with the reason at once.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from dra_driver.errors import PrepareError
 from dra_driver.kubeletplugin.claims import ClaimFetcher
 from dra_driver.kubeletplugin.interfaces import (
     JSON,
@@ -48,6 +51,7 @@ class LateParts:
 
     def __init__(self) -> None:
         self._parts: Parts | None = None
+        self._failure = ""
         self._attached = asyncio.Event()
 
     def attach(self, parts: Parts) -> None:
@@ -57,19 +61,28 @@ class LateParts:
         self._parts = parts
         self._attached.set()
 
+    def fail(self, reason: str) -> None:
+        """The parts will never be attached: the held and all later calls fail with
+        ``reason`` (a prepare or unprepare per claim) instead of waiting."""
+        if self._parts is None:
+            self._failure = reason
+            self._attached.set()
+
     @property
     def ready(self) -> bool:
         """Whether calls are being served (no longer held); see ``Readiness``."""
         return self._parts is not None
 
     async def wait_ready(self) -> None:
-        """Return once the parts are attached; see ``Readiness``."""
+        """Return once the parts are attached (or will never be: see :meth:`fail`); see
+        ``Readiness``."""
         await self._attached.wait()
 
     async def _attached_parts(self) -> Parts:
         if self._parts is None:  # every call of a running agent skips the event
             await self._attached.wait()
-            assert self._parts is not None
+            if self._parts is None:
+                raise PrepareError(self._failure)
         return self._parts
 
     def registered(self) -> None:

@@ -11,11 +11,15 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
 
+from dra_driver._proto.dra.v1 import api_pb2 as dra_v1
+from dra_driver._proto.dra.v1 import api_pb2_grpc as _dra_v1_grpc
 from dra_driver.bindsettings import read_socket_settings
 from dra_driver.cli import main
 from dra_driver.commands import parse
@@ -29,6 +33,8 @@ from dra_driver.reach import ApiUnreachableError, reach_api_server
 from tests.unit.kubeserver import plain_client, serve
 
 DRIVER = "gpu.dra.dev"
+CLAIM_UID = "0f4e3c1a-9b7d-4f0e-8a2b-3c4d5e6f7a8b"
+dra_v1_grpc: Any = _dra_v1_grpc  # the generated stubs carry no annotations
 
 
 def _args(base: Path, *extra: str) -> list[str]:
@@ -187,10 +193,14 @@ def _write_kubeconfig(path: Path, server: str) -> None:
 
 
 async def _start_and_stop(
-    base: Path, kubeconfig: Path, until: bytes, then: Callable[[], None] = lambda: None
+    base: Path,
+    kubeconfig: Path,
+    until: bytes,
+    then: Callable[[], None] = lambda: None,
+    then_async: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[int, float]:
-    """Start the agent, once it logs ``until`` call ``then`` and SIGTERM it; its exit code and
-    how long it took to stop."""
+    """Start the agent, once it logs ``until`` call ``then`` (and await ``then_async``) and
+    SIGTERM it; its exit code and how long it took to stop."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -203,6 +213,8 @@ async def _start_and_stop(
         while until not in await asyncio.wait_for(proc.stderr.readline(), 30):
             pass
         then()
+        if then_async is not None:
+            await then_async()
         proc.send_signal(signal.SIGTERM)
         sent = time.monotonic()
         code = await asyncio.wait_for(proc.wait(), 15)
@@ -224,3 +236,42 @@ def test_readings_that_differ_end_the_start_and_leave_no_socket(tmp_path: Path) 
             dataclasses.replace(early, node_name="another-node"), lambda: parse(argv).settings
         )
     assert not list(tmp_path.rglob("*.sock"))
+
+
+async def test_sigterm_before_the_state_is_loaded_answers_the_held_prepare(
+    tmp_path: Path,
+) -> None:
+    """A prepare the kubelet sent while the agent waits for the API server is held; SIGTERM
+    answers it with a clear error at once, instead of holding it through the plugin's stop
+    grace (which also delays the exit) and then cancelling it."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    kubeconfig = tmp_path / "kubeconfig"
+    _write_kubeconfig(kubeconfig, f"http://127.0.0.1:{port}")
+    dra = tmp_path / "plugins" / DRIVER / "dra.sock"
+    held: list[asyncio.Future[Any]] = []
+    channels: list[grpc.aio.Channel] = []
+
+    async def prepare() -> None:
+        ch = grpc.aio.insecure_channel(f"unix:{dra}")
+        channels.append(ch)
+        request = dra_v1.NodePrepareResourcesRequest(
+            claims=[dra_v1.Claim(namespace="default", name="claim-a", uid=CLAIM_UID)]
+        )
+        held.append(
+            asyncio.ensure_future(dra_v1_grpc.DRAPluginStub(ch).NodePrepareResources(request))
+        )
+        await asyncio.sleep(0.3)
+        assert not held[0].done()
+
+    try:
+        code, took = await _start_and_stop(
+            tmp_path, kubeconfig, b"API server not reachable yet", then_async=prepare
+        )
+        response = await asyncio.wait_for(held[0], 5)
+    finally:
+        for ch in channels:
+            await ch.close()
+    assert code == 0 and took < 2.0, (code, took)
+    assert "stopping" in response.claims[CLAIM_UID].error, response

@@ -166,3 +166,28 @@ async def test_a_call_cancelled_before_attach_never_takes_the_lock() -> None:
     later = ClaimRef("default", "claim-b", "b-2b8f")
     assert await service.unprepare([later]) == {"b-2b8f": ""}
     assert driver.calls == [("unprepare", ("b-2b8f",))]
+
+
+async def test_calls_held_when_loading_fails_are_answered_with_the_reason(
+    short_dir: Path,
+) -> None:
+    """A driver that cannot load its state answers the held calls with why, at once: they
+    must not wait out the plugin's stop grace and then end as cancelled calls."""
+    parts = LateParts()
+    fetcher = FakeFetcher()
+    ref = fetcher.add(make_claim("a-1a7e"))
+    other = ClaimRef("default", "claim-b", "b-2b8f")
+    plugin = Plugin(config_for(short_dir), parts, parts, health=parts)
+    async with plugin, channel(plugin.paths.dra) as ch:
+        stub = v1_grpc.DRAPluginStub(ch)
+        calls = asyncio.gather(
+            stub.NodePrepareResources(prepare_request(v1_pb2, ref), timeout=10),
+            stub.NodeUnprepareResources(unprepare_request(v1_pb2, other), timeout=10),
+        )
+        await asyncio.sleep(0.3)
+        assert not calls.done()
+        parts.fail("cannot reach the API server")
+        prepare, unprepare = await asyncio.wait_for(calls, 2)
+        assert "cannot reach the API server" in prepare.claims["a-1a7e"].error
+        assert "cannot reach the API server" in unprepare.claims["b-2b8f"].error
+        assert not plugin.lock.locked()
