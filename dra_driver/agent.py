@@ -455,6 +455,8 @@ async def _await_registration(plugin: Plugin, grace: float, stop: asyncio.Event)
     devices unpublished forever, so after ``grace`` seconds the agent publishes anyway. A stop
     (SIGTERM) ends the wait at once: False then, True otherwise.
     """
+    if stop.is_set():  # stopped while the state was loading: no loops to start
+        return False
     if not await until_stopped(plugin.registered.wait(), stop, grace):
         if stop.is_set():
             return False
@@ -508,10 +510,14 @@ async def serve(
             driver_root=settings.driver_root,
         )
         inventory = await discover_async(discovery)
+        if stop.is_set():  # SIGTERM while NVML initialised: change nothing on the node
+            return
         mig = await asyncio.to_thread(build_mig, settings, inventory)
         # The MIG backend keeps the whole inventory; the catalogue only the chosen profiles.
         inventory = published_inventory(inventory, settings.dynamic_mig, settings.mig_profiles)
         evidence = await ask_api(client, settings)
+        if stop.is_set():
+            return
         state = await asyncio.to_thread(build_state, settings, inventory, mig, evidence)
         publisher = await asyncio.to_thread(
             register_publisher, state_dir(settings), settings.pod_uid or None

@@ -275,3 +275,37 @@ async def test_sigterm_before_the_state_is_loaded_answers_the_held_prepare(
             await ch.close()
     assert code == 0 and took < 2.0, (code, took)
     assert "stopping" in response.claims[CLAIM_UID].error, response
+
+
+async def test_sigterm_during_discovery_ends_the_start_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM while the GPUs are discovered (NVML may take seconds): the agent stops there,
+    without going on to recover the node's state (lock file, checkpoint, MIG devices) and
+    to start its loops only to cancel them."""
+    from dra_driver import agent as agent_module
+    from dra_driver.bindsettings import SocketSettings
+    from dra_driver.kubeletplugin.late import LateParts
+    from dra_driver.plugin_setup import kubelet_plugin
+
+    stop = asyncio.Event()
+    discover = agent_module.discover_async
+
+    async def discover_then_sigterm(discovery: Any) -> Any:
+        inventory = await discover(discovery)
+        stop.set()  # what the SIGTERM handler does
+        return inventory
+
+    monkeypatch.setattr(agent_module, "discover_async", discover_then_sigterm)
+    settings = parse(_args(tmp_path, "--dynamic-mig=false", "--health-port=0")).settings
+    async with serve() as server:
+        server.json("GET", "/api/v1/nodes/n", 200, {"kind": "Node", "metadata": {"name": "n"}})
+        parts = LateParts()
+        async with kubelet_plugin(SocketSettings.of(settings), parts) as plugin:
+            plugin.registered.set()  # the kubelet registered the plugin meanwhile
+            await asyncio.wait_for(
+                agent_module.serve(settings, Connection(server=server.url), plugin, parts, stop),
+                10,
+            )
+        assert [r["path"] for r in server.seen] == ["/api/v1/nodes/n"]
+    assert _files(tmp_path) == set()
