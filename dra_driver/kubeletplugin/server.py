@@ -47,7 +47,10 @@ class UnixServer:
         self._setup(server)
         # "unix:<path>", not "unix://<path>": gRPC counts the slashes of the latter against
         # the AF_UNIX limit, which would cost two bytes of the 107 available.
-        server.add_insecure_port(f"unix:{self.path}")
+        try:
+            server.add_insecure_port(f"unix:{self.path}")
+        except RuntimeError as exc:  # how grpcio says it could not bind
+            raise OSError(f"cannot listen on {self.path}: {exc}") from None
         await server.start()
         self._server = server
         self._identity = _identity(self.path)

@@ -17,6 +17,7 @@ from dra_driver._proto.dra.v1 import api_pb2_grpc as v1_grpc
 from dra_driver._proto.pluginregistration import api_pb2 as reg_pb2
 from dra_driver._proto.pluginregistration import api_pb2_grpc as reg_grpc
 from dra_driver.kubeletplugin import MAX_SOCKET_PATH, Plugin, socket_paths
+from dra_driver.kubeletplugin.server import UnixServer
 
 from .helpers import (
     DRIVER,
@@ -174,3 +175,13 @@ async def test_refuses_to_delete_a_non_socket(
         await p.start()
     await p.stop()
     assert p.paths.dra.read_text() == "not a socket"
+
+
+async def test_a_socket_that_cannot_be_bound_is_an_os_error_naming_it() -> None:
+    """The command line reports an ``OSError`` as one line; grpcio raises RuntimeError when
+    it cannot bind, which escaped as a traceback. /proc refuses any new file."""
+    path = Path("/proc/self/dra.sock")
+    server = UnixServer(path, lambda _: None, "dra")
+    with pytest.raises(OSError, match=f"cannot listen on {path}"):
+        await server.start()
+    assert not server.running
