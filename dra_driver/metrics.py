@@ -6,6 +6,7 @@ descriptors, CPU time), which is what an operator watches for leaks.
 
 from __future__ import annotations
 
+import errno
 import functools
 import platform
 import time
@@ -57,12 +58,19 @@ BUILD_INFO = Gauge(
 )
 
 
-def serve(port: int, driver_name: str, address: str = "0.0.0.0") -> None:
-    """Start the /metrics endpoint in a background thread."""
+def serve(port: int, driver_name: str) -> None:
+    """Start the /metrics endpoint in a background thread, on IPv6 and IPv4 alike."""
     BUILD_INFO.labels(
         version=package_version(), python=platform.python_version(), driver=driver_name
     ).set(1)
-    start_http_server(port, addr=address)
+    try:
+        # "::" takes IPv4 too (Linux's default dual stack): an IPv6-only cluster's
+        # Prometheus reaches the pod's IPv6 address, which "0.0.0.0" never listened on.
+        start_http_server(port, addr="::")
+    except OSError as exc:
+        if exc.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
+            raise
+        start_http_server(port, addr="0.0.0.0")  # a kernel without IPv6
 
 
 def observe_batch(histogram: Histogram, started: float, outcomes: dict[str, Any]) -> None:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import errno
+import socket
 import time
+import urllib.request
 
+import pytest
 from prometheus_client import REGISTRY
 
 from dra_driver import metrics
@@ -35,3 +39,33 @@ def test_api_requests_are_counted_by_verb_and_code() -> None:
 
     assert _sample(name, verb="PATCH", code="409") == before + 2
     assert _sample(name, verb="409", code="PATCH") == 0.0
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET6) as sock:
+        sock.bind(("::", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_metrics_are_served_on_ipv6_and_ipv4() -> None:
+    """An IPv6-only cluster's Prometheus scrapes the pod's IPv6 address: the endpoint listened
+    on 0.0.0.0 only, so it could not be reached there."""
+    port = _free_port()
+    metrics.serve(port, "gpu.dra.dev")
+    for host in ("127.0.0.1", "[::1]"):
+        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as response:
+            assert response.status == 200
+            assert b"dra_driver_build_info" in response.read()
+
+
+def test_metrics_fall_back_to_ipv4_without_ipv6(monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[str] = []
+
+    def start(port: int, addr: str) -> None:
+        if addr == "::":
+            raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
+        started.append(addr)
+
+    monkeypatch.setattr(metrics, "start_http_server", start)
+    metrics.serve(9999, "gpu.dra.dev")
+    assert started == ["0.0.0.0"]
