@@ -125,9 +125,13 @@ async def test_an_unprepare_held_before_attach_leaves_the_node_lock_to_loading_t
         assert driver.calls == [("unprepare", ("a-1a7e",))]
 
 
-async def test_a_prepare_and_an_unprepare_held_before_attach_are_both_served_after_it(
-    short_dir: Path,
+@pytest.mark.parametrize("loaded", [True, False], ids=["attached", "never-loaded"])
+async def test_a_prepare_and_an_unprepare_held_before_attach_are_answered_after_it(
+    short_dir: Path, loaded: bool
 ) -> None:
+    """Held until the state is attached, then served; or, when it never loads (the start
+    failed, or the agent stops first), answered with why at once: they must not wait out
+    the plugin's stop grace and then end as cancelled calls."""
     parts = LateParts()
     fetcher, driver = FakeFetcher(), FakeDriver()
     prepared = fetcher.add(make_claim("a-1a7e"))
@@ -143,6 +147,13 @@ async def test_a_prepare_and_an_unprepare_held_before_attach_are_both_served_aft
         assert not calls.done()
         assert not plugin.lock.locked()  # held outside the lock, which the start-up needs
 
+        if not loaded:
+            parts.fail("cannot reach the API server")
+            prepare, unprepare = await asyncio.wait_for(calls, 2)
+            assert "cannot reach the API server" in prepare.claims["a-1a7e"].error
+            assert "cannot reach the API server" in unprepare.claims["b-2b8f"].error
+            assert not plugin.lock.locked()
+            return
         parts.attach(Parts(driver, fetcher))
         prepare, unprepare = await calls
         assert prepare.claims["a-1a7e"].error == ""
@@ -166,28 +177,3 @@ async def test_a_call_cancelled_before_attach_never_takes_the_lock() -> None:
     later = ClaimRef("default", "claim-b", "b-2b8f")
     assert await service.unprepare([later]) == {"b-2b8f": ""}
     assert driver.calls == [("unprepare", ("b-2b8f",))]
-
-
-async def test_calls_held_when_loading_fails_are_answered_with_the_reason(
-    short_dir: Path,
-) -> None:
-    """A driver that cannot load its state answers the held calls with why, at once: they
-    must not wait out the plugin's stop grace and then end as cancelled calls."""
-    parts = LateParts()
-    fetcher = FakeFetcher()
-    ref = fetcher.add(make_claim("a-1a7e"))
-    other = ClaimRef("default", "claim-b", "b-2b8f")
-    plugin = Plugin(config_for(short_dir), parts, parts, health=parts)
-    async with plugin, channel(plugin.paths.dra) as ch:
-        stub = v1_grpc.DRAPluginStub(ch)
-        calls = asyncio.gather(
-            stub.NodePrepareResources(prepare_request(v1_pb2, ref), timeout=10),
-            stub.NodeUnprepareResources(unprepare_request(v1_pb2, other), timeout=10),
-        )
-        await asyncio.sleep(0.3)
-        assert not calls.done()
-        parts.fail("cannot reach the API server")
-        prepare, unprepare = await asyncio.wait_for(calls, 2)
-        assert "cannot reach the API server" in prepare.claims["a-1a7e"].error
-        assert "cannot reach the API server" in unprepare.claims["b-2b8f"].error
-        assert not plugin.lock.locked()
