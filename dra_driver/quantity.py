@@ -72,7 +72,7 @@ class Quantity:
     ``format`` is Kubernetes' format, which only printing (``str()``) sees.
     """
 
-    __slots__ = ("_string", "format", "nanos", "scale", "text")
+    __slots__ = ("_string", "dec_scale", "format", "nanos", "scale", "text")
     cel_type_name: Final = "kubernetes.Quantity"
 
     def __init__(
@@ -83,10 +83,14 @@ class Quantity:
         fmt: str = DECIMAL_SI,
         *,
         verbatim: bool = False,
+        dec_scale: int = 9,
     ) -> None:
-        """``verbatim``: Kubernetes prints ``text`` as it is (see :func:`_verbatim`)."""
+        """``verbatim``: Kubernetes prints ``text`` as it is (see :func:`_verbatim`);
+        ``dec_scale``: in the arbitrary-precision form (``scale`` None), the scale of
+        Kubernetes' ``inf.Dec`` (parsing rounds to 9, a sum takes the larger)."""
         self.nanos = nanos
         self.scale = scale
+        self.dec_scale = -scale if scale is not None else dec_scale
         self.format = fmt
         self.text = text or _canonical(nanos, fmt)
         self._string = self.text if verbatim or not text else ""
@@ -130,13 +134,25 @@ class Quantity:
             fast = self._fast_sum(negated, fmt)
             if fast is not None:
                 return fast
-        return Quantity(self.nanos - other.nanos, scale=None, fmt=fmt)
+        return Quantity(
+            self.nanos - other.nanos,
+            scale=None,
+            fmt=fmt,
+            dec_scale=max(self.dec_scale, other.dec_scale),
+        )
 
     def plus(self, other: Quantity) -> Quantity:
         """``self + other``, keeping the fast form when Kubernetes' int64 addition does."""
         fmt = other.format if self.nanos == 0 else self.format
         fast = self._fast_sum(other, fmt)
-        return fast if fast is not None else Quantity(self.nanos + other.nanos, scale=None, fmt=fmt)
+        if fast is not None:
+            return fast
+        return Quantity(
+            self.nanos + other.nanos,
+            scale=None,
+            fmt=fmt,
+            dec_scale=max(self.dec_scale, other.dec_scale),
+        )
 
     def _fast_sum(self, other: Quantity, fmt: str) -> Quantity | None:
         # Kubernetes' int64Amount.Add: None where it overflows (the caller then computes exactly).
@@ -169,11 +185,16 @@ class Quantity:
         return whole if self.nanos >= 0 else -whole
 
     def as_float(self) -> float:
-        """The nearest float (infinite beyond the float range, as Kubernetes')."""
+        """Kubernetes' ``AsApproximateFloat64``: the unscaled integer as a float, times
+        ``math.Pow10`` of the scale (``0.3`` is 3 x 10^-1 = 0.30000000000000004)."""
+        exponent = -self.dec_scale
+        shift = 9 + exponent  # nanos = unscaled x 10^shift
+        unscaled = self.nanos // 10**shift if shift >= 0 else self.nanos * 10**-shift
         try:
-            return self.nanos / NANOS
+            base = float(unscaled)
         except OverflowError:
-            return math.inf if self.nanos > 0 else -math.inf
+            base = math.inf if unscaled > 0 else -math.inf
+        return base if exponent == 0 else base * _pow10(exponent)
 
     def sign(self) -> int:
         """-1, 0 or 1."""
@@ -190,6 +211,20 @@ class Quantity:
                 whole, rest = divmod(value, unit)
                 return f"{whole}{suffix}" if rest == 0 else f"{value / unit:.1f}{suffix}"
         return self.text  # pragma: no cover - the loop always returns for |value| >= 1Ki
+
+
+_POW10 = [float(10**i) for i in range(32)]
+_POW10_POS32 = [1e00, 1e32, 1e64, 1e96, 1e128, 1e160, 1e192, 1e224, 1e256, 1e288]
+_POW10_NEG32 = [1e-00, 1e-32, 1e-64, 1e-96, 1e-128, 1e-160, 1e-192, 1e-224, 1e-256, 1e-288, 1e-320]
+
+
+def _pow10(n: int) -> float:
+    """Go's ``math.Pow10``, table for table (not always the float nearest 10^n)."""
+    if 0 <= n <= 308:
+        return _POW10_POS32[n // 32] * _POW10[n % 32]
+    if -323 <= n <= 0:
+        return _POW10_NEG32[-n // 32] / _POW10[-n % 32]
+    return math.inf if n > 0 else 0.0
 
 
 def _canonical(nanos: int, fmt: str) -> str:
@@ -257,7 +292,17 @@ def parse_quantity(text: str) -> Quantity:
         # needs a digit ("Pi", "e-12" are not quantities).
         raise QuantityError(NUMERIC_ERROR, text)
     verbatim = text == "0" or _verbatim(num + fraction, scale, binary)
-    return Quantity(-nanos if sign == "-" else nanos, text, scale, fmt, verbatim=verbatim)
+    # Kubernetes' arbitrary-precision form is rounded to scale 9, or set to the int64 cap
+    # (scale 0) when a binary value exceeds it.
+    capped = binary and nanos == _INT64_MAX * NANOS
+    return Quantity(
+        -nanos if sign == "-" else nanos,
+        text,
+        scale,
+        fmt,
+        verbatim=verbatim,
+        dec_scale=0 if capped else 9,
+    )
 
 
 def _interpret(suffix: str, text: str) -> tuple[str, bool, int]:

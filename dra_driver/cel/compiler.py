@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from celpy.evaluation import celbytes, celstr
 from lark import Token, Tree
 
 from dra_driver.cel import (
@@ -45,6 +44,7 @@ from dra_driver.cel.values import (
     check_int,
     check_uint,
     equal,
+    format_value,
     is_missing,
     map_lookup,
 )
@@ -801,7 +801,7 @@ class Compiler:
         )
         pairs = [(k.fn, v.fn, o) for k, v, o in zip(keys, values, optional, strict=True)]
 
-        def build(scope: Scope) -> dict[Any, Any]:
+        def build(scope: Scope) -> Mapping[Any, Any]:
             out = LiteralMap()
             for key_fn, value_fn, opt in pairs:
                 key = key_fn(scope)
@@ -833,10 +833,12 @@ class Compiler:
             return _const(text == "true", "bool", planned=True)
         if kind == "NULL_LIT":
             return _const(None, "null", planned=True)
-        if kind in ("STRING_LIT", "MLSTRING_LIT"):
-            return _const(str(celstr(token)), "string", planned=True)
-        if kind == "BYTES_LIT":
-            return _const(bytes(celbytes(token)), "bytes", planned=True)
+        if kind in ("STRING_LIT", "MLSTRING_LIT", "BYTES_LIT"):
+            try:
+                literal = unescape(text, kind == "BYTES_LIT")
+            except ValueError as exc:
+                self.fail(token, str(exc))
+            return _const(literal, "bytes" if kind == "BYTES_LIT" else "string", planned=True)
         if kind == "FLOAT_LIT":
             return _const(float(text), "double", planned=True)
         if kind == "UINT_LIT":
@@ -866,7 +868,9 @@ class Compiler:
             value = get(scope)
             if isinstance(value, Mapping):
                 return not is_missing(map_lookup(value, name))
-            raise NoSuchOverload("has", value)
+            if isinstance(value, list | tuple):
+                raise EvalError("unsupported index type 'string' in list")
+            return False  # a scalar has no fields: the scheduler's presence test is false
 
         # The presence test itself costs nothing there (only reaching its operand).
         return Node(has, "bool", cost=target.cost + (0 if target.attr else 1))
@@ -902,17 +906,19 @@ class Compiler:
             del self.bound[-len(names) :]
 
     def _macro(self, tree: Ast, name: str, target_tree: Ast, args: list[Ast]) -> Node:
-        two_var = name in ("transformList", "transformMap") or (
+        two_var = name in ("transformList", "transformMap", "transformMapEntry") or (
             name in ("all", "exists", "exists_one", "existsOne") and len(args) == 3
         )
         nvars = 2 if two_var else 1
         if (
             len(args) < nvars + 1
             or len(args) > nvars + 2
-            or (len(args) == nvars + 2 and name not in ("map", "transformList", "transformMap"))
+            or (len(args) == nvars + 2 and name not in _FILTERED_MACROS)
         ):
             self.fail(tree, f"wrong number of arguments to the {name}() macro")
         names = [self._macro_var(a) for a in args[:nvars]]
+        if nvars == 2 and names[0] == names[1]:
+            self.fail(args[1], f"duplicate variable name: {names[0]}")
         target_node = self.compile(target_tree)
         variables = self._range_types(target_tree, target_node.type, nvars)
         compiled = [
@@ -926,6 +932,7 @@ class Compiler:
             "map": checker.list_of(body),
             "transformList": checker.list_of(body),
             "transformMap": checker.map_of(variables[0], body),
+            "transformMapEntry": body,
             "filter": checker.list_of(variables[0]),
             "optMap": _optional_of(body),
             "optFlatMap": body,
@@ -933,6 +940,12 @@ class Compiler:
         }.get(name, "bool")
         if name == "sortBy":
             self.check(tree, "@sortByAssociatedKeys", target_node.type, [checker.list_of(body)])
+        if name == "transformMapEntry" and checker.split(body)[0] not in ("map", "dyn"):
+            self.fail(
+                args[-1],
+                f"found no matching overload for 'cel.@mapInsert' applied to "
+                f"'(map(dyn, dyn), {body})'",
+            )
         loop, result = _loop_costs(name, target_node, [c.cost for c in compiled])
         if name == "sortBy":
             # Sorting by the keys costs the square of their number, when typed.
@@ -970,6 +983,71 @@ def bound_key(name: str) -> str:
     """Where a macro or cel.bind variable lives in the scope: apart from the declared
     variables, which ``.name`` still reaches when a macro variable has the same name."""
     return "%" + name
+
+
+_SIMPLE_ESCAPES = dict(zip("abfnrtv\\'\"`?", "\a\b\f\n\r\t\v\\'\"`?", strict=True))
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+
+
+def unescape(text: str, is_bytes: bool) -> str | bytes:
+    """A string or bytes literal's value as the scheduler's lexer and ``unescape`` read it:
+    only CEL's escapes (``\\q`` is a syntax error), ``\\u``/``\\U`` never in bytes nor naming a
+    surrogate or a code point past U+10FFFF, ``\\x``/octal a byte in bytes and a code point in
+    strings, newlines normalised, a raw literal taken as written; ValueError with the
+    scheduler's message otherwise."""
+    body = text[1:] if is_bytes else text
+    raw = body[:1] in ("r", "R")
+    if raw:
+        body = body[1:]
+    quote = 3 if body[:3] in ('"""', "'''") else 1
+    head = len(text) - len(body) + quote  # prefix and opening quote
+    content = body[quote:-quote].replace("\r\n", "\n").replace("\r", "\n")
+    if raw or "\\" not in content:
+        return content.encode() if is_bytes else content
+    out = bytearray()
+
+    def recognition_error(at: int) -> ValueError:
+        return ValueError(f"Syntax error: token recognition error at: '{text[: head + at + 1]}'")
+
+    i = 0
+    while i < len(content):
+        c = content[i]
+        if c != "\\":
+            out += c.encode()
+            i += 1
+            continue
+        e = content[i + 1] if i + 1 < len(content) else ""
+        if e in _SIMPLE_ESCAPES and e:
+            out += _SIMPLE_ESCAPES[e].encode()
+            i += 2
+            continue
+        if e and e in "xXuU":
+            size = 2 if e in "xX" else 4 if e == "u" else 8
+            digits = content[i + 2 : i + 2 + size]
+            for j, d in enumerate(digits.ljust(size, "\0")):
+                if d not in _HEX_DIGITS:
+                    raise recognition_error(min(i + 2 + j, len(content)))
+            value = int(digits, 16)
+            if is_bytes and e in "uU":
+                raise ValueError("unable to unescape string")
+            i += 2 + size
+        elif e and e in "0123":
+            digits = content[i + 1 : i + 4]
+            for j, d in enumerate(digits.ljust(3, "\0")):
+                if d not in "01234567":
+                    raise recognition_error(min(i + 1 + j, len(content)))
+            value = int(digits, 8)
+            e = "x"  # a byte in bytes, a code point in strings, as \\x
+            i += 4
+        else:
+            raise recognition_error(min(i + 1, len(content)))
+        if is_bytes:
+            out.append(value)
+        elif value > 0x10FFFF or 0xD800 <= value <= 0xDFFF:
+            raise ValueError("invalid unicode code point")
+        else:
+            out += chr(value).encode()
+    return bytes(out) if is_bytes else out.decode()
 
 
 def _int_literal(text: str) -> int:
@@ -1092,7 +1170,7 @@ def _in(item: Any, container: Any) -> bool:
         # device's attribute domains) still answers "in" truthfully.
         if type(item) is str:
             return item in container
-        return any(cel_eq(key, item) for key in container)
+        return not is_missing(map_lookup(container, item))
     raise NoSuchOverload("@in", item, container)
 
 
@@ -1247,7 +1325,9 @@ def _opt_select(value: Any, name: str) -> Any:
     if isinstance(value, Mapping):
         found = value.get(name, _NOTHING)
         return optional.NONE if found is _NOTHING else optional.of(found)
-    raise EvalError(f"type '{type_name(value)}' does not support field selection")
+    if isinstance(value, list | tuple):
+        raise EvalError("unsupported index type 'string' in list")
+    return optional.NONE  # a scalar has no fields: a presence test there, so no value
 
 
 #: Values the scheduler's evaluator cannot index with, by their Go type's name there.
@@ -1264,9 +1344,33 @@ def _check_qualifier(key: Any) -> None:
         raise EvalError(f"invalid qualifier type: {bad}")
 
 
-class LiteralMap(dict[Any, Any]):
-    """A map made by a map literal: a hash map in the scheduler, which a Semver (holding Go
-    slices) cannot be hashed into, as a key or when looked for with ``in``."""
+class LiteralMap(Mapping[Any, Any]):
+    """A map made by a map literal: a Go hash map in the scheduler, keyed by type and value
+    (``{dyn(1): 'a', dyn(1u): 'b', dyn(1.0): 'c', dyn(true): 'd'}`` has four entries, where a
+    Python dict would merge them), which a Semver (holding Go slices) cannot be hashed into,
+    as a key or when looked for with ``in``."""
+
+    __slots__ = ("_entries",)
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[str, Any], tuple[Any, Any]] = {}
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._entries[(type_name(key), key)] = (key, value)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._entries[(type_name(key), key)][1]
+
+    def __iter__(self) -> Iterator[Any]:
+        return (key for key, _ in self._entries.values())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def exact(self, key: Any, missing: Any) -> Any:
+        """The value under exactly this key (same type and value), else ``missing``."""
+        entry = self._entries.get((type_name(key), key))
+        return missing if entry is None else entry[1]
 
 
 def _unhashable(value: Any) -> None:
@@ -1283,9 +1387,13 @@ def _opt_index(value: Any, key: Any) -> Any:
     if isinstance(value, Mapping):
         found = map_lookup(value, key)
         return optional.NONE if is_missing(found) else optional.of(found)
-    if isinstance(value, list | tuple) and type(key) in (int, Uint):
-        return optional.of(value[key]) if 0 <= key < len(value) else optional.NONE
-    raise NoSuchOverload("_[?_]", value, key)
+    if isinstance(value, list | tuple):
+        if type(key) is float and key.is_integer():
+            key = int(key)  # a whole double indexes a list, as with []
+        if type(key) in (int, Uint):
+            return optional.of(value[key]) if 0 <= key < len(value) else optional.NONE
+        raise NoSuchOverload("_[?_]", value, key)
+    return optional.NONE  # a scalar has no entries: a presence test there, so no value
 
 
 def _in_constant(item: Any, values: list[Any]) -> bool:
@@ -1518,8 +1626,8 @@ def _loop_costs(name: str, target: Node, parts: list[int]) -> tuple[Loop, int]:
         return Loop(4 + first, early=3), 1
     if name in ("exists_one", "existsOne"):
         return Loop(first, taken=2), 2
-    if name in ("map", "transformList", "transformMap"):
-        append = 3 if name == "transformMap" else 12
+    if name in ("map", "transformList", "transformMap", "transformMapEntry"):
+        append = {"transformMap": 3, "transformMapEntry": 2}.get(name, 12)
         if len(parts) == 1:
             return Loop(append + first), 1
         return Loop(first, taken=append + parts[1]), 1
@@ -1681,20 +1789,42 @@ def _filter_macro(target: Eval, names: list[str], parts: list[Eval], loop: Loop)
     return run
 
 
-def _transform_map(target: Eval, names: list[str], parts: list[Eval], loop: Loop) -> Eval:
-    bind, keep, transform = _binder(names), _filter_of(parts, "transformMap"), parts[-1]
+def _map_builder(name: str) -> MacroBuilder:
+    # transformMap(k, v, value) sets out[k] = value; transformMapEntry(k, v, {key: value})
+    # merges the maps its body makes. Either way a key made twice is the scheduler's
+    # "insert failed".
+    def build(target: Eval, names: list[str], parts: list[Eval], loop: Loop) -> Eval:
+        bind, keep, transform = _binder(names), _filter_of(parts, name), parts[-1]
 
-    def run(scope: Scope) -> dict[Any, Any]:
-        out: dict[Any, Any] = {}
-        for first, second in _iterate(target(scope), "transformMap"):
-            cost.charge(scope, loop.step)
-            inner = bind(scope, first, second)
-            if keep(inner):
+        def run(scope: Scope) -> Mapping[Any, Any]:
+            out = LiteralMap()
+            for first, second in _iterate(target(scope), name):
+                cost.charge(scope, loop.step)
+                inner = bind(scope, first, second)
+                if not keep(inner):
+                    continue
                 cost.charge(scope, loop.taken)
-                out[first] = transform(inner)
-        return out
+                made = transform(inner)
+                if name == "transformMap":
+                    _map_insert(out, first, made)
+                    continue
+                if not isinstance(made, Mapping):
+                    raise NoSuchOverload("cel.@mapInsert", out, made)
+                for key, value in made.items():
+                    _map_insert(out, key, value)
+            return out if out else {}
 
-    return run
+        return run
+
+    return build
+
+
+def _map_insert(out: LiteralMap, key: Any, value: Any) -> None:
+    # cel.@mapInsert: a key the map already has (by CEL's lookup: 1 finds 1u) fails.
+    if not is_missing(map_lookup(out, key)):
+        shown = key if type(key) is str else format_value(key)
+        raise EvalError(f"insert failed: key {shown} already exists")
+    out[key] = value
 
 
 def _opt_mapper(name: str, flat: bool) -> MacroBuilder:
@@ -1739,8 +1869,9 @@ def _sort_by(target: Eval, names: list[str], parts: list[Eval], loop: Loop) -> E
 
 
 _VALUE_MACROS = frozenset(
-    ("map", "transformList", "transformMap", "optMap", "optFlatMap", "sortBy")
+    ("map", "transformList", "transformMap", "transformMapEntry", "optMap", "optFlatMap", "sortBy")
 )
+_FILTERED_MACROS = frozenset(("map", "transformList", "transformMap", "transformMapEntry"))
 _MACROS: dict[str, MacroBuilder] = {
     "all": _quantifier("all", False),
     "exists": _quantifier("exists", True),
@@ -1752,5 +1883,6 @@ _MACROS: dict[str, MacroBuilder] = {
     "map": _map_macro,
     "filter": _filter_macro,
     "transformList": _map_macro,
-    "transformMap": _transform_map,
+    "transformMap": _map_builder("transformMap"),
+    "transformMapEntry": _map_builder("transformMapEntry"),
 }

@@ -50,7 +50,7 @@ LIST_CALL = 1 + LIST_LITERAL
 #: Macros: their variables are not reads, and their bodies are charged per iteration.
 MACROS = frozenset(
     ("all", "exists", "exists_one", "existsOne", "map", "filter", "transformList",
-     "transformMap", "optMap", "optFlatMap", "sortBy")
+     "transformMap", "transformMapEntry", "optMap", "optFlatMap", "sortBy")
 )  # fmt: skip
 
 

@@ -76,7 +76,8 @@ def to_int(value: Any) -> int:
     if isinstance(value, int):
         result = int(value)
     elif isinstance(value, float):
-        if math.isnan(value) or math.isinf(value) or not -(2.0**63) <= value < 2.0**63:
+        # cel-go refuses -2^63 itself too (v <= float64(math.MinInt64)).
+        if math.isnan(value) or math.isinf(value) or not -(2.0**63) < value < 2.0**63:
             raise EvalError("integer overflow")
         result = int(value)
     elif isinstance(value, str):
@@ -105,7 +106,7 @@ def to_uint(value: Any) -> Uint:
             raise EvalError("unsigned integer overflow")
         return Uint(int(value))
     if isinstance(value, str):
-        if not re.fullmatch(r"\+?[0-9]+", value):
+        if not re.fullmatch(r"[0-9]+", value):  # Go's ParseUint takes no sign
             raise EvalError(_CONVERSION.format("uint"))
         return check_uint(int(value))
     raise NoSuchOverload("uint", value)
@@ -118,14 +119,37 @@ def to_double(value: Any) -> float:
     if isinstance(value, int | float):
         return float(value)
     if isinstance(value, str):
-        # Go's ParseFloat: ASCII only, no surrounding space (Python's float allows both).
-        if not value.isascii() or value != value.strip():
-            raise EvalError(_CONVERSION.format("double"))
-        try:
-            return float(value)
-        except ValueError:
-            raise EvalError(_CONVERSION.format("double")) from None
+        return _parse_float(value)
     raise NoSuchOverload("double", value)
+
+
+# Go's ParseFloat syntax: decimal, hexadecimal with a binary exponent (underscores only between
+# digits, or after the base prefix), "inf"/"infinity" with a sign, "nan" without one, any case.
+_D = r"[0-9](?:_?[0-9])*"
+_H = r"[0-9a-fA-F](?:_?[0-9a-fA-F])*"
+_DECIMAL_FLOAT = re.compile(rf"[+-]?(?:{_D}\.?(?:{_D})?|\.{_D})(?:[eE][+-]?{_D})?")
+_HEX_FLOAT = re.compile(rf"[+-]?0[xX](?:_?{_H}\.?(?:{_H})?|\.{_H})[pP][+-]?{_D}")
+_INFINITY = re.compile(r"[+-]?(?:inf|infinity)", re.IGNORECASE)
+
+
+def _parse_float(text: str) -> float:
+    """``double(string)`` as Go's ``strconv.ParseFloat``: out of range is an error."""
+    try:
+        if _DECIMAL_FLOAT.fullmatch(text):
+            result = float(text)
+        elif _HEX_FLOAT.fullmatch(text):
+            result = float.fromhex(text.replace("_", ""))
+        elif _INFINITY.fullmatch(text):
+            return -math.inf if text.startswith("-") else math.inf
+        elif text.lower() == "nan":
+            return math.nan
+        else:
+            raise ValueError(text)
+    except (ValueError, OverflowError):
+        raise EvalError(_CONVERSION.format("double")) from None
+    if math.isinf(result):
+        raise EvalError(_CONVERSION.format("double"))  # ErrRange
+    return result
 
 
 def _double_text(value: float) -> str:

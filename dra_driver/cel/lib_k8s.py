@@ -20,7 +20,7 @@ def quantity(text: Any) -> Quantity:
     try:
         return parse_quantity(text)
     except QuantityError as exc:
-        raise EvalError(str(exc)) from None
+        raise EvalError(exc.reason) from None  # the scheduler's words, without the text
 
 
 def is_quantity_(text: Any) -> bool:

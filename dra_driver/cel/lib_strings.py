@@ -10,7 +10,6 @@ from typing import Any
 from dra_driver.cel import checker
 from dra_driver.cel.errors import EvalError, NoSuchOverload
 from dra_driver.cel.types import DURATION, TIMESTAMP, type_name
-from dra_driver.cel.values import format_value
 
 Function = Callable[..., Any]
 
@@ -147,8 +146,14 @@ def join(items: Any, sep: Any = "") -> str:
 
 
 def quote(text: Any) -> str:
-    """``strings.quote``: the string as a double-quoted CEL literal."""
-    return format_value(_text("strings.quote", text))
+    """``strings.quote``: the string as a double-quoted CEL literal (the extension escapes
+    ``\\a \\b \\f \\n \\r \\t \\v``, the backslash and the double quote; everything else stays)."""
+    return '"' + _text("strings.quote", text).translate(_QUOTE_ESCAPES) + '"'
+
+
+_QUOTE_ESCAPES = str.maketrans(
+    {c: "\\" + e for c, e in zip('\a\b\f\n\r\t\v\\"', 'abfnrtv\\"', strict=True)}
+)
 
 
 def _clauses(text: str) -> list[tuple[str, str | None] | str]:
@@ -308,6 +313,7 @@ def _format_one(verb: str, precision: str | None, value: Any) -> str:
         if math.isnan(number) or math.isinf(number):
             return "NaN" if math.isnan(number) else ("\u221e" if number > 0 else "-\u221e")
         digits = 6 if precision is None else int(precision)
+        number = number or 0.0  # the scheduler's number printer drops the sign of -0.0
         return f"{number:,.{digits}f}"  # grouped in thousands, as the scheduler prints
     if kind == "bool":
         return "1" if value else "0"
@@ -327,6 +333,12 @@ def _nested(value: Any) -> str:
     if kind == "list":
         return "[" + ", ".join(_nested(v) for v in value) + "]"
     if kind == "map":
+        for key in value:
+            if type_name(key) not in ("string", "bool", "int", "uint"):
+                raise EvalError(
+                    "error during formatting: no formatting function for map key of type "
+                    + type_name(key)
+                )
         entries = sorted((_nested(k), _nested(v)) for k, v in value.items())
         return "{" + ", ".join(f"{k}:{v}" for k, v in entries) + "}"
     if kind == "string":

@@ -6,10 +6,11 @@ optional library is part of the environment selectors are written for.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from dra_driver.cel.errors import EvalError, NoSuchOverload
+from dra_driver.cel.types import Duration, Timestamp
 from dra_driver.cel.values import cel_eq
 
 
@@ -58,9 +59,14 @@ def of_non_zero_value(value: Any) -> Optional:
     """``optional.ofNonZeroValue(x)``: empty for the type's zero value (0, "", [], {}, false)."""
     if value is None or value is False or (not isinstance(value, bool) and value in (0, "", b"")):
         return NONE
-    if isinstance(value, list | tuple | dict) and not value:
+    if isinstance(value, list | tuple | Mapping) and not value:
         return NONE
+    if isinstance(value, Duration | Timestamp) and value.nanos == _ZERO_TIME.get(type(value)):
+        return NONE  # 0s, and Go's zero time (0001-01-01T00:00:00Z)
     return Optional(value)
+
+
+_ZERO_TIME: dict[type, int] = {Duration: 0, Timestamp: -62135596800 * 10**9}
 
 
 def _optional(name: str, value: Any, *args: Any) -> Optional:

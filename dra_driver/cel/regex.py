@@ -22,6 +22,9 @@ _OPTIONS.log_errors = False  # errors are reported as values, not on stderr
 @lru_cache(maxsize=512)
 def compiled(pattern: str) -> Any:
     """The compiled pattern, or an :class:`EvalError` naming the bad pattern."""
+    if "\\C" in pattern.replace("\\\\", ""):
+        # RE2 (C++) takes \C, any byte; Go's regexp refuses it.
+        raise EvalError(f"error parsing regexp: invalid escape sequence: `\\C`: `{pattern}`")
     try:
         return re2.compile(pattern, _OPTIONS)
     except re2.error as exc:
@@ -60,7 +63,23 @@ def find_all(text: Any, pattern: Any, limit: Any = -1) -> list[str]:
     """All non-overlapping matches, at most ``limit`` of them when it is not negative."""
     if type(text) is not str or type(pattern) is not str or type(limit) is not int:
         raise NoSuchOverload("findAll", text, pattern, limit)
-    if limit == 0:
-        return []
-    found = [str(m.group(0)) for m in compiled(pattern).finditer(text)]
-    return found if limit < 0 else found[:limit]
+    regex = compiled(pattern)
+    # Go's FindAllString: an empty match right after the previous match is skipped (Python's
+    # finditer keeps it: "aaa" with "a*" is ["aaa"] there, ["aaa", ""] here).
+    found: list[str] = []
+    pos, previous_end = 0, -1
+    while (limit < 0 or len(found) < limit) and pos <= len(text):
+        match = regex.search(text, pos)
+        if match is None:
+            break
+        start, end = match.span()
+        accept = True
+        if end == pos:
+            accept = start != previous_end
+            pos += 1
+        else:
+            pos = end
+        previous_end = end
+        if accept:
+            found.append(str(match.group(0)))
+    return found

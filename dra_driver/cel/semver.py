@@ -7,19 +7,10 @@ ignored by comparison, as semver 2.0 says.
 
 from __future__ import annotations
 
-import re
 from functools import lru_cache
 from typing import Final
 
 from dra_driver.cel.errors import EvalError
-
-_NUM: Final = r"(?:0|[1-9][0-9]*)"
-_IDENT: Final = r"(?:0|[1-9][0-9]*|[0-9]*[A-Za-z-][0-9A-Za-z-]*)"
-_STRICT: Final = re.compile(
-    rf"({_NUM})\.({_NUM})\.({_NUM})"
-    rf"(?:-({_IDENT}(?:\.{_IDENT})*))?"
-    r"(?:\+([0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*))?"
-)
 
 
 class Semver:
@@ -97,16 +88,73 @@ def _normalize(text: str) -> str:
 
 @lru_cache(maxsize=4096)
 def parse_semver(text: str, normalize: bool = False) -> Semver:
-    """Parse a version; :class:`EvalError` if it is not valid semver (cached: immutable)."""
-    source = _normalize(text) if normalize else text
-    match = _STRICT.fullmatch(source)
-    if match is None:
-        raise EvalError(f"invalid semver: {text!r}")
-    major, minor, patch, pre, build = match.groups()
-    values = (int(major), int(minor), int(patch))
-    if any(v >= 2**64 for v in values):
-        raise EvalError(f"invalid semver: {text!r}")
-    return Semver(*values, tuple(pre.split(".")) if pre else (), build or "")
+    """Parse a version as ``blang/semver`` does, with its error texts; :class:`EvalError` if
+    it is not valid semver (cached: immutable)."""
+    s = _normalize(text) if normalize else text
+    if not s:
+        raise EvalError("Version string empty")
+    parts = s.split(".", 2)
+    if len(parts) != 3:
+        raise EvalError("No Major.Minor.Patch elements found")
+    major = _number("major", parts[0])
+    minor = _number("minor", parts[1])
+    rest, build = parts[2], ""
+    if "+" in rest:
+        rest, build = rest.split("+", 1)
+        for item in build.split("."):
+            if not item:
+                raise EvalError("Build meta data is empty")
+            if not _only(item, _ALPHANUM):
+                raise EvalError(f"Invalid character(s) found in build meta data {_q(item)}")
+    pre: tuple[str, ...] = ()
+    if "-" in rest:
+        rest, pre_text = rest.split("-", 1)
+        pre = tuple(pre_text.split("."))
+    patch = _number("patch", rest)
+    for item in pre:
+        if not item:
+            raise EvalError("Prerelease is empty")
+        if _only(item, _DIGITS):
+            if len(item) > 1 and item[0] == "0":
+                raise EvalError(
+                    f"Numeric PreRelease version must not contain leading zeroes {_q(item)}"
+                )
+            _parse_uint(item)
+        elif not _only(item, _ALPHANUM):
+            raise EvalError(f"Invalid character(s) found in prerelease {_q(item)}")
+    return Semver(major, minor, patch, pre, build)
+
+
+_DIGITS: Final = frozenset("0123456789")
+_ALPHANUM: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-0123456789")
+
+
+def _only(text: str, allowed: frozenset[str]) -> bool:
+    return all(c in allowed for c in text)
+
+
+def _q(text: str) -> str:
+    from dra_driver.cel.lib_strings import go_quote  # here: lib_strings imports the checker
+
+    return go_quote(text)
+
+
+def _parse_uint(digits: str) -> int:
+    # Go's strconv.ParseUint(digits, 10, 64) on a string of ASCII digits.
+    if not digits:
+        raise EvalError('strconv.ParseUint: parsing "": invalid syntax')
+    value = int(digits)
+    if value >= 2**64:
+        raise EvalError(f"strconv.ParseUint: parsing {_q(digits)}: value out of range")
+    return value
+
+
+def _number(name: str, text: str) -> int:
+    if not _only(text, _DIGITS):
+        raise EvalError(f"Invalid character(s) found in {name} number {_q(text)}")
+    if len(text) > 1 and text[0] == "0":
+        raise EvalError(f"{name.capitalize()} number must not contain leading zeroes {_q(text)}")
+    return _parse_uint(text)
 
 
 def is_semver(text: str, normalize: bool = False) -> bool:

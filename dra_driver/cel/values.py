@@ -65,13 +65,39 @@ def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+_TWO_63: float = 2.0**63  # float64(math.MaxInt64), as cel-go's comparisons round it
+_TWO_64: float = 2.0**64  # float64(math.MaxUint64)
+
+
+def _number_cmp(a: Any, b: Any) -> int:
+    """-1, 0 or 1 for two numbers (neither NaN) as cel-go compares them: an int or uint
+    against a double is converted to a double (``9007199254740993 == 9007199254740992.0``),
+    int against uint exactly."""
+    if type(a) is float and type(b) is not float:
+        return -_number_cmp(b, a)
+    if type(b) is float and type(a) is not float:
+        if isinstance(a, Uint):
+            if b < 0:
+                return 1
+            if b > _TWO_64:
+                return -1
+        else:
+            if b < -_TWO_63:
+                return 1
+            if b > _TWO_63:
+                return -1
+        x = float(a)
+        return int(x > b) - int(x < b)
+    return int(a > b) - int(a < b)
+
+
 def cel_eq(a: Any, b: Any) -> bool:
     """CEL equality: numbers compare across int/uint/double, other types must match."""
     ta = type(a)
     if ta is type(b) and ta in (str, int, float, bool, bytes):
         return bool(a == b)
     if _is_number(a) and _is_number(b):
-        return bool(a == b)
+        return a == a and b == b and _number_cmp(a, b) == 0
     if b is not None and type(a) is not type(b) and type_name(a) in _OPAQUE:
         # The left operand's type decides: a Quantity or Semver compared with another
         # kind is the scheduler's "no such overload" (null is always just unequal).
@@ -119,11 +145,39 @@ def equal(a: Any, b: Any) -> bool:
         return False
 
 
-def _map_get(mapping: Mapping[Any, Any], key: Any) -> Any:
-    # Map keys compare like values: 1 and 1u are the same key, true and 1 are not.
+def _same_key(a: Any, b: Any) -> bool:
+    # A Go map's key equality: the same type and value (1, 1u, 1.0 and true are four keys).
+    return type_name(a) == type_name(b) and bool(a == b)
+
+
+def _exact_get(mapping: Mapping[Any, Any], key: Any) -> Any:
+    exact = getattr(mapping, "exact", None)
+    if exact is not None:
+        return exact(key, _MISSING)
     for candidate in mapping:
-        if cel_eq(candidate, key):
+        if _same_key(candidate, key):
             return mapping[candidate]
+    return _MISSING
+
+
+def _map_get(mapping: Mapping[Any, Any], key: Any) -> Any:
+    # cel-go's map lookup: the key itself, else a double that is a whole number as an int
+    # or a uint, an int as a uint, a uint as an int. Never an int as a double, nor a bool.
+    found = _exact_get(mapping, key)
+    if found is not _MISSING:
+        return found
+    kind = type(key)
+    if kind is float:
+        if key.is_integer() and -_TWO_63 < key < _TWO_63:
+            found = _exact_get(mapping, int(key))
+            if found is not _MISSING:
+                return found
+        if key.is_integer() and 0 <= key < _TWO_64:
+            return _exact_get(mapping, Uint(int(key)))
+    elif kind is int and key >= 0:
+        return _exact_get(mapping, Uint(key))
+    elif kind is Uint and key <= INT64_MAX:
+        return _exact_get(mapping, int(key))
     return _MISSING
 
 
@@ -151,7 +205,7 @@ def cel_compare(op: str, a: Any, b: Any) -> int:
     if _is_number(a) and _is_number(b):
         if a != a or b != b:
             raise EvalError("NaN values cannot be ordered")
-        return int(a > b) - int(a < b)
+        return _number_cmp(a, b)
     raise NoSuchOverload(op, a, b)
 
 

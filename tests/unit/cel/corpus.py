@@ -2033,6 +2033,95 @@ def _long_expressions() -> list[str]:
     ]
 
 
+def _go_semantics() -> list[str]:
+    """Where cel-go, Go's strconv, regexp and maps and blang/semver decide edge cases."""
+    return [
+        # Map literals are Go hash maps: keys of different types stay apart; a lookup
+        # converts a double to int or uint and an int to uint (never an int to a double).
+        "{dyn(1): 'a', dyn(1u): 'b'}.size() == 2",
+        "{dyn(1): 'a', dyn(true): 'b'}.size() == 2",
+        "{dyn(1): 'a', dyn(1.0): 'b'}[1.0] == 'b'",
+        "{dyn(1u): 'a', dyn(1.0): 'b'}[1] == 'a'",
+        "{dyn(1.0): 'a'}[1] == 'a'",
+        "{dyn(1): 'a'} == {dyn(1.0): 'a'}",
+        "{dyn(1.0): 'a'} == {dyn(1): 'a'}",
+        "{dyn(1): 'a', dyn(1u): 'b'}.exists(k, k == 1u && type(k) == uint)",
+        "1 in {dyn(quantity('1')): 1}",
+        # An int or uint against a double is compared as a double, as cel-go does.
+        "dyn(18446744073709551615u) == dyn(18446744073709551615.0)",
+        "dyn(9223372036854775807) == dyn(9223372036854775808.0)",
+        "dyn(9223372036854775807) < dyn(9223372036854775808.0)",
+        "dyn(9007199254740993) == dyn(9007199254740992.0)",
+        "dyn(9007199254740993u) > dyn(9007199254740992.0)",
+        "[9007199254740993].exists(x, x == dyn(9007199254740992.0))",
+        # Conversions: -2^63 as a double overflows; ParseUint takes no sign; ParseFloat reads
+        # hexadecimal, refuses what overflows and a signed NaN.
+        "int(-9223372036854775808.0) < 0",
+        "int(double(device.attributes['gpu.dra.dev'].index)) < 0",
+        "uint('+1') == 1u",
+        "double('0x1p3') == 8.0",
+        "double('0x_1.8p1') == 3.0",
+        "double('1e400') > 0.0",
+        "double('-1e400') < 0.0",
+        "double('-nan') != 0.0",
+        # strings.quote escapes control characters; %f drops the sign of -0.0; map keys %s
+        # cannot format.
+        "strings.quote('\\n') == '\"\\\\n\"'",
+        "strings.quote('a\\tb\\a\\b\\f\\v\\r') == '\"a\\\\tb\\\\a\\\\b\\\\f\\\\v\\\\r\"'",
+        f"strings.quote({A}.label).endsWith('\\\\n\"')",
+        "'%f'.format([-0.0]) == '0.000000'",
+        "'%.2f'.format([-0.0]) == '0.00'",
+        "'%s'.format([{1.5: 1}]) == '{1.500000:1}'",
+        "'%s'.format([{null: 1}]) == '{null:1}'",
+        "'%s'.format([{[1]: 1}]) != ''",
+        # Semver: a numeric pre-release past uint64 is no version.
+        "isSemver('1.2.3-18446744073709551616')",
+        "semver('1.2.3-99999999999999999999').compareTo(semver('1.2.3-2')) == 1",
+        # asApproximateFloat: Kubernetes' unscaled value times math.Pow10(scale).
+        "quantity('0.3').asApproximateFloat() == 0.3",
+        "quantity('12e-1').asApproximateFloat() == 1.2",
+        "quantity('123456789n').asApproximateFloat() == 0.123456789",
+        "quantity('1').add(quantity('1m')).asApproximateFloat() == 1.001",
+        "quantity('1.23456789Mi').asApproximateFloat() == 1294538.25982464",
+        # findAll skips an empty match right after a match; Go refuses \C.
+        "'aaa'.findAll('a*') == ['aaa']",
+        "'abab'.findAll('b*').size() == 3",
+        "'a'.matches('\\\\C')",
+        # has() and optional selection on a scalar are false / none there.
+        f"has({A}.numaNode.x)",
+        f"!has({A}.productName.x)",
+        "!has(dyn(1.5).x) && !has(dyn(null).x) && !has(dyn(quantity('1')).x)",
+        f"{A}.?numaNode.y.orValue(1) == 1",
+        "dyn('a')[?0].hasValue()",
+        "[1, 2][?dyn(1.0)].orValue(7) == 2",
+        "optional.ofNonZeroValue(duration('0s')).hasValue()",
+        "optional.ofNonZeroValue(timestamp('0001-01-01T00:00:00Z')).hasValue()",
+        # transformMapEntry (two-variable comprehensions), duplicate variable names.
+        "[1, 2].transformMapEntry(i, x, {x: i}) == {1: 0, 2: 1}",
+        "[1, 1].transformMapEntry(i, x, {x: i}).size() == 1",
+        "[1, 2].transformMapEntry(i, x, x > 1, {x: i}) == {2: 1}",
+        "{'a': 1}.transformMapEntry(k, v, {v: k}) == {1: 'a'}",
+        "[1, 2].transformMapEntry(i, x, x).size() == 0",
+        "[dyn(1.0), dyn(1)].transformMapEntry(i, x, {x: i}).size() == 2",
+        "[dyn(1), dyn(1.0)].transformMapEntry(i, x, {x: i}).size() == 2",
+        "{dyn(1): 'a', dyn(1u): 'b'}.transformMap(k, v, v).size() == 2",
+        "[1, 2].transformMap(i, i, i).size() == 2",
+        "[1, 2].all(i, i, i > 0)",
+        # String and bytes literals: only CEL's escapes, code points checked, raw bytes UTF-8.
+        "'\\q' == 'q'",
+        "'\\08' == ''",
+        "'\\x' == ''",
+        "'\\ud800' == ''",
+        "'\\U00110000' == ''",
+        "b'\\u0100'.size() == 2",
+        "b'\\u00ff' == b'\\xc3\\xbf'",
+        "b'\\400' == b''",
+        "'\\X41' == 'A'",
+        "'\\?\\`' == '?`'",
+        "br'é' == b'\\xc3\\xa9'",
+    ]
+
+
 #: Loops at the cost limit's boundary, and other costly selectors that read no device:
 #: evaluated on one device only, being slow.
 COST_BOUNDARY = [
@@ -2082,6 +2171,7 @@ SELECTORS: list[str] = list(
         + _root_scoped()
         + _string_cost()
         + _long_expressions()
+        + _go_semantics()
     )
 )
 
