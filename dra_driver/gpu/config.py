@@ -372,24 +372,26 @@ def resolve_config(
 ) -> DeviceConfig | None:
     """The config that applies to one allocated device, or None for the defaults.
 
-    Claim configs win over class configs, later entries over earlier ones. A config of the
-    wrong kind named for this request (a GpuConfig for a MIG device) is an error; one that
-    names no request applies only to devices of its own kind.
+    As the NVIDIA DRA driver: the configs are searched from the highest precedence down
+    (claim configs over class configs, later entries over earlier ones) and the first that
+    applies decides. A config of the wrong kind (a GpuConfig for a MIG device) that names
+    this request is an error; one that names no request, or only the main request of this
+    subrequest (``req`` for ``req/sub``, which may be a whole GPU or a MIG device), applies
+    only to devices of its own kind and is passed over for the others.
     """
     ordered = [e for e in entries if e.source == "FromClass"] + [
         e for e in entries if e.source != "FromClass"
     ]
     wanted = KIND_FOR_TYPE[device_type]
-    chosen = None
-    for entry in ordered:
-        if not entry.applies_to(request):
-            continue
-        if entry.config.kind == wanted:
-            chosen = entry.config
-        elif entry.requests:
-            # Named for this request but of the wrong kind: the user meant it for this device.
-            raise ConfigError(
-                f"claim {claim}, request {request}: {entry.config.kind} cannot configure a "
-                f"{device_type} device; use {wanted}"
-            )
-    return chosen
+    for entry in reversed(ordered):
+        if request in entry.requests:
+            if entry.config.kind != wanted:
+                # Named for this request but of the wrong kind: the user meant it for this device.
+                raise ConfigError(
+                    f"claim {claim}, request {request}: {entry.config.kind} cannot configure a "
+                    f"{device_type} device; use {wanted}"
+                )
+            return entry.config
+        if entry.applies_to(request) and entry.config.kind == wanted:
+            return entry.config
+    return None

@@ -120,6 +120,57 @@ def test_unnamed_config_of_other_kind_is_skipped() -> None:
     assert resolve_config(entries, "mig", "mig", claim="c") is None
 
 
+def _mig(strategy: str = "TimeSlicing") -> dict[str, Any]:
+    return {"apiVersion": "gpu.dra.dev/v1alpha1", "kind": "MigDeviceConfig", "sharing": {"strategy": strategy}}
+
+
+def test_only_the_winning_config_can_be_of_the_wrong_kind() -> None:
+    # As the NVIDIA driver: the configs are searched from the highest precedence (claim over
+    # class, later over earlier) and the first one for the request decides; a config of the
+    # wrong kind that a later or claim config overrides is no error.
+    entries = parse_allocation_config(
+        [
+            _entry(_mig(), source="FromClass", requests=["gpu"]),
+            _entry(_mig(), requests=["gpu"]),
+            _entry(_gpu("MPS"), requests=["gpu"]),
+        ],
+        driver=DRIVER,
+        claim="ns/c",
+    )
+    chosen = resolve_config(entries, "gpu", "gpu", claim="ns/c")
+    assert chosen is not None and chosen.sharing is not None and chosen.sharing.strategy == "MPS"
+    # A config for all requests overrides an earlier one of the wrong kind named for it.
+    entries = parse_allocation_config(
+        [_entry(_mig(), requests=["gpu"]), _entry(_gpu("MPS"))], driver=DRIVER, claim="ns/c"
+    )
+    chosen = resolve_config(entries, "gpu", "gpu", claim="ns/c")
+    assert chosen is not None and chosen.kind == "GpuConfig"
+    # The winner of the wrong kind is still an error.
+    entries = parse_allocation_config(
+        [_entry(_gpu("MPS"), requests=["gpu"]), _entry(_mig(), requests=["gpu"])], driver=DRIVER, claim="ns/c"
+    )
+    with pytest.raises(ConfigError, match="MigDeviceConfig cannot configure a gpu device; use GpuConfig"):
+        resolve_config(entries, "gpu", "gpu", claim="ns/c")
+
+
+def test_a_config_for_the_main_request_configures_subrequests_of_its_kind() -> None:
+    # firstAvailable: a whole GPU or else a MIG device; one config of each kind for "gpu".
+    entries = parse_allocation_config(
+        [_entry(_gpu("MPS"), requests=["gpu"]), _entry(_mig(), requests=["gpu"])], driver=DRIVER, claim="ns/c"
+    )
+    mig = resolve_config(entries, "gpu/mig", "mig", claim="ns/c")
+    whole = resolve_config(entries, "gpu/full", "gpu", claim="ns/c")
+    assert mig is not None and mig.kind == "MigDeviceConfig"
+    assert whole is not None and whole.kind == "GpuConfig"
+    # Only a GpuConfig for "gpu": the MIG device it did not get has none.
+    entries = parse_allocation_config([_entry(_gpu("MPS"), requests=["gpu"])], driver=DRIVER, claim="ns/c")
+    assert resolve_config(entries, "gpu/mig", "mig", claim="ns/c") is None
+    # Named for the subrequest itself, the wrong kind is an error.
+    entries = parse_allocation_config([_entry(_gpu("MPS"), requests=["gpu/mig"])], driver=DRIVER, claim="ns/c")
+    with pytest.raises(ConfigError, match="GpuConfig cannot configure a mig device"):
+        resolve_config(entries, "gpu/mig", "mig", claim="ns/c")
+
+
 @pytest.mark.parametrize(("text", "value"), [("10Gi", 10 * 2**30), ("512Mi", 512 * 2**20), ("1G", 10**9), ("1024", 1024)])
 def test_memory_bytes(text: str, value: int) -> None:
     assert memory_bytes(text) == value

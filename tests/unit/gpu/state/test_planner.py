@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from dra_driver.gpu.config import ConfigError
 from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
+from dra_driver.gpu.nvidia_config import config_apis
 from dra_driver.gpu.publish.catalog import build_catalog
 from dra_driver.gpu.state.checkpoint import ClaimRecord, ClaimState, DeviceRecord
 from dra_driver.gpu.state.planner import (
@@ -12,9 +14,10 @@ from dra_driver.gpu.state.planner import (
     check_free,
     check_gpu_free,
     holders,
+    plan_claim,
     shared_devices,
 )
-from dra_driver.kubeletplugin.interfaces import ClaimRef
+from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare
 from dra_driver.kubeletplugin.uid import valid_uid
 
 REF = ClaimRef("ns", "mine", "uid-mine")
@@ -91,3 +94,37 @@ def test_check_gpu_free(theirs: str, mine: str, refused: bool) -> None:
 def test_usable_uid(uid: str, usable: bool) -> None:
     # The planner's own check is gone: the transaction uses the kubelet plugin's, the only one.
     assert valid_uid(uid) is usable
+
+
+def _nvidia_config(kind: str, strategy: str, requests: list[str], source: str = "FromClaim") -> dict[str, object]:
+    params = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": kind, "sharing": {"strategy": strategy}}
+    return {"source": source, "requests": requests, "opaque": {"driver": "gpu.nvidia.com", "parameters": params}}
+
+
+def test_a_first_available_claim_gets_the_config_of_the_kind_allocated() -> None:
+    # firstAvailable: a whole GPU (subrequest "full") or else a MIG device ("mig"), with a
+    # GpuConfig and a MigDeviceConfig both for the main request "gpu". The MIG device gets the
+    # MigDeviceConfig; the GpuConfig is for the whole GPU it did not get.
+    catalog = build_catalog(SimulatedDiscovery("mixed", "n").discover())
+    configs = (
+        _nvidia_config("GpuConfig", "MPS", ["gpu"]),
+        _nvidia_config("MigDeviceConfig", "TimeSlicing", ["gpu"]),
+    )
+    result = {"request": "gpu/mig", "driver": "gpu.nvidia.com", "pool": "n", "device": "gpu-0-mig-1g10gb-19-6"}
+    claim = ClaimToPrepare(REF, {}, (result,), configs)
+    (device,) = plan_claim(claim, catalog, "gpu.nvidia.com", config_apis("nvidia")).devices
+    assert device.config is not None and device.config.kind == "MigDeviceConfig"
+    assert device.strategy == "TimeSlicing"
+    # The class's config of the wrong kind, overridden by the claim's: no error, as in the
+    # NVIDIA driver (only the config that wins must be of the device's kind).
+    configs = (
+        _nvidia_config("GpuConfig", "MPS", ["gpu/mig"], source="FromClass"),
+        _nvidia_config("MigDeviceConfig", "MPS", ["gpu/mig"]),
+    )
+    claim = ClaimToPrepare(REF, {}, (result,), configs)
+    (device,) = plan_claim(claim, catalog, "gpu.nvidia.com", config_apis("nvidia")).devices
+    assert device.config is not None and device.config.kind == "MigDeviceConfig"
+    assert device.strategy == "MPS"
+    claim = ClaimToPrepare(REF, {}, (result,), configs[:1])
+    with pytest.raises(ConfigError, match="GpuConfig cannot configure a mig device"):
+        plan_claim(claim, catalog, "gpu.nvidia.com", config_apis("nvidia"))
