@@ -263,7 +263,9 @@ def parse_config(parameters: Any, *, where: str, apis: ConfigKinds = OWN_API) ->
             f"{where}: kind {quote(parameters.get('kind'))} is not one of {', '.join(kinds)}"
         )
     try:
-        return model.model_validate(parameters)
+        # JSON names only, as the NVIDIA driver's strict decoding and the admission policy:
+        # a Python attribute name (``mps_config``) is an unknown field, not an alias.
+        return model.model_validate(parameters, by_alias=True, by_name=False)
     except ValidationError as exc:
         err = exc.errors(include_input=False, include_url=False)[0]
         field = ".".join(str(p) for p in err["loc"])

@@ -136,3 +136,22 @@ def test_nvidia_config_errors_name_no_python_class() -> None:
     text = str(info.value)
     assert "field 'sharing.mpsConfig': must be an object" in text, text
     assert "NvidiaMpsConfig" not in text, text
+
+
+@pytest.mark.parametrize(
+    "sharing",
+    [
+        {"strategy": "MPS", "mps_config": {}},
+        {"strategy": "MPS", "mpsConfig": {"multi_user": True}},
+        {"strategy": "MPS", "mpsConfig": {"default_active_thread_percentage": 50}},
+        {"strategy": "TimeSlicing", "time_slicing_config": {"interval": "Long"}},
+    ],
+)
+@pytest.mark.parametrize("api", [API, "gpu.dra.dev/v1alpha1"])
+def test_field_names_are_the_json_names_only(sharing: dict[str, Any], api: str) -> None:
+    # The NVIDIA driver decodes strictly and case-sensitively: a field not spelled as in its
+    # JSON (the Python attribute name of our models, say) is unknown, as the admission
+    # policy says too.
+    params = {"apiVersion": api, "kind": "GpuConfig", "sharing": sharing}
+    with pytest.raises(ConfigError, match=r"claim ns/c: field 'sharing\..*': unknown field"):
+        parse_config(params, where="claim ns/c", apis=NVIDIA)
