@@ -87,6 +87,8 @@ ARCHITECTURES: dict[int, str] = {
     8: "Ada Lovelace",
     9: "Hopper",
     10: "Blackwell",
+    13: "Rubin",
+    0xFFFFFFFF: "Unknown",  # NVML_DEVICE_ARCH_UNKNOWN
 }
 
 # CUDA cores per streaming multiprocessor by compute capability (CUDA programming guide,

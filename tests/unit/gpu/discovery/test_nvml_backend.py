@@ -11,6 +11,7 @@ import ctypes
 import ctypes.util
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -457,6 +458,17 @@ def test_importing_the_backend_does_not_load_nvml() -> None:
 )
 def test_normalize_bus_id(nvml: str, expected: str) -> None:
     assert normalize_bus_id(nvml) == expected
+
+
+@pytest.mark.parametrize(("arch", "name"), [(13, "Rubin"), (0xFFFFFFFF, "Unknown")])
+def test_architecture_names_are_the_nvidia_drivers(
+    tmp_path: Path, fake_lib_dir: Path, arch: int, name: str
+) -> None:
+    # go-nvlib's GetArchitectureAsString, which the NVIDIA DRA driver publishes as
+    # `architecture`: a selector comparing it must match here too.
+    node = make_node("l4x4", tmp_path, fake_lib_dir)
+    node.data.write_text(re.sub(r"(?m)^arch \d+$", f"arch {arch}", node.data.read_text()))
+    assert {gpu.architecture for gpu in node.discover().gpus} == {name}
 
 
 def test_small_conversions() -> None:
