@@ -147,10 +147,19 @@ def parse_spec(uid: str, doc: Any) -> SpecOnDisk:
     for env in edits.get("env") or ():
         if isinstance(env, str) and env.startswith(VISIBLE_DEVICES):
             uuids = tuple(u for u in env[len(VISIBLE_DEVICES) :].split(",") if u)
+    # MPS directories are mounted by the devices that use the daemon (claim-wide in specs
+    # of older versions): every mount of the spec counts, each host path once.
+    all_edits = [edits] + [
+        d.get("containerEdits") for d in doc.get("devices") or () if isinstance(d, Mapping)
+    ]
     mounts = tuple(
-        str(m.get("hostPath"))
-        for m in edits.get("mounts") or ()
-        if isinstance(m, Mapping) and m.get("hostPath")
+        dict.fromkeys(
+            str(m.get("hostPath"))
+            for e in all_edits
+            if isinstance(e, Mapping)
+            for m in e.get("mounts") or ()
+            if isinstance(m, Mapping) and m.get("hostPath")
+        )
     )
     return SpecOnDisk(uid=uid, cdi_names=names, uuids=uuids, host_paths=mounts)
 

@@ -187,14 +187,14 @@ def test_shares_join_one_daemon_and_the_last_one_stops_it(tmp_path: Path) -> Non
     spec_a = json.loads(state.spec_path("a").read_text())
     spec_b = json.loads(state.spec_path("b").read_text())
     assert schema_errors(spec_a) == [] and spec_a["devices"][0]["name"] == "a-gpu-0-share-a"
-    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M" in spec_a["containerEdits"]["env"]
-    assert not [e for e in spec_a["containerEdits"]["env"] if "THREAD_PERCENTAGE" in e]
-    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M" in spec_b["containerEdits"]["env"]
-    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30" in spec_b["containerEdits"]["env"]
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M" in spec_a["devices"][0]["containerEdits"]["env"]
+    assert not [e for e in spec_a["devices"][0]["containerEdits"]["env"] if "THREAD_PERCENTAGE" in e]
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M" in spec_b["devices"][0]["containerEdits"]["env"]
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30" in spec_b["devices"][0]["containerEdits"]["env"]
     pipes = {
         m["hostPath"]
         for s in (spec_a, spec_b)
-        for m in s["containerEdits"]["mounts"]
+        for m in s["devices"][0]["containerEdits"]["mounts"]
         if m["containerPath"] == "/tmp/nvidia-mps"
     }
     assert pipes == {daemon.pipe_dir}

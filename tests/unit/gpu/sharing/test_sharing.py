@@ -220,9 +220,10 @@ def test_mps_daemon_per_claim(tmp_path: Path) -> None:
     assert daemon.state == "running" and daemon.uuids == [_uuid(2)]
     assert daemon.active_thread_percentage == 40 and daemon.pinned_memory == {"0": "8192M"}
     spec = json.loads(state.spec_path("m").read_text())
-    mounts = {m["containerPath"]: m["hostPath"] for m in spec["containerEdits"]["mounts"]}
+    (edits,) = [d["containerEdits"] for d in spec["devices"]]  # the MPS client's device
+    mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
     assert mounts == {"/tmp/nvidia-mps": daemon.pipe_dir, "/dev/shm": daemon.shm_dir}
-    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8192M" in spec["containerEdits"]["env"]
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8192M" in edits["env"]
     assert state.unprepare([_ref("m")]) == {"m": None}
     assert sim.read().mps["m"].state == "stopped"
     assert not Path(daemon.pipe_dir).exists()

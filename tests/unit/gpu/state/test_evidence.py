@@ -84,6 +84,25 @@ def test_read_specs_keeps_unreadable_specs_as_evidence(tmp_path: Path) -> None:
     assert read_specs(tmp_path / "missing", prefix) == {}
 
 
+def test_a_specs_device_mounts_are_evidence_too(tmp_path: Path) -> None:
+    """MPS pipe and shm directories are mounted by the devices that use the daemon, not the
+    claim (older specs mounted them claim-wide): both count."""
+    prefix = "k8s.gpu.dra.dev-claim_"
+    pipe = {"hostPath": "/var/mps/u1/pipe", "containerPath": "/tmp/nvidia-mps"}
+    shm = {"hostPath": "/var/mps/u1/shm", "containerPath": "/dev/shm"}
+    spec = {
+        "devices": [
+            {"name": "u1-gpu-0", "containerEdits": {"mounts": [pipe, shm]}},
+            {"name": "u1-gpu-1", "containerEdits": {"mounts": [pipe, shm]}},
+            {"name": "u1-gpu-2", "containerEdits": "junk"},
+        ],
+        "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=GPU-1,GPU-2,GPU-3"]},
+    }
+    (tmp_path / f"{prefix}u1.json").write_text(json.dumps(spec))
+    (found,) = read_specs(tmp_path, prefix).values()
+    assert found.host_paths == ("/var/mps/u1/pipe", "/var/mps/u1/shm")
+
+
 def test_may_destroy_needs_every_witness() -> None:
     spec = SpecOnDisk("u1", ("u1-gpu-0-mig-a",), ("MIG-1",), ())
     api = {"u2": ClaimInUse("u2", "ns", "c", (Allocated("r", "gpu-0-mig-b"),), reserved=True)}

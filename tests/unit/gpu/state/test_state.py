@@ -242,11 +242,12 @@ def test_mps_config_becomes_environment_and_pipe_mount(tmp_path: Path) -> None:
     assert isinstance(out["mps"], list)
     spec = _spec(state, "mps")
     assert schema_errors(spec) == []
-    env = spec["containerEdits"]["env"]
+    (edits,) = [d["containerEdits"] for d in spec["devices"]]  # the MPS client's device
+    env = edits["env"]
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in env
     assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M" in env
     assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in env
-    mount = spec["containerEdits"]["mounts"][0]
+    mount = edits["mounts"][0]
     assert mount["containerPath"] == "/tmp/nvidia-mps" and Path(mount["hostPath"]).is_dir()
     assert state.prepared_claims()["mps"].devices[0].sharing == "MPS"
     state.unprepare([ClaimRef("ns", "claim-mps", "mps")])
