@@ -346,10 +346,24 @@ def destroy_by_hand(gpu: Gpu, gpu_instance_id: int) -> str:
     return f"nvidia-smi mig -i {i} -dci -gi {gi}; nvidia-smi mig -i {i} -dgi -gi {gi}"
 
 
-def leftovers(target: CarveTarget, now: Sequence[Instance]) -> list[int]:
-    """GPU instances on the target GPU that were not there before the check."""
+def leftovers(
+    target: CarveTarget, now: Sequence[Instance], made: MigDevice | None = None
+) -> list[int]:
+    """GPU instances on the target GPU that the check may have left: new since it listed, of
+    its profile at its placement, and without a MIG device or with the one it ``made``.
+
+    Anything else new on the GPU is another's (the agent's dynamic MIG making a pod's MIG
+    device meanwhile, an admin's): never destroyed, nor named to be destroyed by hand.
+    """
     before = {i.gpu_instance_id for i in target.existing}
-    return sorted(i.gpu_instance_id for i in now if i.gpu_instance_id not in before)
+    return sorted(
+        i.gpu_instance_id
+        for i in now
+        if i.gpu_instance_id not in before
+        and i.profile_id == target.profile.profile_id
+        and i.placement.start == target.start
+        and (i.device is None or (made is not None and i.device.uuid == made.uuid))
+    )
 
 
 # -- health events ---------------------------------------------------------------------------

@@ -12,10 +12,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -231,6 +233,29 @@ def _smi_listing(driver_root: Path) -> SmiListing | str:
     return smi_result(proc.returncode, proc.stdout, proc.stderr)
 
 
+# -- the steps that change the node ----------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    """While a step changes the node: SIGTERM and SIGHUP (``kill``, a closed terminal or
+    ``kubectl exec`` session) raise KeyboardInterrupt as Ctrl-C does, so that the step undoes
+    its change before the command ends rather than die with it in place."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set in the main thread
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+
+
 # -- 3. MIG: carve one device ----------------------------------------------------------------
 
 
@@ -247,6 +272,11 @@ def _carve(inventory: Inventory, mig: MigBackend) -> Row:
     target = carve_target(gpus)
     if isinstance(target, str):
         return skipped("mig-carve", target)
+    with _interruptible():
+        return _carve_at(target, mig)
+
+
+def _carve_at(target: CarveTarget, mig: MigBackend) -> Row:
     try:
         device = mig.create(target.gpu, target.profile, target.start)
     except MigError as exc:
@@ -254,7 +284,7 @@ def _carve(inventory: Inventory, mig: MigBackend) -> Row:
         return fail("mig-carve", f"creating {target.what} failed: {exc}{undone}", target.device)
     try:
         mig.destroy(target.gpu, device.gpu_instance_id)
-        left = leftovers(target, mig.list(target.gpu))
+        left = leftovers(target, mig.list(target.gpu), device)
     except MigError as exc:
         return fail(
             "mig-carve",
@@ -262,6 +292,11 @@ def _carve(inventory: Inventory, mig: MigBackend) -> Row:
             f"destroy it by hand: {destroy_by_hand(target.gpu, device.gpu_instance_id)}",
             target.device,
         )
+    except BaseException:
+        # Interrupted (Ctrl-C, SIGTERM, SIGHUP): the MIG device must not outlive the check.
+        with contextlib.suppress(MigError):
+            mig.destroy(target.gpu, device.gpu_instance_id)
+        raise
     if left:
         return fail(
             "mig-carve",
@@ -302,6 +337,20 @@ def _mps(
     mps_root = base / "mps"
     daemon = daemon_for(mps_root, MPS_DAEMON_ID, [gpu.uuid])
     backend = sharing(mps_root, driver_root)
+    with _interruptible():
+        try:
+            return _start_and_stop(backend, daemon, base, device)
+        except BaseException:
+            # Interrupted (Ctrl-C, SIGTERM, SIGHUP): the daemon, started in a session and
+            # cgroup of its own, would outlive the check.
+            _stop_quietly(backend, daemon)
+            with contextlib.suppress(DriverError, OSError):
+                if not backend.mps_running(daemon.daemon_id, daemon.pipe_dir):
+                    shutil.rmtree(base, ignore_errors=True)
+            raise
+
+
+def _start_and_stop(backend: MpsControl, daemon: MpsDaemon, base: Path, device: str) -> Row:
     try:
         backend.start_mps(daemon)
         started = backend.mps_running(daemon.daemon_id, daemon.pipe_dir)

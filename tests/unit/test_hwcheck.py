@@ -13,10 +13,11 @@ import ctypes.util
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,8 +54,8 @@ from dra_driver.gpu.hwcheck import (
     without_nvml,
 )
 from dra_driver.gpu.hwcheck_smi import SmiGpu, SmiListing, SmiMig, parse_list
-from dra_driver.gpu.inventory import Gpu, Inventory, MigState
-from dra_driver.gpu.mig.backend import Instance
+from dra_driver.gpu.inventory import Gpu, Inventory, MigDevice, MigProfile, MigState
+from dra_driver.gpu.mig.backend import Instance, check_create
 from dra_driver.gpu.sharing.backend import MpsDaemon, SharingError
 from tests.fakenvml import build, render
 from tests.unit.gpu.discovery.test_nvml_backend import fake_lib_dir
@@ -713,6 +714,197 @@ def test_mps_daemon_that_stays_fails(mps_backends: list[FakeMps]) -> None:
     row = _run_mps(mps_backends, never_stops=True)
     assert row.verdict == "fail"
     assert row.detail.startswith("MPS control daemon still runs 0 s after stop (pipe directory ")
+
+
+def _interrupt(how: str) -> None:
+    """What the admin does: Ctrl-C (KeyboardInterrupt), or a signal (kill, a closed terminal)."""
+    if how == "ctrl-c":
+        raise KeyboardInterrupt
+    os.kill(os.getpid(), signal.Signals[how])
+
+
+class _Untouched(Exception):
+    """Raised by the test's own handler: the check did not take SIGTERM or SIGHUP over."""
+
+
+@pytest.fixture
+def signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise _Untouched rather than end the test run."""
+
+    def untouched(signum: int, frame: object) -> None:
+        raise _Untouched(signal.Signals(signum).name)
+
+    previous = {s: signal.signal(s, untouched) for s in (signal.SIGTERM, signal.SIGHUP)}
+    yield
+    for s, handler in previous.items():
+        signal.signal(s, handler)
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "SIGTERM", "SIGHUP"])
+def test_mps_stops_its_daemon_when_interrupted(
+    mps_backends: list[FakeMps], signals: None, how: str
+) -> None:
+    def make(mps_root: Path, driver_root: Path) -> FakeMps:
+        backend = FakeMps(mps_root, driver_root)
+        running = backend.mps_running
+
+        def mps_running(daemon_id: str, pipe_dir: Path) -> bool:
+            if backend.calls == [f"start hw-check {MIXED.gpus[0].uuid}"]:
+                _interrupt(how)  # just after the daemon started
+            return running(daemon_id, pipe_dir)
+
+        backend.mps_running = mps_running  # type: ignore[method-assign]
+        mps_backends.append(backend)
+        return backend
+
+    with pytest.raises(KeyboardInterrupt):
+        hwcheck_probe._mps(MIXED, Path("/drv"), make)
+    (backend,) = mps_backends
+    assert backend.running == set()  # no MPS daemon outlives the check
+    assert backend.calls[-1] == "stop hw-check"
+    assert not backend.mps_root.parent.exists()
+    assert signal.getsignal(signal.SIGTERM).__name__ == "untouched"  # type: ignore[union-attr]
+
+
+# -- MIG steps against a stand-in MIG backend: interruptions, other tools' MIG devices -------
+
+_H100 = MIXED.gpus[1]
+
+
+@dataclass
+class FakeMig:
+    """The MIG backend's surface _carve uses, over GPU instances held in memory; ``hooks``
+    run at the start of a method, with how many times it was called (from 1)."""
+
+    instances: dict[str, list[Instance]]
+    hooks: dict[str, Callable[[int], None]] = field(default_factory=dict)
+    calls: dict[str, int] = field(default_factory=dict)
+    next_id: int = 20
+
+    @classmethod
+    def of(cls, inventory: Inventory) -> FakeMig:
+        return cls({g.uuid: list(_instances(g)) for g in inventory.gpus})
+
+    def _call(self, name: str) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+        hook = self.hooks.get(name)
+        if hook is not None:
+            hook(self.calls[name])
+
+    def add(self, gpu: Gpu, profile: MigProfile, start: int, uuid: str = "") -> Instance:
+        """A MIG device made (by the check, or by another tool when a hook calls it)."""
+        self.next_id += 1
+        template = _H100.mig_devices[-1]
+        placement = next(p for p in profile.placements if p.start == start)
+        device = template.model_copy(
+            update={
+                "uuid": uuid or f"MIG-made-{self.next_id}",
+                "gpu_instance_id": self.next_id,
+                "profile_id": profile.profile_id,
+                "profile_name": profile.name,
+                "placement": placement,
+            }
+        )
+        instance = Instance(self.next_id, profile.profile_id, placement, device)
+        self.instances[gpu.uuid].append(instance)
+        return instance
+
+    def mig_enabled(self, gpu: Gpu) -> bool:
+        return gpu.mig_enabled
+
+    def set_mig_mode(self, gpu: Gpu, enabled: bool) -> None:
+        raise AssertionError("hw-check never changes MIG mode")
+
+    def create(self, gpu: Gpu, profile: MigProfile, start: int) -> MigDevice:
+        self._call("create")
+        check_create(gpu, profile, start, self.instances[gpu.uuid])
+        device = self.add(gpu, profile, start).device
+        assert device is not None
+        return device
+
+    def destroy(self, gpu: Gpu, gpu_instance_id: int) -> None:
+        self._call("destroy")
+        self.instances[gpu.uuid] = [
+            i for i in self.instances[gpu.uuid] if i.gpu_instance_id != gpu_instance_id
+        ]
+
+    def list(self, gpu: Gpu) -> tuple[Instance, ...]:
+        self._call("list")
+        return tuple(self.instances[gpu.uuid])
+
+
+def _smallest(gpu: Gpu) -> MigProfile:
+    profile = smallest_profile(gpu)
+    assert profile is not None
+    return profile
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "SIGTERM", "SIGHUP"])
+def test_carve_destroys_its_mig_device_when_interrupted(signals: None, how: str) -> None:
+    mig = FakeMig.of(MIXED)
+    before = list(mig.instances[_H100.uuid])
+
+    def destroy(n: int) -> None:
+        if n == 1:  # interrupted after the create, before the destroy
+            _interrupt(how)
+
+    mig.hooks["destroy"] = destroy
+    with pytest.raises(KeyboardInterrupt):
+        hwcheck_probe._carve(MIXED, mig)
+    assert mig.calls["create"] == 1
+    assert mig.instances[_H100.uuid] == before  # no MIG device outlives the check
+    assert signal.getsignal(signal.SIGTERM).__name__ == "untouched"  # type: ignore[union-attr]
+
+
+def test_carve_never_destroys_a_mig_device_another_tool_made_at_its_placement() -> None:
+    # The agent (dynamic MIG) makes a pod's MIG device at the very placement the check chose,
+    # between the check's listing and its create: the create fails; the pod's device stays.
+    mig = FakeMig.of(MIXED)
+    theirs: list[Instance] = []
+
+    def agent(n: int) -> None:
+        theirs.append(mig.add(_H100, _smallest(_H100), 6, "MIG-a-pods"))
+
+    mig.hooks["create"] = agent
+    row = hwcheck_probe._carve(MIXED, mig)
+    assert row.verdict == "fail"
+    assert row.detail.startswith("creating 1g.10gb at memory slice 6 on gpu-1 failed: ")
+    assert "overlaps GPU instance" in row.detail and "removed" not in row.detail
+    assert theirs[0] in mig.instances[_H100.uuid]
+
+
+def test_carve_does_not_blame_a_mig_device_another_tool_made_meanwhile() -> None:
+    # The check's MIG device is gone; the agent took the placement for a pod right after.
+    # That device is not the check's, and the admin must not be told to destroy it.
+    mig = FakeMig.of(MIXED)
+
+    def agent(n: int) -> None:
+        if mig.calls.get("destroy") and not mig.calls.get("agent"):  # after the destroy
+            mig.calls["agent"] = 1
+            mig.add(_H100, _smallest(_H100), 6, "MIG-a-pods")
+
+    mig.hooks["list"] = agent
+    row = hwcheck_probe._carve(MIXED, mig)
+    assert row.verdict == "ok", row.detail
+    assert row.detail.startswith("created gpu-1-mig-1g10gb-19-6 (MIG-made-")
+
+
+def test_leftovers_are_only_what_the_check_may_have_made() -> None:
+    target = carve_target([(_H100, _instances(_H100))])
+    assert isinstance(target, CarveTarget)
+    profile = target.profile
+    at = profile.placements[6]
+    mine = _H100.mig_devices[-1].model_copy(update={"uuid": "MIG-mine", "placement": at})
+    theirs = mine.model_copy(update={"uuid": "MIG-theirs"})
+    now = [
+        *_instances(_H100),
+        Instance(9, profile.profile_id, at),  # no MIG device: a create cut short
+        Instance(10, profile.profile_id, at, mine),
+        Instance(11, profile.profile_id, at, theirs),  # a complete MIG device of another
+        Instance(12, profile.profile_id + 1, at),  # another profile
+    ]
+    assert leftovers(target, now) == [9]
+    assert leftovers(target, now, mine) == [9, 10]
 
 
 # -- the command end to end, against the stand-in NVML ---------------------------------------

@@ -109,7 +109,8 @@ class NvmlMig:
             )
             try:
                 return self._finish_create(gpu, handle, gi, profile, what)
-            except Exception:
+            except BaseException:
+                # Ctrl-C or a signal turned into one (hw-check) too: only this handle knows it.
                 self._discard(gi, gpu, profile, start)
                 raise
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -145,6 +146,26 @@ def test_a_failed_create_destroys_only_the_gpu_instance_it_made(node: Node, fail
     out = node.run(["create", "2g.20gb", 2], FAKE_NVML_FAIL=fail)
     assert fail.removesuffix("_v2") in out["error"]
     assert node.run()["list"] == other
+
+
+_INTERRUPTED_AFTER_THE_GPU_INSTANCE = """
+from dra_driver import faults
+def point(name):
+    if name == "mig.gi-created":
+        raise KeyboardInterrupt  # Ctrl-C, or the SIGTERM hw-check turns into one
+faults.point = point
+"""
+
+
+def test_an_interrupted_create_destroys_the_gpu_instance_it_made(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node.run(["enable"])
+    interrupted = _INTERRUPTED_AFTER_THE_GPU_INSTANCE + _STEP
+    monkeypatch.setattr(sys.modules[__name__], "_STEP", interrupted)
+    node.run(["create", "2g.20gb", 2], exit_code=-signal.SIGINT)
+    monkeypatch.undo()
+    assert node.run()["list"] == []
 
 
 def test_a_gpu_instance_without_compute_instance_is_listed(node: Node) -> None:
