@@ -285,6 +285,25 @@ def test_discovery_row() -> None:
     assert row.detail.endswith("GPU 13 GPU-extra-3 that discovery does not find (and 2 more)")
 
 
+def test_mig_devices_split_into_compute_instances_are_named_not_failed() -> None:
+    # An admin split a GPU instance into compute instances (static MIG): nvidia-smi -L lists
+    # each as a MIG device (1c.3g.40gb); discovery leaves them out by design
+    # (docs/reliability.md), so the agent runs all the same and the node is healthy.
+    g0 = _SAME.gpus[0]
+    split = (SmiMig("1c.3g.40gb", 3, "MIG-split-a"), SmiMig("2c.3g.40gb", 4, "MIG-split-b"))
+    listing = SmiListing(gpus=(SmiGpu(0, g0.name, g0.uuid, (*g0.migs, *split)), *_SAME.gpus[1:]))
+    assert listing_differences(MIXED, listing) == []
+    assert discovery_row(MIXED, listing) == ok(
+        "discovery",
+        "4 GPUs, 6 MIG devices, the same as nvidia-smi -L but for 2 MIG devices split into "
+        "compute instances, which the agent does not publish: MIG-split-a, MIG-split-b",
+    )
+    # A whole-instance MIG device discovery misses still fails.
+    missed = SmiGpu(0, g0.name, g0.uuid, (*g0.migs, SmiMig("1g.10gb", 5, "MIG-x")))
+    extra = SmiListing(gpus=(missed, *_SAME.gpus[1:]))
+    assert discovery_row(MIXED, extra).verdict == "fail"
+
+
 # -- the driver, or no GPU -----------------------------------------------------------------
 
 _ABSENT = NvmlUnavailable("libnvidia-ml.so.1 not found", absent=True)
