@@ -38,6 +38,8 @@ Verdict = Literal["ok", "fail", "skipped"]
 #: NVML error codes (nvml.h) meaning "there is no driver here" rather than "it is broken".
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
+#: ... and one whose fix the admin has to be told.
+NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
 #: nvmlEventType_t bits (nvml.h) the agent's health watcher registers for.
 EVENT_DOUBLE_BIT_ECC = 0x2
 EVENT_XID_CRITICAL = 0x8
@@ -117,6 +119,14 @@ def init_failure(code: int, message: str, driver_root: str = "/") -> NvmlUnavail
         return NvmlUnavailable(f"libnvidia-ml.so.1 not found{where}", absent=True)
     if code == NVML_ERROR_DRIVER_NOT_LOADED:
         return NvmlUnavailable("nvmlInit: the NVIDIA kernel driver is not loaded", absent=True)
+    if code == NVML_ERROR_LIB_RM_VERSION_MISMATCH:
+        # The usual state right after a driver upgrade, when the pre-flight is run.
+        return NvmlUnavailable(
+            "nvmlInit: libnvidia-ml and the loaded NVIDIA kernel module are of different "
+            "driver versions (upgraded without a reboot?): reboot the node, or unload and "
+            "reload the nvidia kernel modules",
+            absent=False,
+        )
     return NvmlUnavailable(message, absent=False)
 
 

@@ -28,6 +28,7 @@ from dra_driver.gpu.discovery.base import DiscoveryError
 from dra_driver.gpu.discovery.nvml import SYSFS_ROOT_ENV, NvmlDiscovery, cuda_version_string
 from dra_driver.gpu.discovery.nvmllib import (
     LIBRARY,
+    SIMULATED_HINT,
     NvmlInitError,
     error_code,
     nvml_init,
@@ -147,7 +148,7 @@ def _driver(driver_root: Path) -> Row | NvmlUnavailable:
     try:
         nvml_init()
     except NvmlInitError as exc:
-        return init_failure(exc.code, str(exc), str(driver_root))
+        return init_failure(exc.code, _init_error(exc), str(driver_root))
     try:
         version = nvml_text(pynvml.nvmlSystemGetDriverVersion())
         cuda = int(pynvml.nvmlSystemGetCudaDriverVersion())
@@ -160,6 +161,11 @@ def _driver(driver_root: Path) -> Row | NvmlUnavailable:
         return NO_GPUS
     library = str(preloaded) if preloaded else _loaded_library()
     return driver_row(version, cuda_version_string(cuda), count, library)
+
+
+def _init_error(exc: NvmlInitError) -> str:
+    """The loader's words without its advice to the agent (a flag hw-check does not have)."""
+    return str(exc).removesuffix(SIMULATED_HINT).strip().rstrip(".")
 
 
 def _loaded_library() -> str:
@@ -416,7 +422,7 @@ def _health() -> list[Row]:
     try:
         nvml_init()
     except NvmlInitError as exc:
-        return [fail("health", str(exc))]
+        return [fail("health", init_failure(exc.code, _init_error(exc)).reason)]
     try:
         try:
             events = pynvml.nvmlEventSetCreate()

@@ -325,7 +325,16 @@ _BROKEN = NvmlUnavailable("NVML call nvmlInit failed: Insufficient Permissions",
         ),
         (9, "/", NvmlUnavailable("nvmlInit: the NVIDIA kernel driver is not loaded", absent=True)),
         (4, "/", NvmlUnavailable("the loader's message", absent=False)),  # no permission
-        (18, "/", NvmlUnavailable("the loader's message", absent=False)),  # version mismatch
+        (
+            18,
+            "/",
+            NvmlUnavailable(
+                "nvmlInit: libnvidia-ml and the loaded NVIDIA kernel module are of different "
+                "driver versions (upgraded without a reboot?): reboot the node, or unload and "
+                "reload the nvidia kernel modules",
+                absent=False,
+            ),
+        ),
         (999, "/", NvmlUnavailable("the loader's message", absent=False)),
     ],
 )
@@ -1253,7 +1262,19 @@ def test_other_nvml_start_failures_fail(mixed: Node) -> None:
     assert result.returncode == 1
     verdict, detail = _table(result.stdout)["driver"]
     assert verdict == "FAIL"
-    assert detail.startswith("NVML call nvmlInit failed: ")
+    assert detail == "NVML call nvmlInit failed: Insufficient Permissions"
+
+
+def test_nvml_start_failures_say_what_to_fix_in_hw_checks_terms(mixed: Node) -> None:
+    # After a driver upgrade without a reboot (18 = NVML_ERROR_LIB_RM_VERSION_MISMATCH), and
+    # any other start failure: no advice meant for the agent's flags (hw-check has no
+    # --backend).
+    result = mixed.run(FAKE_NVML_FAIL="nvmlInitWithFlags=18")
+    assert result.returncode == 1
+    verdict, detail = _table(result.stdout)["driver"]
+    assert (verdict, detail) == ("FAIL", init_failure(18, "").reason)
+    result = mixed.run(FAKE_NVML_FAIL="nvmlInitWithFlags=999")
+    assert _table(result.stdout)["driver"] == ("FAIL", "NVML call nvmlInit failed: Unknown Error")
 
 
 def test_nvml_with_no_gpu_and_nothing_else_is_skipped(tmp_path: Path, fake_lib_dir: Path) -> None:
