@@ -369,6 +369,14 @@ class ImexDriver:
             state = daemon_state(await self.domains.get(ref.namespace, uid), self._node)
             if state.ready:
                 return
+            if not state.failed and not await asyncio.to_thread(self._daemon_prepared, uid):
+                # The daemon pod's claim is prepared by this plugin, under the node lock this
+                # call holds: waiting could only time out, holding that prepare back.
+                raise ImexClaimError(
+                    f"claim {ref}: the IMEX daemon of compute domain {key} has not started: "
+                    f"its claim is not prepared on node {self._node} yet ({state.said}); "
+                    "the kubelet tries again"
+                )
             if state.failed or loop.time() >= deadline:
                 waited = (
                     "cannot run" if state.failed else f"is not ready after {self._ready_wait:.0f} s"
@@ -378,6 +386,14 @@ class ImexDriver:
                     f"{self._node} {waited} ({state.said}); the kubelet tries again"
                 )
             await asyncio.sleep(self._poll)
+
+    def _daemon_prepared(self, domain: str) -> bool:
+        """Whether a daemon claim of ``domain`` is prepared here, its spec in place (after a
+        reboot the record outlives the spec, and the daemon waits for its prepare again)."""
+        return any(
+            r.kind == "daemon" and r.domain == domain and self._spec_path(uid).is_file()
+            for uid, r in self.checkpoint.claims.items()
+        )
 
     async def _join(self, joining: _Joining, key: str) -> _Joining:
         """Record ``joining``, then label the node into its domain; the entry that stands is

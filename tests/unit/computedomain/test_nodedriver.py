@@ -149,12 +149,15 @@ async def test_prepare_waits_for_the_daemon_then_says_what_it_waits_for(tmp_path
     api = FakeApi()
     api.domain("team", "train", UID, ready=False)
     driver = _driver(api, tmp_path, ready_wait=0.05)
+    await driver.prepare([_claim("d", "daemon-0", namespace="dra")])  # its pod starts
     [result] = (await driver.prepare([_claim("w", "channel-0")])).values()
     assert isinstance(result, Exception)
     assert "IMEX daemon of compute domain team/train on node n0 is not ready" in str(result)
     assert "node n0: NotReady" in str(result)
     assert api.labels == {LABEL: UID}  # joined: that is what starts the daemon
-    assert not (tmp_path / "cdi").exists() or not list((tmp_path / "cdi").iterdir())
+    assert [p.name for p in (tmp_path / "cdi").iterdir()] == [
+        "k8s.compute-domain.gpu.dra.dev-claim_uid-d.json"  # the daemon's only
+    ]
     # Still allocated: the node stays in the domain while the kubelet tries again.
     await driver.allocated({"uid-w": frozenset({"channel-0"})})
     assert api.labels == {LABEL: UID}
@@ -341,6 +344,7 @@ async def test_a_restarted_driver_knows_the_node_joined_for_a_waiting_prepare(
     api = FakeApi()
     api.domain("team", "train", UID, ready=False)
     driver = _driver(api, tmp_path, ready_wait=0.05)
+    await driver.prepare([_claim("d", "daemon-0", namespace="dra")])  # its pod starts
     waited = await driver.prepare([_claim("w", "channel-0")])
     assert "is not ready after" in str(waited["uid-w"])
     assert api.labels == {LABEL: UID}
@@ -508,3 +512,26 @@ async def test_a_binding_condition_the_api_server_failed_is_set_again(
     await asyncio.wait_for(_settled(driver), 5)
     assert [(c, t) for c, t, _ in late.conditions] == [("w", "IMEXDaemonFailed")]
     assert [r for r, _ in late.events] == ["IMEXDaemonFailed"]  # one Event, not one a try
+
+
+async def test_prepare_does_not_wait_for_a_daemon_whose_claim_is_not_prepared_here(
+    tmp_path: Path,
+) -> None:
+    """Without binding conditions (and after a reboot) the kubelet prepares the channel while
+    the node's daemon pod has still to start. That pod's claim is prepared by this plugin,
+    under the node lock the waiting prepare holds: waiting could only end in the timeout, and
+    held the daemon's own prepare (and every other call of the node) back for 30 s."""
+    api = FakeApi()
+    api.domain("team", "train", UID, ready=None)  # the node's daemon has not started
+    driver = _driver(api, tmp_path, ready_wait=30)
+    [result] = (await asyncio.wait_for(driver.prepare([_claim("w", "channel-0")]), 5)).values()
+    assert isinstance(result, Exception)
+    assert "its claim is not prepared on node n0 yet" in str(result)
+    assert "the kubelet tries again" in str(result)
+    assert api.labels == {LABEL: UID}  # joined: that is what starts the daemon
+    # The daemon's claim is prepared (its pod starts): the next prepare waits for it.
+    [daemon] = (await driver.prepare([_claim("d", "daemon-0", namespace="dra")])).values()
+    assert not isinstance(daemon, Exception), daemon
+    api.domain("team", "train", UID, ready=True)
+    [result] = (await driver.prepare([_claim("w", "channel-0")])).values()
+    assert not isinstance(result, Exception), result
