@@ -30,7 +30,7 @@ from dra_driver.computedomain.channels import (
 )
 from dra_driver.computedomain.imexconfig import host_configs
 from dra_driver.computedomain.nodedevices import imex_devices
-from dra_driver.computedomain.nodedriver import ImexDriver
+from dra_driver.computedomain.nodedriver import API_FAILURES, ImexDriver
 from dra_driver.computedomain.nodelabel import node_path
 from dra_driver.events import post_event
 from dra_driver.gpu.discovery.base import discover_async
@@ -43,9 +43,14 @@ from dra_driver.kubeletplugin.plugin import Plugin, PluginConfig
 from dra_driver.procdevices import char_major
 from dra_driver.resourceslice.controller import SliceController
 from dra_driver.resourceslice.pool import DesiredPool, SliceContent
+from dra_driver.resourceslice.rawapi import raise_for_status
 from dra_driver.settings import Settings, SettingsError
 
 log = structlog.get_logger(__name__)
+
+#: Seconds between tries of the node's clique label: the first wait, doubling up to the cap.
+LABEL_RETRY_FIRST = 1.0
+LABEL_RETRY_CAP = 30.0
 
 
 def _proc_texts(driver_root: Path, relative: str) -> Iterator[str]:
@@ -107,12 +112,23 @@ def desired_pool(names: ApiNames, node: str, clique: str | None, binding: bool) 
 
 
 async def _label_clique(client: KubeClient, node: str, clique: str) -> None:
+    """Label the node with its clique, trying until it lands: the domain's other daemons
+    peer only with daemons on nodes labelled with their clique, so without the label this
+    node's daemon is left out of their nodes configs and the domain never gets ready here."""
     patch = {"metadata": {"labels": {CLIQUE_LABEL: clique}}}
-    response = await client.request(
-        "PATCH", node_path(node), body=patch, content_type="application/merge-patch+json"
-    )
-    if not response.ok:
-        log.error("labelling the node's clique failed", node=node, status=response.status)
+    delay = LABEL_RETRY_FIRST
+    while True:
+        try:
+            response = await client.request(
+                "PATCH", node_path(node), body=patch, content_type="application/merge-patch+json"
+            )
+            raise_for_status(response, verb="patch", resource="nodes", name=node)
+            return
+        except API_FAILURES as exc:
+            error = str(exc) or type(exc).__name__
+        log.error("labelling the node's clique failed", node=node, error=error, retry_in=delay)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, LABEL_RETRY_CAP)
 
 
 async def _report_host_imex(
@@ -202,10 +218,10 @@ async def run_compute_domain_plugin(settings: Settings) -> int:
         on_registered=registered,
     )
     try:
-        if clique:
-            await _label_clique(client, node, clique)
         await _report_host_imex(client, settings.driver_root, node, names.driver)
         async with plugin, asyncio.TaskGroup() as group:
+            # Tried until it lands, while the plugin serves (its claims need no label).
+            loops = [group.create_task(_label_clique(client, node, clique))] if clique else []
             await slices.set_pool(pool)
 
             async def locked(work: Callable[[], Awaitable[None]]) -> None:
@@ -218,7 +234,7 @@ async def run_compute_domain_plugin(settings: Settings) -> int:
             watcher = BindingWatcher(
                 client, driver, driver_name=names.driver, pool=node, locked=locked
             )
-            loops = [group.create_task(slices.run()), group.create_task(watcher.run())]
+            loops += [group.create_task(slices.run()), group.create_task(watcher.run())]
             await stop.wait()
             for task in loops:
                 task.cancel()

@@ -244,3 +244,47 @@ def test_the_chart_lets_a_daemon_read_nodes_and_change_nothing() -> None:
     for verb in ("patch", "update", "create", "delete"):
         assert not rbac.allows(Attributes(verb, "", "nodes", "", "", "n0")), verb
         assert not rbac.allows(Attributes(verb, "", "pods", "", NAMESPACE, "imex-n0")), verb
+
+
+# -- the node's clique label -----------------------------------------------------------------
+
+
+class _FlakyNodeApi:
+    """The API server fails the first patches of the Node (away, or throttling a rack of
+    plugins starting at once after a power cycle)."""
+
+    def __init__(self, failures: list[str]) -> None:
+        self.failures = failures
+        self.labels: dict[str, str] = {}
+        self.patches = 0
+
+    async def request(self, method: str, path: str, **kw: Any) -> Any:
+        from dra_driver.kube import Response
+
+        assert (method, path) == ("PATCH", "/api/v1/nodes/n0")
+        self.patches += 1
+        if self.failures:
+            failure = self.failures.pop(0)
+            if failure == "connection":
+                import aiohttp
+
+                raise aiohttp.ClientConnectionError("connection refused")
+            return Response(int(failure), {}, b'{"message": "try again later"}')
+        self.labels.update(kw["body"]["metadata"]["labels"])
+        return Response(200, {}, b"{}")
+
+
+@pytest.mark.parametrize("failures", [["503"], ["429", "connection", "500"]])
+async def test_the_clique_label_is_set_even_if_the_api_server_fails_at_first(
+    monkeypatch: pytest.MonkeyPatch, failures: list[str]
+) -> None:
+    """The domain's other daemons peer only with daemons on nodes labelled with their clique:
+    a label never set leaves this node's daemon out of their nodes configs, so the domain
+    never becomes ready there (was: one try, its failure only logged)."""
+    from dra_driver.computedomain import nodelaunch
+
+    monkeypatch.setattr(nodelaunch, "LABEL_RETRY_FIRST", 0.01)
+    api = _FlakyNodeApi(list(failures))
+    await asyncio.wait_for(nodelaunch._label_clique(api, "n0", "c.1"), 5)  # type: ignore[arg-type]
+    assert api.labels == {CLIQUE_LABEL: "c.1"}
+    assert api.patches == len(failures) + 1
