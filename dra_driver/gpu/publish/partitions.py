@@ -97,13 +97,51 @@ def _overlap(a: Placement, b: Placement) -> bool:
     return a.start < b.start + b.size and b.start < a.start + a.size
 
 
+#: Engines a GPU instance holds for itself (its slices already bound SMs and memory).
+PARTITIONED_ENGINES: tuple[str, ...] = (
+    "copy-engines",
+    "decoders",
+    "encoders",
+    "jpeg-engines",
+    "ofa-engines",
+)
+
+
+def engine_totals(gpu: Gpu) -> dict[str, int] | None:
+    """The engines MIG can hand out on ``gpu``: those of the GPU instance that spans every
+    memory slice (``7g.80gb``); None when ``gpu.mig_profiles`` lacks it (--mig-profiles).
+
+    Media extension profiles of different sizes (an A30's ``1g.6gb+me`` and ``2g.12gb+me``,
+    or ``+me.all`` beside ``1g``) each allow one instance, yet exclude each other only
+    because the GPU has one JPEG or OFA engine, or so many decoders: this is that limit.
+    """
+    span = gpu.mig_memory_slices or memory_slices(gpu)
+    full = [
+        p for p in gpu.mig_profiles if any(x.start == 0 and x.size >= span for x in p.placements)
+    ]
+    if not full:
+        return None
+    widest = max(full, key=lambda p: p.slice_count)
+    fields = dict(ENGINE_COUNTERS)
+    return {name: int(getattr(widest, fields[name])) for name in PARTITIONED_ENGINES}
+
+
 def valid_layouts(gpu: Gpu) -> Iterator[tuple[PlacementSpec, ...]]:
-    """Every set of placements the GPU can hold at once (no overlap, per-profile limits).
+    """Every set of placements the GPU can hold at once: no overlap, per-profile limits,
+    and no more of an engine than the GPU has (:func:`engine_totals`).
 
     A GPU has at most a few dozen placements on 8 memory slices, so a depth-first search
     over them is small (a few hundred layouts for A100 and H100).
     """
     specs = placements(gpu)
+    limits = engine_totals(gpu) or {}
+    fields = dict(ENGINE_COUNTERS)
+
+    def engines_fit(chosen: tuple[PlacementSpec, ...], cand: PlacementSpec) -> bool:
+        return all(
+            sum(int(getattr(s.profile, fields[name])) for s in (*chosen, cand)) <= limit
+            for name, limit in limits.items()
+        )
 
     def extend(i: int, chosen: tuple[PlacementSpec, ...]) -> Iterator[tuple[PlacementSpec, ...]]:
         yield chosen
@@ -113,6 +151,8 @@ def valid_layouts(gpu: Gpu) -> Iterator[tuple[PlacementSpec, ...]]:
             if same >= cand.profile.instance_count:
                 continue
             if any(_overlap(c.placement, cand.placement) for c in chosen):
+                continue
+            if not engines_fit(chosen, cand):
                 continue
             yield from extend(j + 1, (*chosen, cand))
 
@@ -124,8 +164,9 @@ def counter_capacity(gpu: Gpu) -> dict[str, int]:
 
     Engine capacities are the most any valid layout uses (at least the whole GPU's own
     multiprocessors and memory), so the counters never refuse a layout the hardware accepts.
-    Where a profile's extra engines exist only once (the OFA of ``+me`` profiles), the
-    capacity is that one engine, which makes a second ``+me`` instance impossible.
+    Valid layouts hold no more of an engine than the GPU has, so where a profile's extra
+    engines exist only once (the OFA of ``+me`` profiles), the capacity is that one engine,
+    which makes a second ``+me`` instance impossible, of the same profile or another.
     """
     shape = gpu.model_copy(
         update={

@@ -160,3 +160,60 @@ def test_whole_gpu_taints_apply_to_its_placements() -> None:
     pool = build_catalog(inventory, dynamic=True).pool("n1", "gpu.dra.dev", {"gpu-0": [taint]})
     devices = [d for s in pool.slices for d in s.devices]
     assert devices and all(d["taints"] == [taint] for d in devices)
+
+
+# An A30 (R525+ drivers): 4 memory slices, one JPEG and one OFA engine, and two media
+# extension profiles that each take both (NVIDIA's MIG user guide, "A30 MIG Profiles").
+A30_NODE = """
+driverVersion: "580.95.05"
+cudaDriverVersion: "13.0"
+products:
+  - name: NVIDIA A30
+    brand: Nvidia
+    architecture: Ampere
+    computeCapability: "8.0"
+    memoryMiB: 24576
+    multiprocessors: 56
+    migProfiles:
+      - {name: 1g.6gb, id: 14, nvmlIndex: 0, slices: 1, instances: 4, memoryMiB: 5952,
+         sm: 14, ce: 1, dec: 0, enc: 0, jpeg: 0, ofa: 0, placements: "0,1,2,3:1"}
+      - {name: 1g.6gb+me, id: 21, nvmlIndex: 7, slices: 1, instances: 1, memoryMiB: 5952,
+         sm: 14, ce: 1, dec: 1, enc: 0, jpeg: 1, ofa: 1, placements: "0,1,2,3:1"}
+      - {name: 2g.12gb, id: 5, nvmlIndex: 1, slices: 2, instances: 2, memoryMiB: 11968,
+         sm: 28, ce: 2, dec: 2, enc: 0, jpeg: 0, ofa: 0, placements: "0,2:2"}
+      - {name: 2g.12gb+me, id: 6, nvmlIndex: 8, slices: 2, instances: 1, memoryMiB: 11968,
+         sm: 28, ce: 2, dec: 2, enc: 0, jpeg: 1, ofa: 1, placements: "0,2:2"}
+      - {name: 4g.24gb, id: 0, nvmlIndex: 3, slices: 4, instances: 1, memoryMiB: 24000,
+         sm: 56, ce: 4, dec: 4, enc: 0, jpeg: 1, ofa: 1, placements: "0:4"}
+gpus:
+  - {product: NVIDIA A30, pciBusId: "0000:1b:00.0"}
+"""
+
+
+def test_media_extension_profiles_of_different_sizes_never_fit_together(
+    tmp_path: Path,
+) -> None:
+    """The A30's 1g.6gb+me and 2g.12gb+me both take its only JPEG and OFA engine: each allows
+    one instance, and they exclude each other. Their placements do not overlap, so only the
+    engine counters can keep the scheduler from allocating both (NVML refuses the second)."""
+    path = tmp_path / "a30.yaml"
+    path.write_text(A30_NODE)
+    gpu = _gpu(str(path))
+    one_me, two_me = _by(gpu, "1g.6gb+me", 0), _by(gpu, "2g.12gb+me", 2)
+    assert not fits(gpu, [one_me, two_me])
+    assert not any({one_me, two_me} <= set(layout) for layout in valid_layouts(gpu))
+    # Each beside plain profiles still fits, as does the whole GPU's worth of them.
+    assert fits(gpu, [one_me, _by(gpu, "1g.6gb", 1), _by(gpu, "2g.12gb", 2)])
+    assert fits(gpu, [two_me, _by(gpu, "2g.12gb", 0)])
+    assert fits(gpu, [_by(gpu, "1g.6gb", s) for s in range(4)])
+    assert counter_capacity(gpu)["ofa-engines"] == 1
+    assert counter_capacity(gpu)["jpeg-engines"] == 1
+
+
+@pytest.mark.parametrize("profile", ["dgx-a100", "dgx-h100", "gb200"])
+def test_seven_1g_instances_fit_on_every_built_in_product(profile: str) -> None:
+    # The engine limit is the full GPU instance's: a product whose 7g holds fewer engines
+    # than seven 1g instances together would make the counters refuse a layout NVML allows.
+    gpu = _gpu(profile)
+    smallest = min(gpu.mig_profiles, key=lambda p: (p.slice_count, p.memory_bytes, "+" in p.name))
+    assert fits(gpu, [_by(gpu, smallest.name, start) for start in range(7)])
