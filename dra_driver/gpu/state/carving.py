@@ -230,6 +230,19 @@ class Carver:
         return kept
 
 
+def record_of(gpu_uuid: str, inst: Instance) -> MigRecord:
+    """The record naming a GPU instance of GPU ``gpu_uuid`` and its MIG device."""
+    return MigRecord(
+        gpu_uuid=gpu_uuid,
+        profile_id=inst.profile_id,
+        profile=inst.device.profile_name if inst.device else "",
+        start=inst.placement.start,
+        size=inst.placement.size,
+        gpu_instance_id=inst.gpu_instance_id,
+        compute_instance_id=inst.device.compute_instance_id if inst.device else None,
+    )
+
+
 def names(mig: MigRecord, inst: Instance) -> bool:
     """Whether a record names this GPU instance, so that it may destroy it: by the id recorded
     when it was created (and its placement), or, with no id recorded, at its placement with no

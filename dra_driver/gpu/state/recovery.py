@@ -21,7 +21,7 @@ from dra_driver.gpu.sharing import mps as mpsplan
 from dra_driver.gpu.sharing.backend import SharingError
 from dra_driver.gpu.sharing.manager import SharingManager
 from dra_driver.gpu.state import checkpoint
-from dra_driver.gpu.state.carving import Carver
+from dra_driver.gpu.state.carving import Carver, record_of
 from dra_driver.gpu.state.checkpoint import (
     CheckpointData,
     ClaimRecord,
@@ -188,10 +188,16 @@ def _device_records(
         alloc = next((r for r in api.results if r.device == name), None) if api else None
         uuid = spec.uuids[i] if i < len(spec.uuids) else ""
         mig = mig_record(entry.placement) if entry.placement else None
-        inst = carver.find(entry.gpu, uuid) if mig else None
+        inst = carver.find(entry.gpu, uuid) if mig or entry.partitioned else None
         if mig is not None and inst is not None and inst.device is not None:
             mig.gpu_instance_id = inst.gpu_instance_id
             mig.compute_instance_id = inst.device.compute_instance_id
+        # A share of a GPU's MIG slices names the GPU, its spec the MIG device it became:
+        # without this record of it, the share would hold the whole GPU and its unprepare
+        # would leave the MIG device behind.
+        shared_slices = entry.partitioned and share_id is not None
+        if shared_slices and inst is not None and inst.device is not None:
+            mig = record_of(entry.gpu.uuid, inst)
         records.append(
             DeviceRecord(
                 request_names=[alloc.request] if alloc else [],
@@ -202,6 +208,8 @@ def _device_records(
                 uuid=uuid,
                 sharing="admin" if alloc and alloc.admin else None,
                 mig=mig,
+                # A share, as its spec says; what the scheduler counted is not known here.
+                consumed_capacity={} if shared_slices else None,
             )
         )
     return records

@@ -24,7 +24,7 @@ from dra_driver.gpu.publish.mig_capacity import (
 from dra_driver.gpu.publish.profiles import published_inventory
 from dra_driver.gpu.state.checkpoint import ClaimState
 from dra_driver.gpu.state.device_state import ClaimError, DeviceState
-from dra_driver.gpu.state.evidence import Evidence
+from dra_driver.gpu.state.evidence import Allocated, ClaimInUse, Evidence
 from dra_driver.gpu.state.planner import CarveError, NoPlacementError
 from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare
 
@@ -41,7 +41,12 @@ def _h100() -> Gpu:
     return _inventory().gpus[0]
 
 
-def _state(tmp_path: Path, profile: str = SINGLE_H100, mig_profiles: str = "") -> DeviceState:
+def _state(
+    tmp_path: Path,
+    profile: str = SINGLE_H100,
+    mig_profiles: str = "",
+    evidence: Evidence | None = None,
+) -> DeviceState:
     # As the agent wires it: the MIG backend knows every profile, the catalogue the chosen.
     inventory = _inventory(profile)
     return DeviceState(
@@ -52,7 +57,7 @@ def _state(tmp_path: Path, profile: str = SINGLE_H100, mig_profiles: str = "") -
         state_dir=tmp_path / "plugin",
         boot_id="boot-1",
         mig=SimulatedMig(tmp_path / "plugin" / SIMULATED_STATE_FILE, inventory),
-        evidence=Evidence(specs={}, api={}),
+        evidence=Evidence(specs={}, api={}) if evidence is None else evidence,
         mig_layout=CAPACITY,
     )
 
@@ -297,3 +302,35 @@ def test_a_profile_at_its_instance_limit_is_no_placement_not_a_failed_gpu(
     out = state.prepare([_claim("c", _share("c1", 1, 1), _share("c2", 1, 1))])
     assert isinstance(out["c"], NoPlacementError), out
     assert _instances(tmp_path) == [(6, 1)]
+
+
+@pytest.mark.parametrize("api", ["up", "down"])
+def test_a_lost_checkpoint_rebuilds_shares_as_their_mig_devices(tmp_path: Path, api: str) -> None:
+    """A checkpoint lost under running pods is rebuilt from the CDI specs. A share's spec
+    names the capacity device (gpu-0) and the MIG device's UUID: the rebuilt record must be
+    that MIG device, a share of the GPU, not the whole GPU. Else every other share of the
+    GPU is refused ("held whole") while the pod runs, and its unprepare leaves the MIG
+    device behind, its slices lost to the scheduler's later allocations."""
+    state = _state(tmp_path)
+    state.prepare([_claim("a", _share("a", 1, 1)), _claim("b", _share("b", 3, 4))])
+    assert _instances(tmp_path) == [(0, 4), (6, 1)]
+    (tmp_path / "plugin" / "checkpoint.json").unlink()
+    evidence = Evidence(specs={}, api=None)
+    if api == "up":
+        evidence = Evidence(
+            specs={},
+            api={
+                uid: ClaimInUse(
+                    uid, "ns", f"claim-{uid}", (Allocated("mig", "gpu-0", f"share-{uid}"),), True
+                )
+                for uid in ("a", "b")
+            },
+        )
+    again = _state(tmp_path, evidence=evidence)
+    assert _instances(tmp_path) == [(0, 4), (6, 1)]
+    out = again.prepare([_claim("c", _share("c", 1, 1))])
+    assert isinstance(out["c"], list), out
+    assert _instances(tmp_path) == [(0, 4), (5, 1), (6, 1)]
+    refs = [ClaimRef("ns", f"claim-{uid}", uid) for uid in ("a", "b", "c")]
+    assert again.unprepare(refs) == {"a": None, "b": None, "c": None}
+    assert _instances(tmp_path) == []
