@@ -126,6 +126,42 @@ class Carver:
             )
         return None
 
+    def adopt(self, claims: Iterable[ClaimRecord]) -> bool:
+        """Make the MIG devices that claims prepared without dynamic MIG hold (the GPU's
+        layout before it was turned on) dynamic MIG's: their records name them by GPU
+        instance from now on, so the last claim's unprepare destroys them, as it does those
+        dynamic MIG made. Left with no record, they would block their placements, the ones
+        overlapping them and the whole GPU until a restart. Whether a record changed."""
+        assert self._mig is not None
+        # MIG device UUIDs start with "MIG-" (whole GPUs' with "GPU-"): no NVML call for
+        # a node whose claims hold no MIG device without a record of it.
+        plain = [
+            d for rec in claims for d in rec.devices if d.mig is None and d.uuid.startswith("MIG-")
+        ]
+        if not plain:
+            return False
+        found = {
+            inst.device.uuid: (gpu, inst)
+            for gpu in self._gpus.values()
+            if gpu.mig.capable
+            for inst in self._mig.list(gpu)
+            if inst.device is not None
+        }
+        changed = False
+        for rec in plain:
+            if rec.uuid not in found:
+                continue  # a whole GPU, or a MIG device gone since
+            gpu, inst = found[rec.uuid]
+            rec.mig = record_of(gpu.uuid, inst)
+            log.info(
+                "MIG device held since before dynamic MIG: it goes with its last claim",
+                gpu=gpu.uuid,
+                uuid=rec.uuid,
+                gpu_instance=inst.gpu_instance_id,
+            )
+            changed = True
+        return changed
+
     def find(self, gpu: Gpu, uuid: str) -> Instance | None:
         """The GPU instance whose MIG device has ``uuid``, if it exists."""
         if self._mig is None:

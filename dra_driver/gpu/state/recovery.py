@@ -83,7 +83,8 @@ def start(
         keep_daemons=daemons_in_specs(evidence, sharing.mps_root),
     )
     evidence = evidence.without(dropped)
-    if dropped or rebooted or not file.path.exists():
+    adopted = carver.enabled and carver.adopt(data.claims.values())
+    if dropped or rebooted or adopted or not file.path.exists():
         # The file must name this boot: a later write that fails is undone by reading the
         # file again, and a file of another boot is never read back (memory would stay
         # ahead of the disk, answering a retry prepared for a claim nothing records).

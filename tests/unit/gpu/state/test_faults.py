@@ -397,6 +397,28 @@ def test_unprepare_after_dynamic_mig_was_turned_off_keeps_the_device(tmp_path: P
     assert len(_instances(tmp_path)) == 1  # nothing can destroy it without dynamic MIG
 
 
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_mig_device_held_since_before_dynamic_mig_goes_with_its_claim(
+    tmp_path: Path, restart: bool
+) -> None:
+    """Dynamic MIG turned on (a helm upgrade) while a pod uses a MIG device of the GPU's
+    static layout: the device stays while its claim does; when the claim is unprepared, it
+    goes as one dynamic MIG made would. Left behind, no record named it any more and the
+    scheduler, which counts its placement free, kept allocating that placement (refused as
+    "made by hand"), overlapping ones and the whole GPU, all failing, until a restart."""
+    static_3g = "gpu-0-mig-3g40gb-9-0"
+    assert isinstance(_static(tmp_path).prepare([_claim("a", static_3g)])["a"], list)
+    dynamic = _dynamic_state(tmp_path, "mixed", _in_use(("a", static_3g)))
+    assert [(i["profileId"], i["start"]) for i in _instances(tmp_path)][:1] == [(9, 0)]
+    if restart:  # the checkpoint written at start-up says what the device is
+        dynamic = _dynamic_state(tmp_path, "mixed", _in_use(("a", static_3g)))
+    assert dynamic.unprepare([_ref("a")]) == {"a": None}
+    assert not [i for i in _instances(tmp_path) if i["start"] == 0 and i["profileId"] == 9]
+    assert isinstance(dynamic.prepare([_claim("b", static_3g)])["b"], list)
+    assert dynamic.unprepare([_ref("b")]) == {"b": None}
+    assert isinstance(dynamic.prepare([_claim("c", "gpu-0-mig-4g40gb-5-0")])["c"], list)
+
+
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_a_claim_whose_unprepare_was_cut_short_is_prepared_again_with_its_spec(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dynamic: bool
