@@ -106,6 +106,14 @@ class SpecOnDisk:
     cdi_names: tuple[str, ...]  # the CDI device names, ``<uid>-<device>[-<shareID>]``
     uuids: tuple[str, ...]  # NVIDIA_VISIBLE_DEVICES, one per device
     host_paths: tuple[str, ...]  # mounted host paths (the MPS pipe and shm directories)
+    #: (CDI device name, host paths its own edits mount): the MPS clients among the devices.
+    device_mounts: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def mounting(self, host_path: str) -> frozenset[str] | None:
+        """The CDI devices whose own edits mount ``host_path``; None when the claim's edits
+        mount it (specs of older versions mounted MPS directories claim-wide)."""
+        devices = frozenset(name for name, paths in self.device_mounts if host_path in paths)
+        return devices or None
 
 
 def read_specs(cdi_root: Path, prefix: str) -> dict[str, SpecOnDisk]:
@@ -140,7 +148,8 @@ def read_specs(cdi_root: Path, prefix: str) -> dict[str, SpecOnDisk]:
 def parse_spec(uid: str, doc: Any) -> SpecOnDisk:
     """Pick a claim's devices, UUIDs and mounts out of its CDI spec JSON."""
     doc = doc if isinstance(doc, Mapping) else {}
-    names = tuple(str(d.get("name")) for d in doc.get("devices") or () if isinstance(d, Mapping))
+    devices = [d for d in doc.get("devices") or () if isinstance(d, Mapping)]
+    names = tuple(str(d.get("name")) for d in devices)
     edits = doc.get("containerEdits")
     edits = edits if isinstance(edits, Mapping) else {}
     uuids: tuple[str, ...] = ()
@@ -149,19 +158,26 @@ def parse_spec(uid: str, doc: Any) -> SpecOnDisk:
             uuids = tuple(u for u in env[len(VISIBLE_DEVICES) :].split(",") if u)
     # MPS directories are mounted by the devices that use the daemon (claim-wide in specs
     # of older versions): every mount of the spec counts, each host path once.
-    all_edits = [edits] + [
-        d.get("containerEdits") for d in doc.get("devices") or () if isinstance(d, Mapping)
-    ]
-    mounts = tuple(
-        dict.fromkeys(
-            str(m.get("hostPath"))
-            for e in all_edits
-            if isinstance(e, Mapping)
-            for m in e.get("mounts") or ()
-            if isinstance(m, Mapping) and m.get("hostPath")
-        )
+    device_mounts = tuple((str(d.get("name")), _mounted(d.get("containerEdits"))) for d in devices)
+    mounts = tuple(dict.fromkeys(p for _, paths in device_mounts for p in paths))
+    return SpecOnDisk(
+        uid=uid,
+        cdi_names=names,
+        uuids=uuids,
+        host_paths=tuple(dict.fromkeys((*_mounted(edits), *mounts))),
+        device_mounts=tuple((name, paths) for name, paths in device_mounts if paths),
     )
-    return SpecOnDisk(uid=uid, cdi_names=names, uuids=uuids, host_paths=mounts)
+
+
+def _mounted(edits: Any) -> tuple[str, ...]:
+    """The host paths a CDI ``containerEdits`` object mounts."""
+    if not isinstance(edits, Mapping):
+        return ()
+    return tuple(
+        str(m.get("hostPath"))
+        for m in edits.get("mounts") or ()
+        if isinstance(m, Mapping) and m.get("hostPath")
+    )
 
 
 def device_of(cdi_name: str, uid: str, known: Iterable[str]) -> tuple[str, str | None] | None:

@@ -237,7 +237,16 @@ def _mps_records(
                 device.mps = mpsplan.to_record(daemon)
     own = mpsplan.claim_daemon_id(uid)
     if own in mounted:
-        uuids = [d.uuid for d in record.devices if d.uuid and d.sharing != "admin"]
+        # The daemon serves the devices that asked for MPS: those whose CDI devices mount its
+        # pipe (any but admin access where the spec mounted it claim-wide).
+        clients = spec.mounting(str(mpsplan.daemon_for(mps_root, own, []).pipe_dir))
+        uuids = [
+            d.uuid
+            for d in record.devices
+            if d.uuid
+            and d.sharing != "admin"
+            and (clients is None or d.cdi_device_ids[0].partition("=")[2] in clients)
+        ]
         record.mps = mpsplan.to_record(mpsplan.daemon_for(mps_root, own, uuids))
 
 

@@ -55,3 +55,22 @@ def test_a_prepared_claims_dead_daemon_is_restarted_when_its_next_pod_comes(
     daemon = sim.read().mps["m"]
     assert daemon.state == "running" and daemon.starts == 2
     assert daemon.active_thread_percentage == 40 and daemon.pinned_memory == {"0": "8192M"}
+
+
+def test_a_recovered_claims_daemon_serves_only_the_gpus_that_asked_for_mps(
+    tmp_path: Path,
+) -> None:
+    """A claim with an exclusive GPU and an MPS GPU: its daemon serves the MPS GPU alone.
+    Rebuilt from the claim's CDI spec after the checkpoint is lost, the record must name
+    the same GPUs, or a daemon started again for it would take the exclusive GPU too."""
+    sim = SimulatedSharing(tmp_path / "sim.json")
+    state = _mps_state(tmp_path, sim)
+    mps_second = [{**MPS[0], "requests": ["req1"]}]
+    prepared = state.prepare([_claim("m", "gpu-3", "gpu-2", config=mps_second)])
+    assert isinstance(prepared["m"], list)
+    served = sim.read().mps["m"].uuids
+    assert len(served) == 1
+    (tmp_path / "plugin" / "checkpoint.json").unlink()
+    restarted = _mps_state(tmp_path, sim)
+    record = restarted.prepared_claims()["m"]
+    assert record.mps is not None and record.mps.uuids == served
