@@ -173,6 +173,9 @@ class Gpu(_Model):
     # dra_driver.gpu.publish.mig_capacity.totals.
     mig_compute_slices: int | None = Field(default=None, ge=1)
     mig_memory_slices: int | None = Field(default=None, ge=1)
+    # The profile spanning the whole GPU (7g.80gb) when mig_profiles leaves it out: its
+    # engines bound every MIG layout (dra_driver.gpu.publish.partitions.engine_totals).
+    mig_full_profile: MigProfile | None = None
     mig_devices: tuple[MigDevice, ...] = ()
     fabric: Fabric = Fabric()
 

@@ -107,21 +107,28 @@ PARTITIONED_ENGINES: tuple[str, ...] = (
 )
 
 
-def engine_totals(gpu: Gpu) -> dict[str, int] | None:
-    """The engines MIG can hand out on ``gpu``: those of the GPU instance that spans every
-    memory slice (``7g.80gb``); None when ``gpu.mig_profiles`` lacks it (--mig-profiles).
-
-    Media extension profiles of different sizes (an A30's ``1g.6gb+me`` and ``2g.12gb+me``,
-    or ``+me.all`` beside ``1g``) each allow one instance, yet exclude each other only
-    because the GPU has one JPEG or OFA engine, or so many decoders: this is that limit.
+def full_profile(gpu: Gpu) -> MigProfile | None:
+    """The MIG profile whose GPU instance spans every memory slice (``7g.80gb``): the widest
+    such in ``gpu.mig_profiles``, else the one --mig-profiles left out (``mig_full_profile``).
     """
     span = gpu.mig_memory_slices or memory_slices(gpu)
     full = [
         p for p in gpu.mig_profiles if any(x.start == 0 and x.size >= span for x in p.placements)
     ]
-    if not full:
+    return max(full, key=lambda p: p.slice_count) if full else gpu.mig_full_profile
+
+
+def engine_totals(gpu: Gpu) -> dict[str, int] | None:
+    """The engines MIG can hand out on ``gpu``: those of the GPU instance that spans every
+    memory slice (:func:`full_profile`); None when the GPU lists no such profile.
+
+    Media extension profiles of different sizes (an A30's ``1g.6gb+me`` and ``2g.12gb+me``,
+    or ``+me.all`` beside ``1g``) each allow one instance, yet exclude each other only
+    because the GPU has one JPEG or OFA engine, or so many decoders: this is that limit.
+    """
+    widest = full_profile(gpu)
+    if widest is None:
         return None
-    widest = max(full, key=lambda p: p.slice_count)
     fields = dict(ENGINE_COUNTERS)
     return {name: int(getattr(widest, fields[name])) for name in PARTITIONED_ENGINES}
 

@@ -49,12 +49,14 @@ def restrict_profiles(inventory: Inventory, names: Collection[str]) -> Inventory
     Each MIG-capable GPU keeps the slice totals of its full profile list
     (:func:`~dra_driver.gpu.publish.mig_capacity.totals`): the chosen profiles need not span
     the GPU, and by MIG capacity a GPU is published with, and prepared against, all its slices.
+    It keeps the profile spanning it too, whose engines bound every layout.
 
     Names no GPU of the node supports are logged, not refused: one DaemonSet setting serves
     nodes with different GPU models (an A100's 1g.5gb is an H100's 1g.10gb).
     """
     # Here, not at the top: start-up checks --mig-profiles before it loads the models.
     from dra_driver.gpu.publish.mig_capacity import totals
+    from dra_driver.gpu.publish.partitions import full_profile
 
     if not names:
         return inventory
@@ -69,7 +71,11 @@ def restrict_profiles(inventory: Inventory, names: Collection[str]) -> Inventory
         }
         if gpu.mig_profiles:
             whole = totals(gpu)
-            update |= {"mig_compute_slices": whole.compute, "mig_memory_slices": whole.memory}
+            update |= {
+                "mig_compute_slices": whole.compute,
+                "mig_memory_slices": whole.memory,
+                "mig_full_profile": full_profile(gpu),
+            }
         gpus.append(gpu.model_copy(update=update))
     return inventory.model_copy(update={"gpus": tuple(gpus)})
 

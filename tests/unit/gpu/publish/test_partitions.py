@@ -217,3 +217,22 @@ def test_seven_1g_instances_fit_on_every_built_in_product(profile: str) -> None:
     gpu = _gpu(profile)
     smallest = min(gpu.mig_profiles, key=lambda p: (p.slice_count, p.memory_bytes, "+" in p.name))
     assert fits(gpu, [_by(gpu, smallest.name, start) for start in range(7)])
+
+
+def test_media_extension_profiles_exclude_each_other_without_the_whole_gpus_profile(
+    tmp_path: Path,
+) -> None:
+    """--mig-profiles may leave out the profile spanning the GPU (4g.24gb on an A30), whose
+    engines bound every layout: the bound must stay, or both +me profiles are allocated."""
+    from dra_driver.gpu.publish.profiles import restrict_profiles
+
+    path = tmp_path / "a30.yaml"
+    path.write_text(A30_NODE)
+    inventory = build_inventory(load_profile(str(path)), "n1")
+    chosen = {"1g.6gb", "1g.6gb+me", "2g.12gb", "2g.12gb+me"}
+    (gpu,) = restrict_profiles(inventory, chosen).gpus
+    assert {p.name for p in gpu.mig_profiles} == chosen
+    one_me, two_me = _by(gpu, "1g.6gb+me", 0), _by(gpu, "2g.12gb+me", 2)
+    assert not fits(gpu, [one_me, two_me])
+    assert fits(gpu, [one_me, _by(gpu, "1g.6gb", 1), _by(gpu, "2g.12gb", 2)])
+    assert counter_capacity(gpu)["ofa-engines"] == 1
