@@ -140,7 +140,10 @@ class _Coalescer:
         me = _Waiter(kind, items)
         self._queue.append(me)
         try:
-            if not self._lock.locked():  # the usual call: nobody to be batched by
+            # The usual call: nobody to be batched by. A free lock alone is not enough: a
+            # call queued before us may not have begun waiting for it yet, and taking it
+            # here would run us ahead of that call.
+            if len(self._queue) == 1 and not self._lock.locked():
                 return await self._turn(me)
             # Queued behind others: a batch that takes this call along answers it before the
             # lock comes round (an unprepare runs ahead of prepares queued before it), and

@@ -162,3 +162,33 @@ async def test_a_call_answered_by_a_batch_returns_without_waiting_for_the_lock()
     assert "d" in await asyncio.wait_for(tasks[2], 1.0)
     slow_release.set()
     await asyncio.gather(first, *tasks)
+
+
+async def test_a_prepare_taking_a_freed_lock_waits_for_an_unprepare_queued_before_it() -> None:
+    # The unprepare of "d" queues while the lock is held; in the same turn of the loop the
+    # running driver call returns (freeing the lock) and the prepare of "d" finishes its
+    # claim read. The unprepare has not begun waiting for the lock yet, but it came first:
+    # the prepare must not take the free lock ahead of it (its device may be the one the
+    # unprepare frees).
+    recorder = _Recorder()
+    coalescer = _Coalescer(
+        NodeLock(None),
+        {"prepare": recorder.call("prepare"), "unprepare": recorder.call("unprepare")},
+        {"prepare": str, "unprepare": str},
+        overtakes="unprepare",
+    )
+    first = asyncio.create_task(coalescer.run("prepare", ["first"]))
+    await recorder.started.wait()
+    fetched = asyncio.Event()
+
+    async def prepare_after_its_claim_read() -> Mapping[str, Any]:
+        await fetched.wait()
+        return await coalescer.run("prepare", ["d"])
+
+    prepare = asyncio.create_task(prepare_after_its_claim_read())
+    await asyncio.sleep(0)
+    unprepare = asyncio.create_task(coalescer.run("unprepare", ["d"]))
+    recorder.release.set()
+    fetched.set()
+    await asyncio.gather(first, unprepare, prepare)
+    assert recorder.batches[1:] == [("unprepare", ["d"]), ("prepare", ["d"])]
