@@ -20,7 +20,8 @@ log = structlog.get_logger(__name__)
 
 #: Advertised in PluginInfo.supported_versions when a health source is configured.
 HEALTH_VERSIONS = ("v1alpha1.DRAResourceHealth", "v1.DRAResourceHealth")
-#: The kubelet truncates longer messages; doing it here keeps the marker predictable.
+#: The kubelet truncates longer messages; doing it here keeps the marker predictable. It
+#: counts UTF-8 bytes (Go's len) and would cut a multi-byte character in two.
 MAX_MESSAGE_LEN = 1024
 _ELLIPSIS = "..."
 #: How long the kubelet trusts a device's health when ``health_check_timeout_seconds`` is 0;
@@ -32,10 +33,13 @@ REFRESHES_PER_TIMEOUT = 3
 
 
 def truncate_message(message: str) -> str:
-    """Cap a health message at ``MAX_MESSAGE_LEN`` characters, marking the cut with '...'."""
-    if len(message) <= MAX_MESSAGE_LEN:
+    """Cap a health message at ``MAX_MESSAGE_LEN`` UTF-8 bytes, marking the cut with '...'."""
+    data = message.encode()
+    if len(data) <= MAX_MESSAGE_LEN:
         return message
-    return message[: MAX_MESSAGE_LEN - len(_ELLIPSIS)] + _ELLIPSIS
+    # Cut at a character boundary: "ignore" drops the bytes of a character split in two.
+    head = data[: MAX_MESSAGE_LEN - len(_ELLIPSIS)].decode(errors="ignore")
+    return head + _ELLIPSIS
 
 
 class HealthServicer:

@@ -126,3 +126,13 @@ async def test_a_stream_with_nothing_new_refreshes_the_kubelet_before_its_health
         assert time.monotonic() - started < 0.6
         call.cancel()
     assert _flatten(again) == _flatten(first) == [(NODE, "gpu-0", h1_pb2.UNHEALTHY, "XID 79")]
+
+
+@pytest.mark.parametrize("text", ["é" * 600, "温度" * 400, "x" + "€" * 1023])
+def test_a_non_ascii_message_fits_the_kubelets_byte_limit(text: str) -> None:
+    """The kubelet caps a message at 1024 bytes (Go's len), not characters: a longer one it
+    cuts mid-character, and the pod's status shows a broken character and no marker."""
+    cut = truncate_message(text).encode()
+    assert len(cut) <= MAX_MESSAGE_LEN
+    assert cut.endswith(b"...")
+    assert text.startswith(cut.decode()[:-3])  # valid UTF-8, a prefix of the message
