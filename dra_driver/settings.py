@@ -18,6 +18,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -211,6 +212,18 @@ class Settings(BaseModel):
         # specs would mount paths the runtime refuses.
         if not value.is_absolute():
             raise ValueError("must be an absolute path")
+        return value
+
+    @field_validator("health_port")
+    @classmethod
+    def _not_the_metrics_port(cls, value: int, info: ValidationInfo) -> int:
+        # One port for both binds the metrics, publishes, then fails to bind the health
+        # service with an "address in use" that names neither setting.
+        if value and value == info.data.get("metrics_port"):
+            raise ValueError(
+                f"{value} is also --metrics-port (DRA_METRICS_PORT): give them different "
+                "ports, or 0 to turn one off"
+            )
         return value
 
     @model_validator(mode="before")

@@ -318,3 +318,46 @@ def test_a_relative_driver_root_is_refused(variable: str) -> None:
     with pytest.raises(SettingsError, match=rf"^{variable}: must be an absolute path"):
         _resolve({variable: "run/nvidia/driver"})
     assert _resolve({variable: "/run/nvidia/driver"}) is not None
+
+
+def _ports(environ: dict[str, str], *argv: str) -> Any:
+    from dra_driver.settings import add_arguments, from_namespace
+
+    fields = ["metrics_port", "health_port"]
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, fields)
+    return from_namespace(parser.parse_args(list(argv)), fields, environ)
+
+
+@pytest.mark.parametrize(
+    ("environ", "argv", "source"),
+    [
+        ({"DRA_METRICS_PORT": "9100", "DRA_HEALTH_PORT": "9100"}, (), "DRA_HEALTH_PORT"),
+        ({}, ("--metrics-port=51515",), "--health-port"),
+    ],
+)
+def test_metrics_and_health_on_one_port_are_refused_naming_both(
+    environ: dict[str, str], argv: tuple[str, ...], source: str
+) -> None:
+    """Otherwise the agent publishes, then stops at the second bind with "cannot listen"."""
+    from dra_driver.settings import SettingsError
+
+    with pytest.raises(SettingsError, match=rf"^{source}: .*--metrics-port") as caught:
+        _ports(environ, *argv)
+    assert "\n" not in str(caught.value)
+    # Off is no port: both 0, or one of them, is fine.
+    assert _ports({"DRA_METRICS_PORT": "0", "DRA_HEALTH_PORT": "0"}).health_port == 0
+    assert _ports({"DRA_METRICS_PORT": "9100", "DRA_HEALTH_PORT": "9101"}).health_port == 9101
+
+
+@pytest.mark.parametrize("value", ["bogus", "index:x", "gpu:0"])
+def test_a_bad_shared_gpus_value_names_its_flag(
+    capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    """As --mig-profiles and --node-overhead do: an admin who set DRA_SHARED_GPUS (the
+    chart's features.sharedGpus) finds which setting to fix."""
+    args = ["slices", "--backend", "simulated", "--profile", "l4x4", "--node-name", "x"]
+    assert main([*args, "--shared-gpus", value]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dra-driver slices: error: --shared-gpus: "), err
+    assert "\n" not in err

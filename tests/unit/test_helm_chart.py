@@ -464,3 +464,23 @@ def test_update_strategy_is_one_the_api_server_accepts(
     # ValidateRollingUpdateDaemonSet: not both non-zero, and not both zero.
     assert zero.count(False) <= 1
     assert not rolling or zero.count(True) <= 1
+
+
+def test_health_and_metrics_ports_differ() -> None:
+    """The agent refuses one port for both (--health-port, --metrics-port): so does the chart,
+    at install instead of in a crash-looping pod."""
+    assert "metrics.port" in render_error("healthPort=8080")
+    assert "metrics.port" in render_error("metrics.port=51515")
+    e = env(render(healthPort=8080, **{"metrics.enabled": "false"}))
+    assert e["DRA_HEALTH_PORT"] == "8080" and e["DRA_METRICS_PORT"] == "0"
+    e = env(render(healthPort=0, **{"metrics.port": "0"}))
+    assert e["DRA_HEALTH_PORT"] == e["DRA_METRICS_PORT"] == "0"
+
+
+def test_a_simulated_backend_needs_a_profile() -> None:
+    """The agent refuses --backend simulated without --profile, and says so only after it has
+    reached the API server: the schema refuses it at install."""
+    message = render_error("discovery.backend=simulated")
+    assert "/discovery/profile" in message, message
+    e = env(render(**{"discovery.backend": "simulated", "discovery.profile": "l4x4"}))
+    assert e["DRA_BACKEND"] == "simulated" and e["DRA_PROFILE"] == "l4x4"

@@ -117,7 +117,7 @@ def test_bad_shared_gpus_ends_the_start_after_the_bind_and_leaves_no_socket(
     err = capsys.readouterr().err
     assert "kubelet plugin started" in err and "Traceback" not in err
     assert err.splitlines()[-1] == (
-        "dra-driver run: error: shared GPUs: 'index:x': indices are whole numbers"
+        "dra-driver run: error: --shared-gpus: 'index:x': indices are whole numbers"
     )
     assert not list(tmp_path.glob("**/*.sock"))
     assert not list(tmp_path.glob("**/checkpoint.json"))

@@ -65,10 +65,10 @@ def parse_selection(text: str) -> Selection:
         kind, sep, values = term.partition(":")
         items = [v.strip() for v in values.split(",") if v.strip()] if sep else []
         if not items:
-            raise SelectionError(f"shared GPUs: {term!r} is not a term of: {SYNTAX}")
+            raise SelectionError(f"--shared-gpus: {term!r} is not a term of: {SYNTAX}")
         if kind == "index":
             if not all(i.isdigit() for i in items):
-                raise SelectionError(f"shared GPUs: {term!r}: indices are whole numbers")
+                raise SelectionError(f"--shared-gpus: {term!r}: indices are whole numbers")
             selection = dataclasses.replace(
                 selection, indices=selection.indices | {int(i) for i in items}
             )
@@ -80,5 +80,5 @@ def parse_selection(text: str) -> Selection:
                 selection, models=(*selection.models, *(m.lower() for m in items))
             )
         else:
-            raise SelectionError(f"shared GPUs: unknown term {kind!r}; use {SYNTAX}")
+            raise SelectionError(f"--shared-gpus: unknown term {kind!r}; use {SYNTAX}")
     return selection
