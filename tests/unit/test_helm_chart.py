@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_manifests import CHART, Obj, by_key, run, slice_policy, tool
+from tests.unit.test_manifests import CHART, ROOT, Obj, by_key, run, slice_policy, tool
 
 CLUSTER_SCOPED = {
     "Namespace",
@@ -475,6 +475,20 @@ def test_health_and_metrics_ports_differ() -> None:
     assert e["DRA_HEALTH_PORT"] == "8080" and e["DRA_METRICS_PORT"] == "0"
     e = env(render(healthPort=0, **{"metrics.port": "0"}))
     assert e["DRA_HEALTH_PORT"] == e["DRA_METRICS_PORT"] == "0"
+
+
+def test_upgrades_in_the_docs_take_the_new_charts_defaults() -> None:
+    """``helm upgrade --reuse-values`` renders the new chart with the old chart's defaults: a
+    value the new chart adds is missing, and its DRA_* variable renders empty, which the agent
+    refuses (a number) or reads as another setting (an empty DRA_IGNORED_XIDS ignores no Xid).
+    The docs' upgrades use --reset-then-reuse-values: the new defaults, then the release's own."""
+    docs = [ROOT / "README.md", CHART / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    for path in docs:
+        # Commands continued with a backslash are one command.
+        text = path.read_text().replace("\\\n", " ")
+        for line in text.splitlines():
+            if "helm upgrade" in line:
+                assert "--reuse-values" not in line, f"{path.name}: {line.strip()}"
 
 
 def test_a_simulated_backend_needs_a_profile() -> None:
