@@ -30,9 +30,8 @@ class _Recorder:
         return run
 
 
-async def _batches(calls: Sequence[tuple[str, str]]) -> list[tuple[str, list[str]]]:
-    """The driver calls made for ``calls`` (kind, claim), queued in that order behind a
-    running prepare of claim ``first``."""
+async def _behind_a_prepare() -> tuple[_Recorder, _Coalescer, asyncio.Task[Any]]:
+    """A coalescer running a prepare of claim ``first`` until the recorder is released."""
     recorder = _Recorder()
     coalescer = _Coalescer(
         NodeLock(None),
@@ -42,6 +41,13 @@ async def _batches(calls: Sequence[tuple[str, str]]) -> list[tuple[str, list[str
     )
     first = asyncio.create_task(coalescer.run("prepare", ["first"]))
     await recorder.started.wait()
+    return recorder, coalescer, first
+
+
+async def _batches(calls: Sequence[tuple[str, str]]) -> list[tuple[str, list[str]]]:
+    """The driver calls made for ``calls`` (kind, claim), queued in that order behind a
+    running prepare of claim ``first``."""
+    recorder, coalescer, first = await _behind_a_prepare()
     queued = []
     for kind, uid in calls:
         queued.append(asyncio.create_task(coalescer.run(kind, [uid])))
@@ -170,15 +176,7 @@ async def test_a_prepare_taking_a_freed_lock_waits_for_an_unprepare_queued_befor
     # claim read. The unprepare has not begun waiting for the lock yet, but it came first:
     # the prepare must not take the free lock ahead of it (its device may be the one the
     # unprepare frees).
-    recorder = _Recorder()
-    coalescer = _Coalescer(
-        NodeLock(None),
-        {"prepare": recorder.call("prepare"), "unprepare": recorder.call("unprepare")},
-        {"prepare": str, "unprepare": str},
-        overtakes="unprepare",
-    )
-    first = asyncio.create_task(coalescer.run("prepare", ["first"]))
-    await recorder.started.wait()
+    recorder, coalescer, first = await _behind_a_prepare()
     fetched = asyncio.Event()
 
     async def prepare_after_its_claim_read() -> Mapping[str, Any]:
