@@ -41,6 +41,10 @@ async def post_event(
     """Create a core/v1 Event about an object (of ``api_version``; by default a Node's or
     the resource API's); failures are logged, never raised."""
     now = resourceapi.api_time()
+    if kind == "Node" and not uid:
+        # `kubectl describe node` finds a Node's Events by involvedObject.uid, the node's
+        # name by the kubelet's convention: one without a uid is never shown there.
+        uid = name
     event_ns = namespace or "default"  # events about cluster-scoped objects live in default
     body = {
         "apiVersion": "v1",
