@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -40,6 +41,9 @@ WRITE_DELAY = 0.5
 MAX_BACKOFF = 30.0
 #: Failed attempts of one claim's write before a warning says it is still being tried.
 WARN_AFTER = 6
+#: Seconds before the same prepare failure of a claim is posted as an Event again: the
+#: kubelet retries a failed prepare every few seconds while the pod waits.
+EVENT_REPEAT = 600.0
 
 
 class DeviceStatus(NamedTuple):
@@ -142,6 +146,8 @@ class ClaimReporter:
         #: attempts have failed in a row (the backoff); a newer update replaces the write.
         self._retries: dict[str, _Retry] = {}
         self._failures: dict[str, int] = {}
+        #: (claim UID, message) -> when its Event was posted, for those within EVENT_REPEAT.
+        self._events: dict[tuple[str, str], float] = {}
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -200,7 +206,14 @@ class ClaimReporter:
         return len(self._pending) + len(self._retries)
 
     def prepare_failed(self, ref: ClaimRef, message: str) -> None:
-        """A Warning event on the claim, so ``kubectl describe`` shows why."""
+        """A Warning event on the claim, so ``kubectl describe`` shows why (the same failure
+        once per :data:`EVENT_REPEAT`)."""
+        now, key = time.monotonic(), (ref.uid, message)
+        last = self._events.get(key)
+        if last is not None and now - last < EVENT_REPEAT:
+            return
+        self._events = {k: t for k, t in self._events.items() if now - t < EVENT_REPEAT}
+        self._events[key] = now
         task = asyncio.create_task(
             post_event(
                 self._client,

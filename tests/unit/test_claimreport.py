@@ -539,3 +539,37 @@ async def test_a_write_cut_short_by_shutdown_is_written_by_flush() -> None:
         await reporter.flush(5.0)
     assert reporter.pending == 0
     assert [s["path"] for s in server.seen] == [path, path]
+
+
+async def test_a_claim_failing_the_same_way_on_every_kubelet_retry_gets_one_event() -> None:
+    """The kubelet calls prepare again every few seconds while a pod waits: one Event per
+    call (each a new object, count 1) flooded the namespace and `kubectl describe`. The same
+    failure of the same claim is posted again only after EVENT_REPEAT; another is at once."""
+    import asyncio
+    import json
+
+    from dra_driver import claimreport
+    from dra_driver.claimreport import ClaimReporter
+    from tests.unit.kubeserver import plain_client, serve
+
+    async def posted() -> list[tuple[str, str]]:
+        await asyncio.sleep(0.1)
+        bodies = [json.loads(s["body"]) for s in server.seen]
+        return [(b["involvedObject"]["uid"], b["message"]) for b in bodies]
+
+    a, b = ClaimRef("ns", "a", "ua"), ClaimRef("ns", "b", "ub")
+    async with serve() as server, plain_client(server) as client:
+        server.json("POST", "/api/v1/namespaces/ns/events", 201, {})
+        reporter = ClaimReporter(client, "gpu.dra.dev", "node-1")
+        for _ in range(5):
+            reporter.prepare_failed(a, "no such GPU")
+        reporter.prepare_failed(b, "no such GPU")
+        reporter.prepare_failed(a, "config invalid")
+        assert sorted(await posted()) == [
+            ("ua", "config invalid"),
+            ("ua", "no such GPU"),
+            ("ub", "no such GPU"),
+        ]
+        reporter._events[("ua", "no such GPU")] -= claimreport.EVENT_REPEAT  # time passed
+        reporter.prepare_failed(a, "no such GPU")
+        assert len(await posted()) == 4
