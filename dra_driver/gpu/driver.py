@@ -80,6 +80,8 @@ class GpuDriver:
         self.on_carve_failed = on_carve_failed
         self.on_no_placement = on_no_placement
         self._short = InlineRunner()
+        # The claims a previous run prepared: counted from the start, not the first call.
+        metrics.PREPARED_CLAIMS.set(state.prepared_count())
 
     async def prepare(self, claims: Sequence[ClaimToPrepare]) -> Mapping[str, PrepareResult]:
         """Prepare a batch of claims."""
