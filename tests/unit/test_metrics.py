@@ -77,24 +77,12 @@ async def test_prepared_claims_after_a_restart_count_the_claims_still_prepared(
 ) -> None:
     """The gauge was set only after a kubelet call: an agent restarted on a node with
     running pods reported 0 prepared claims until the next prepare or unprepare."""
-    from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
     from dra_driver.gpu.driver import GpuDriver
-    from dra_driver.gpu.state.device_state import DeviceState
-    from dra_driver.kubeletplugin.interfaces import ClaimRef, ClaimToPrepare
+    from tests.unit.gpu.state.test_state import _claim, _state
 
-    def state() -> DeviceState:
-        return DeviceState(
-            inventory=SimulatedDiscovery("mixed", "node-1").discover(),
-            driver_name="gpu.dra.dev",
-            node_name="node-1",
-            cdi_root=tmp_path / "cdi",
-            state_dir=tmp_path / "plugin",
-            boot_id="boot-1",
-        )
-
-    result = {"request": "r", "driver": "gpu.dra.dev", "pool": "node-1", "device": "gpu-2"}
-    claim = ClaimToPrepare(ClaimRef("ns", "c", "u1"), {}, (result,), ())
-    assert isinstance((await GpuDriver(state()).prepare([claim]))["u1"], list)
+    assert isinstance(
+        (await GpuDriver(_state(tmp_path)).prepare([_claim("u1", "gpu-2")]))["u1"], list
+    )
     metrics.PREPARED_CLAIMS.set(0)  # a new process
-    GpuDriver(state())
+    GpuDriver(_state(tmp_path))
     assert _sample("dra_driver_prepared_claims") == 1
