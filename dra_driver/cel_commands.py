@@ -130,7 +130,11 @@ def _match_inputs(settings: Settings, ns: argparse.Namespace) -> dict[str, Any]:
     inputs: dict[str, Any] = asyncio.run(_cluster_inputs(settings, ns)) if needs_cluster else {}
     try:
         if _is_file(ns.device_class):
-            inputs["class"] = sources.load_one(ns.device_class, ("DeviceClass",))
+            file_classes = sources.load_all(ns.device_class, ("DeviceClass",))
+            inputs["class"] = file_classes[0]
+            # A file may hold several (manifests/base/deviceclasses.yaml): each request of the
+            # claim looks its own up among them, as the scheduler looks it up in the cluster.
+            inputs["classes"] = [*inputs.get("classes", []), *file_classes]
         if _is_file(ns.claim):
             inputs["claim"] = sources.load_one(ns.claim, ("ResourceClaim", "ResourceClaimTemplate"))
         if ns.slices:

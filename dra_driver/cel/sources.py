@@ -54,12 +54,17 @@ def _flatten(docs: Iterable[Any]) -> Iterable[JSON]:
             yield doc
 
 
+def load_all(path: str | Path, kinds: tuple[str, ...]) -> list[JSON]:
+    """Every object of one of ``kinds`` in a file, in file order; at least one."""
+    found = [obj for obj in load_objects(path) if obj.get("kind") in kinds]
+    if not found:
+        raise SourceError(f"{path}: no {' or '.join(kinds)} found")
+    return found
+
+
 def load_one(path: str | Path, kinds: tuple[str, ...]) -> JSON:
     """The first object of one of ``kinds`` in a file."""
-    for obj in load_objects(path):
-        if obj.get("kind") in kinds:
-            return obj
-    raise SourceError(f"{path}: no {' or '.join(kinds)} found")
+    return load_all(path, kinds)[0]
 
 
 def slice_file_devices(path: str | Path) -> list[Device]:

@@ -243,6 +243,36 @@ def test_match_command_claim_file(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "error" in out and "no such key: nosuch" in out
 
 
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_match_command_finds_each_requests_class_in_a_file_of_classes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--class manifests/base/deviceclasses.yaml`` (as the README has it) holds three classes:
+    each request is judged with its own, as the scheduler does, not only with the first."""
+    classes = str(ROOT / "manifests" / "base" / "deviceclasses.yaml")
+    mig = str(ROOT / "examples" / "mig-1g10gb" / "mig-1g10gb.yaml")
+    assert run(MATCH, "--class", classes, "--claim", mig, "--profile", "mixed", "-o", "json") == 0
+    (only,) = json.loads(capsys.readouterr().out)["sets"]
+    assert only["label"] == "request mig (class mig.gpu.dra.dev)"
+    # The class leaves the whole GPUs out (no match); the request's selector alone would fail
+    # on them ("no such key: profile"), which the scheduler never reports.
+    verdicts = {d["device"]: d["verdict"] for d in only["devices"]}
+    assert verdicts["gpu-2"] == verdicts["gpu-3"] == "no match"
+    assert sorted(d for d, v in verdicts.items() if v == "match") == [
+        "gpu-0-mig-1g10gb-19-6",
+        "gpu-1-mig-1g10gb-19-4",
+        "gpu-1-mig-1g10gb-19-5",
+    ]
+    # No GPU of the mixed node is shared: the shared class matches nothing there.
+    shared = str(ROOT / "examples" / "shared-gpu-memory" / "shared-gpu-memory.yaml")
+    assert run(MATCH, "--class", classes, "--claim", shared, "--profile", "mixed") == 4
+    assert "request gpu (class shared.gpu.dra.dev): 0 of 8 device(s) match" in (
+        capsys.readouterr().out
+    )
+
+
 def test_match_command_input_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert run(MATCH, "--profile", "l4x4") == 2
     bad = tmp_path / "bad.yaml"
