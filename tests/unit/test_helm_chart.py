@@ -10,6 +10,7 @@ renders in tests/e2e/test_manifests_e2e.py.
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -417,6 +418,44 @@ def test_compat_nvidia_renders_the_nvidia_drivers_classes_and_name() -> None:
     assert not [n for n in names if n.startswith("extended.")]
     assert "DRA_COMPAT" not in env(render())
     assert "/compat" in render_error("compat=amd")
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{}, {"compat": "nvidia"}, {"driverName": "gpu2.example.com"}],
+    ids=["default", "compat", "driver-name"],
+)
+def test_notes_name_the_device_classes_the_chart_renders(
+    tmp_path: Path, values: dict[str, str]
+) -> None:
+    """What ``helm install`` prints tells users which classes to claim: they must exist."""
+    # helm template does not render NOTES.txt: render its text as a ConfigMap's data instead.
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    notes = (chart / "templates" / "NOTES.txt").read_text()
+    (chart / "templates" / "_notes_under_test.tpl").write_text(
+        '{{- define "notes-under-test" -}}\n' + notes + "\n{{- end }}\n"
+    )
+    (chart / "templates" / "notes-under-test.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes-under-test\n"
+        'data:\n  notes: {{ include "notes-under-test" . | toJson }}\n'
+    )
+    argv: list[str | Path] = [tool("helm"), "template", "x", chart]
+    for k, v in values.items():
+        argv += ["--set", f"{k}={v}"]
+    objects = by_key(run(*argv))
+    (rendered,) = [
+        o for o in kind(objects, "ConfigMap") if o["metadata"]["name"] == "notes-under-test"
+    ]
+    found = re.search(
+        r"DeviceClass (\S+)\s+\(whole GPUs\) or (\S+) \(MIG devices\)", rendered["data"]["notes"]
+    )
+    assert found, rendered["data"]["notes"]
+    classes = {o["metadata"]["name"]: o for o in kind(objects, "DeviceClass")}
+    for name, device_type in zip(found.groups(), ("gpu", "mig"), strict=True):
+        assert name in classes, f"NOTES name {name}; the chart renders {sorted(classes)}"
+        (selector,) = classes[name]["spec"]["selectors"]
+        assert selector["cel"]["expression"].endswith(f'.type == "{device_type}"')
 
 
 @pytest.mark.parametrize(

@@ -88,6 +88,16 @@ gpu.nvidia.com
 {{- end -}}
 {{- end }}
 
+{{/* The MIG DeviceClass: the NVIDIA DRA driver's mig.nvidia.com with compat: nvidia, else
+mig.<driverName>. */}}
+{{- define "dra-driver.migClassName" -}}
+{{- if eq (toString .Values.compat) "nvidia" -}}
+mig.nvidia.com
+{{- else -}}
+mig.{{ include "dra-driver.driverName" . }}
+{{- end -}}
+{{- end }}
+
 {{/* ComputeDomains (computeDomains.enabled). The names of the mode, as
 dra_driver/computedomain/api.py states them: the API group of ComputeDomain objects, the DRA
 driver name the node's IMEX devices are published under, and the DeviceClass names of its
