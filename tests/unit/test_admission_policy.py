@@ -355,6 +355,30 @@ def test_examples_have_opaque_configs() -> None:
     assert len(EXAMPLES) >= 2
 
 
+def test_the_time_slicing_example_says_a_mistake_is_refused_when_created(policy: Simulated) -> None:
+    """Its README tells users what a mistake in the config does. With the policy (on by default
+    in the chart and the kustomize base) creating the template fails, naming the field; the
+    pod never gets to ContainerCreating, which only happens without the policy."""
+    (params,) = [p for p in EXAMPLES if p["sharing"]["strategy"] == "TimeSlicing"]
+    sharing = params["sharing"]
+    unknown_interval = {
+        **params,
+        "sharing": {**sharing, "timeSlicingConfig": {"interval": "Forever"}},
+    }
+    misspelt = {
+        **params,
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfg": {"interval": "Long"}},
+    }
+    for mistake, field in ((unknown_interval, "interval"), (misspelt, "timeSlicingConfg")):
+        message = policy.admit(template(mistake), "resourceclaimtemplates")
+        assert message is not None and field in message, message
+    readme = " ".join((ROOT / "examples" / "time-slicing" / "README.md").read_text().split())
+    assert "creating the ResourceClaimTemplate is refused" in readme
+    assert "opaqueConfigPolicy.enabled=false" in readme  # where the old behaviour still holds
+    comment = (ROOT / "examples" / "time-slicing" / "time-slicing.yaml").read_text()
+    assert "only the driver reads and validates it" not in comment
+
+
 def test_configs_of_other_drivers_and_claims_without_configs_pass(policy: Simulated) -> None:
     assert policy.admit(claim({"sharng": 1}, driver="other.example.com")) is None
     assert policy.admit({"spec": {"devices": {"requests": [{"name": "gpu"}]}}}) is None
