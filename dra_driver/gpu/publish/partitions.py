@@ -253,7 +253,7 @@ def dynamic_layout(inventory: Inventory, shared: Collection[str] = ()) -> Dynami
     GPUs in ``shared`` (UUIDs of GPUs shared by memory) are published whole, without
     placements: see :mod:`dra_driver.gpu.sharing.shared_gpus`.
 
-    One GPU's group holds its whole-GPU device plus all its placements (20 on an H100),
+    One GPU's group holds its whole-GPU device plus all its placements (25 on an H100),
     well within the 64-device limit for slices whose devices consume counters.
     """
     sets: list[JSON] = []
