@@ -28,6 +28,7 @@ import structlog
 
 from dra_driver.gpu.discovery.base import DiscoveryError
 from dra_driver.gpu.discovery.nvmllib import (
+    NvmlCallError,
     error_code,
     nvml_call,
     nvml_call_unless,
@@ -112,6 +113,9 @@ _CORES_PER_SM_MAJOR: dict[int, int] = {
 # Architectures after these keep 128 FP32 lanes per SM so far; a guess beats reporting 0.
 _CORES_PER_SM_DEFAULT = 128
 
+#: NVML errors that mean one GPU cannot be reached, not that discovery cannot work.
+_UNREACHABLE = (pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_NO_PERMISSION)
+
 _PCI_ROOT = re.compile(r"^pci[0-9a-f]{4,8}:[0-9a-f]{2}$")
 _NVML_MIG_PREFIX = "MIG "
 
@@ -191,9 +195,18 @@ class NvmlDiscovery:
         driver = nvml_text(nvml_call(pynvml.nvmlSystemGetDriverVersion, where=where))
         cuda = int(nvml_call(pynvml.nvmlSystemGetCudaDriverVersion, where=where))
         count = int(nvml_call(pynvml.nvmlDeviceGetCount, where=where))
-        gpus = tuple(self._gpu(index) for index in range(count))
+        gpus: list[Gpu] = []
+        for index in range(count):
+            try:
+                gpus.append(self._gpu(index))
+            except NvmlCallError as exc:
+                # A GPU that fell off the bus (or that this process may not open, which
+                # nvmlDeviceGetCount still counts) is left out; the others are published.
+                if exc.code not in _UNREACHABLE:
+                    raise
+                log.warning("GPU left out of the inventory: NVML cannot reach it", error=str(exc))
         return Inventory(
-            driver_version=driver, cuda_driver_version=cuda_version_string(cuda), gpus=gpus
+            driver_version=driver, cuda_driver_version=cuda_version_string(cuda), gpus=tuple(gpus)
         )
 
     # -- one GPU ---------------------------------------------------------------------------
@@ -281,9 +294,7 @@ class NvmlDiscovery:
                 if code == pynvml.NVML_ERROR_NOT_SUPPORTED:
                     return Fabric()
                 if code not in (*unsupported, pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH):
-                    raise DiscoveryError(
-                        f"NVML call nvmlDeviceGetGpuFabricInfoV failed for {where}: {exc}"
-                    ) from None
+                    raise NvmlCallError("nvmlDeviceGetGpuFabricInfoV", where, exc) from None
             else:
                 return fabric_from_nvml(
                     int(info.state), int(info.status), bytes(info.clusterUuid), int(info.cliqueId)

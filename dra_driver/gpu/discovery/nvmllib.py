@@ -32,12 +32,20 @@ def error_code(exc: Exception) -> int:
     return int(getattr(exc, "value", -1))
 
 
+class NvmlCallError(DiscoveryError):
+    """An NVML call failed; ``code`` is NVML's error code (e.g. ``NVML_ERROR_GPU_IS_LOST``)."""
+
+    def __init__(self, call: str, where: str, exc: pynvml.NVMLError) -> None:
+        super().__init__(f"NVML call {call} failed for {where}: {exc}")
+        self.code = error_code(exc)
+
+
 def nvml_call(fn: Callable[..., T], *args: Any, where: str) -> T:
-    """Run one NVML call; any NVML error becomes a one-line :class:`DiscoveryError`."""
+    """Run one NVML call; any NVML error becomes a one-line :class:`NvmlCallError`."""
     try:
         return fn(*args)
     except pynvml.NVMLError as exc:
-        raise DiscoveryError(f"NVML call {fn.__name__} failed for {where}: {exc}") from None
+        raise NvmlCallError(fn.__name__, where, exc) from None
 
 
 def nvml_call_unless(
@@ -49,7 +57,7 @@ def nvml_call_unless(
     except pynvml.NVMLError as exc:
         if error_code(exc) in codes:
             return None
-        raise DiscoveryError(f"NVML call {fn.__name__} failed for {where}: {exc}") from None
+        raise NvmlCallError(fn.__name__, where, exc) from None
 
 
 class NvmlInitError(DiscoveryError):

@@ -562,3 +562,45 @@ def test_fake_creates_and_destroys_gpu_instances(mixed: FakeNode) -> None:
     records = [line for line in original.splitlines() if not line.startswith("#")]
     assert mixed.data.read_text().splitlines() == records
     assert mixed.discover() == mixed.inventory
+
+
+# -- a GPU fallen off the bus ------------------------------------------------------------
+
+_LOSE_GPU_1 = """
+import sys, pynvml
+from dra_driver.gpu.discovery.nvml import NvmlDiscovery
+seen = {"index": -1}
+by_index = pynvml.nvmlDeviceGetHandleByIndex
+def handle(index):
+    seen["index"] = index
+    return by_index(index)
+pynvml.nvmlDeviceGetHandleByIndex = handle
+call = getattr(pynvml, sys.argv[1])
+def lost(*args):
+    if (args[0] if call is handle else seen["index"]) == 1:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+    return call(*args)
+setattr(pynvml, sys.argv[1], lost)
+print(NvmlDiscovery().discover().model_dump_json())
+"""
+
+
+@pytest.mark.parametrize(
+    "call", ["nvmlDeviceGetHandleByIndex", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetGpuFabricInfoV"]
+)
+def test_a_lost_gpu_does_not_hide_the_others(mixed: FakeNode, call: str) -> None:
+    # NVML answers GPU_IS_LOST for a GPU that fell off the bus (nvidia-smi shows it as
+    # "Unable to determine the device handle ... GPU is lost" and lists the rest).
+    result = subprocess.run(
+        [sys.executable, "-c", _LOSE_GPU_1, call],
+        env=mixed.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    got = Inventory.model_validate_json(result.stdout.splitlines()[-1])
+    assert list(got.gpus) == [g for g in mixed.inventory.gpus if g.index != 1]
+    warnings = [line for line in result.stdout.splitlines() if "GPU is lost" in line]
+    assert len(warnings) == 1 and "GPU 1" in warnings[0], result.stdout
