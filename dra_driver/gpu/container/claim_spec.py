@@ -100,7 +100,12 @@ def _mps_edits(
     # order), numbered from 0: the limits are keyed by that number, not the claim index.
     served: list[str] = []
     limits: dict[int, int] = {}
+    # The scheduler counted each share's compute against the GPU's 100: a claim's shares add
+    # up, and one without a limit (0) leaves the claim's clients unlimited.
+    shares = [d.share for d in devices if d.share is not None]
     percentage: int | None = None
+    if shares and all(s.thread_percentage for s in shares):
+        percentage = min(100, sum(s.compute_percent or 0 for s in shares))
 
     def client_ordinal(uuid: str) -> int:
         if uuid not in served:
@@ -113,7 +118,6 @@ def _mps_edits(
             # one GPU add up).
             ordinal = client_ordinal(device.uuid)
             limits[ordinal] = limits.get(ordinal, 0) + device.share.memory_bytes
-            percentage = device.share.thread_percentage or percentage
             continue
         if device.strategy != "MPS":
             continue

@@ -290,3 +290,24 @@ def test_model_list_is_not_one_silent_substring() -> None:
         by_minor[2].uuid,
         by_minor[3].uuid,
     }
+
+
+def test_shares_of_one_gpu_in_one_claim_add_up_their_compute(tmp_path: Path) -> None:
+    """The scheduler counts each share's compute against the GPU's 100: a claim holding shares
+    of 30 and 40 was given 70, as its memory limit is the sum of its shares' memory. A share
+    with no compute limit (0) leaves the claim's clients unlimited."""
+    sim = SimulatedSharing(tmp_path / "sim.json")
+    state, _ = _state(tmp_path, sim)
+
+    def two(uid: str, first: str, second: str) -> ClaimToPrepare:
+        a, b = _share(uid, "10Gi", compute=first), _share(f"{uid}2", "20Gi", compute=second)
+        results = (a.results[0], {**b.results[0], "request": "gpu2"})
+        return ClaimToPrepare(ref=a.ref, claim={}, results=results, config=())
+
+    out = state.prepare([two("a", "30", "40"), two("b", "0", "20")])
+    assert isinstance(out["a"], list) and isinstance(out["b"], list)
+    env_a = json.loads(state.spec_path("a").read_text())["devices"][0]["containerEdits"]["env"]
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=30720M" in env_a
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=70" in env_a
+    env_b = json.loads(state.spec_path("b").read_text())["devices"][0]["containerEdits"]["env"]
+    assert not [e for e in env_b if "THREAD_PERCENTAGE" in e]
