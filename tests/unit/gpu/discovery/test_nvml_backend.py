@@ -84,15 +84,19 @@ class FakeNode:
         env.update(extra)
         return env
 
-    def run(self, **extra: str) -> subprocess.CompletedProcess[str]:
+    def python(self, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        """``python ARGS`` against the stand-in library and this node's data."""
         return subprocess.run(
-            [sys.executable, "-c", _DISCOVER],
+            [sys.executable, *args],
             env=self.env(**extra),
             capture_output=True,
             text=True,
             timeout=60,
             check=False,
         )
+
+    def run(self, **extra: str) -> subprocess.CompletedProcess[str]:
+        return self.python("-c", _DISCOVER, **extra)
 
     def discover(self, **extra: str) -> Inventory:
         result = self.run(**extra)
@@ -299,14 +303,7 @@ def test_each_discover_is_a_fresh_nvml_session(mixed: FakeNode) -> None:
         "except pynvml.NVMLError_Uninitialized:\n"
         "    print(json.dumps(a == b))\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        env=mixed.env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = mixed.python("-c", script)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "true"
 
@@ -542,14 +539,7 @@ print(json.dumps(out))
 
 def test_fake_creates_and_destroys_gpu_instances(mixed: FakeNode) -> None:
     original = mixed.data.read_text()
-    result = subprocess.run(
-        [sys.executable, "-c", _CREATE_DESTROY],
-        env=mixed.env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = mixed.python("-c", _CREATE_DESTROY)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {
         "created": 4,
@@ -591,14 +581,7 @@ print(NvmlDiscovery().discover().model_dump_json())
 def test_a_lost_gpu_does_not_hide_the_others(mixed: FakeNode, call: str) -> None:
     # NVML answers GPU_IS_LOST for a GPU that fell off the bus (nvidia-smi shows it as
     # "Unable to determine the device handle ... GPU is lost" and lists the rest).
-    result = subprocess.run(
-        [sys.executable, "-c", _LOSE_GPU_1, call],
-        env=mixed.env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = mixed.python("-c", _LOSE_GPU_1, call)
     assert result.returncode == 0, result.stderr
     got = Inventory.model_validate_json(result.stdout.splitlines()[-1])
     assert list(got.gpus) == [g for g in mixed.inventory.gpus if g.index != 1]
