@@ -206,6 +206,54 @@ def _update_body(existing: Mapping[str, Any], wanted: JSON, owner: NodeOwner | N
     return {**wanted, "metadata": meta}
 
 
+TaintKey = tuple[str, str, str, str]  # device name, taint key, value, effect
+
+
+def _taint_key(device: Mapping[str, Any], taint: Mapping[str, Any]) -> TaintKey:
+    return (
+        str(device.get("name") or ""),
+        str(taint.get("key") or ""),
+        str(taint.get("value") or ""),
+        str(taint.get("effect") or ""),
+    )
+
+
+def _taint_times(objs: Iterable[Mapping[str, Any]]) -> dict[TaintKey, Any]:
+    """The ``timeAdded`` of every taint the stored slices carry, by device and taint (the
+    newest generation's where a leftover of an older one holds the same device)."""
+    times: dict[TaintKey, Any] = {}
+    for obj in sorted(objs, key=_generation):
+        for device in _spec(obj).get("devices") or ():
+            if not isinstance(device, Mapping):
+                continue
+            for taint in device.get("taints") or ():
+                if isinstance(taint, Mapping) and taint.get("timeAdded"):
+                    times[_taint_key(device, taint)] = taint["timeAdded"]
+    return times
+
+
+def _keep_taint_times(wanted: JSON, times: Mapping[TaintKey, Any]) -> None:
+    """Send taints that have no ``timeAdded`` of their own with the one already stored.
+
+    The API server stamps the current time on a taint written without one, on every create
+    and update: rewriting a slice for another device's sake (or a new generation) would make
+    every taint in it look newly added, and restart the time NoExecute tolerations count from.
+    """
+    if not times:
+        return
+    for device in wanted["spec"].get("devices") or ():
+        taints = device.get("taints")
+        if not taints or all(t.get("timeAdded") for t in taints):
+            continue
+        # ``device`` is the rendered copy, its taints still the desired pool's: replace them.
+        device["taints"] = [
+            {**t, "timeAdded": times[_taint_key(device, t)]}
+            if not t.get("timeAdded") and _taint_key(device, t) in times
+            else t
+            for t in taints
+        ]
+
+
 def _is_ours(obj: Mapping[str, Any], desired: DesiredPool) -> bool:
     spec = _spec(obj)
     return spec.get("driver") == desired.driver and spec.get("nodeName") == desired.node_name
@@ -308,9 +356,11 @@ def plan(
     else:
         generation = current + 1
     result = Plan(generation=generation if count else current)
+    times = _taint_times(same_pool)
 
     for i in range(count):
         wanted = render_slice(desired, i, generation, owner, publisher)
+        _keep_taint_times(wanted, times)
         obj = assigned.get(i)
         if obj is None:
             if wanted["metadata"]["name"] not in leftovers:

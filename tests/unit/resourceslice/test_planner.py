@@ -464,3 +464,34 @@ def test_any_state_converges_to_a_consistent_pool(
         got = sorted(d["name"] for o in ours for d in o["spec"]["devices"])
         want = sorted(d["name"] for c in desired.slices for d in c.devices)
         assert got == want
+
+
+STAMPED = "2025-01-01T00:00:00Z"  # what ``stored`` stamps, as the API server would
+
+
+def test_a_rewritten_slice_keeps_the_time_the_server_stamped_on_its_taints() -> None:
+    """The API server stamps ``timeAdded`` on a taint written without one, on every create
+    and update. A slice rewritten for another device's sake, or moved to a new generation,
+    must send the stored stamp back: else its taints look newly added, and the time a
+    NoExecute toleration counts from starts over with each unrelated change."""
+    taint = {"key": f"{DRIVER}/xid", "value": "79", "effect": "NoExecute"}
+    fresh = {"key": f"{DRIVER}/gpu-lost", "effect": "NoExecute"}
+    objs = published(pool_of([device(0) | {"taints": [taint]}, device(1)], [device(2)]), 3)
+
+    # Another device of the slice changes: one update at the same generation.
+    in_place = pool_of([device(0) | {"taints": [taint, fresh]}, device(1, "40Gi")], [device(2)])
+    (body,) = plan(objs, in_place, OWNER).updates
+    assert body["spec"]["devices"][0]["taints"] == [taint | {"timeAdded": STAMPED}, fresh]
+
+    # The tainted device moves to the other slice of a new generation.
+    moved = pool_of([device(1)], [device(0) | {"taints": [taint]}, device(2)])
+    result = plan(objs, moved, OWNER)
+    assert result.generation == 4
+    (gpu0,) = [
+        d
+        for o in result.creates + result.updates
+        for d in o["spec"]["devices"]
+        if d["name"] == "gpu-0"
+    ]
+    assert gpu0["taints"] == [taint | {"timeAdded": STAMPED}]
+    assert "timeAdded" not in taint  # the desired pool is left as it was
