@@ -1,8 +1,9 @@
 """Canonical forms of ResourceSlice specs, so that what we send compares equal to what is stored.
 
-The API server re-serialises quantities (``1024Mi`` comes back as ``1Gi``), omits empty and
-false optional fields, and stamps ``timeAdded`` on device taints. Comparing raw JSON would see a
-difference on every reconcile and rewrite slices forever; comparing normalised specs does not.
+The API server re-serialises quantities (``1024Mi`` comes back as ``1Gi``), omits empty, false
+and empty-string optional fields, and stamps ``timeAdded`` on device taints. Comparing raw JSON
+would see a difference on every reconcile and rewrite slices forever; comparing normalised specs
+does not.
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ def parse_quantity(text: str) -> int | Fraction | None:
 def _is_empty(value: Any, *, keep_false: bool) -> bool:
     if value is None:
         return True
-    if value is False:
+    if value is False or value == "":
+        # The server omits false and empty optional fields (a taint's ``value``); in attributes
+        # (keep_false) a false or empty value is the attribute's value and stays.
         return not keep_false
     return isinstance(value, (dict, list)) and not value
 

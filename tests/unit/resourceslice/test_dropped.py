@@ -152,3 +152,28 @@ def test_a_refusal_for_a_feature_the_node_lacks_names_its_fields() -> None:
     )
     assert refused_paths(message) == {"devices[].nodeAllocatableResources"}
     assert refused_paths("forbidden: User cannot create resource") == frozenset()
+
+
+def test_an_empty_taint_value_the_server_omits_is_not_a_dropped_field() -> None:
+    """A taint's ``value`` is a plain string the API server omits when empty: sent as "" it
+    comes back missing. Taken for a dropped field, it was reported under an unknown feature
+    gate and then left out of every comparison, so a taint whose value changed later (another
+    Xid) was never published again. An empty string attribute is a value, and stays."""
+    taint = {"key": "gpu.dra.dev/xid", "effect": "NoSchedule"}
+    sent = {
+        "devices": [
+            {"name": "a", "attributes": {"s": {"string": ""}}, "taints": [taint | {"value": ""}]}
+        ]
+    }
+    stored = {
+        "devices": [
+            {
+                "name": "a",
+                "attributes": {"s": {"string": ""}},
+                "taints": [taint | {"timeAdded": "2025-01-01T00:00:00Z"}],
+            }
+        ]
+    }
+    assert find_dropped(sent, stored) == frozenset()
+    assert normalize_spec(sent) == normalize_spec(stored)
+    assert normalize_spec(sent)["devices"][0]["attributes"] == {"s": {"string": ""}}
