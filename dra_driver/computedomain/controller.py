@@ -243,6 +243,8 @@ class DomainController:
         self.nodes = View()
         self._pending: set[str] = set()
         self._wake = asyncio.Event()
+        #: Domains with a retry scheduled: one each, however many rounds failed meanwhile.
+        self._retrying: set[str] = set()
         #: Channels given out by this process, before the watch shows them (uid -> channel).
         self._assigned: dict[str, int] = {}
         self._posted: dict[tuple[str, str, str], float] = {}
@@ -302,6 +304,10 @@ class DomainController:
             self._pending.add(uid)
             self._wake.set()
 
+    def _retry(self, uid: str) -> None:
+        self._retrying.discard(uid)
+        self._queue(uid)
+
     # -- the loop --------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -359,7 +365,11 @@ class DomainController:
                         )
                         continue
                     log.warning("reconcile failed, will retry", domain=domain.key, error=str(exc))
-                    asyncio.get_running_loop().call_later(RETRY_DELAY, self._queue, uid)
+                    # Every watch event and resync while the API server fails is another failed
+                    # round: a retry of its own for each would add a retry loop per round.
+                    if uid not in self._retrying:
+                        self._retrying.add(uid)
+                        asyncio.get_running_loop().call_later(RETRY_DELAY, self._retry, uid)
 
     def taken_channels(self, domain: Domain) -> frozenset[int]:
         """The channels every other domain holds (written, or given out by this process)."""

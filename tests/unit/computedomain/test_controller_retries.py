@@ -85,3 +85,29 @@ async def test_a_refused_apply_is_told_on_the_domain_and_not_retried_at_once(
     else:
         assert client.applies > 3  # retried after RETRY_DELAY
         assert client.events == []
+
+
+async def test_rounds_that_fail_while_the_api_server_is_away_share_one_retry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every watch event and resync of a domain while the API server fails is another failed
+    round. Each used to schedule a retry of its own, and each retry the next: every event of an
+    outage added a retry loop to the domain, without bound (a resync every 30 s alone, 120
+    loops an hour). The rounds that fail meanwhile share the one retry scheduled."""
+    monkeypatch.setattr(controller, "RETRY_DELAY", 0.3)
+    client = RefusingApply(500)
+    settings = DaemonSettings(namespace="dra-driver", image="img")
+    work = DomainController(client, OWN, settings, resync=3600)  # type: ignore[arg-type]
+    work.domains.listed([DOMAIN])
+    task = asyncio.create_task(work._work())
+    try:
+        for _ in range(5):  # five events for the domain, each its own failed round
+            work._queue(UID)
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.4)  # the first retry is due at 0.3 s, the next at 0.6 s
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    # The five rounds, then one retry (was: a retry for each failed round, ten in all).
+    assert 5 <= client.applies <= 6
