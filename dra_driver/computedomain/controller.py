@@ -277,6 +277,10 @@ class DomainController:
     def _queue_all(self) -> None:
         for obj in self.domains.objects.values():
             self._queue(str(obj["metadata"].get("uid", "")))
+        # A domain deleted while the watch was away is gone from a relist without a DELETED
+        # event: what is kept for it (its channel, held for no one otherwise) goes too.
+        for uid in {*self._assigned, *(key[0] for key in self._posted)}:
+            self._queue(uid)
 
     def _queue_for(self, obj: JSON) -> None:
         meta = obj.get("metadata") or {}

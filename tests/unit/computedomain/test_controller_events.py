@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from dra_driver.computedomain.api import OWN
+from dra_driver.computedomain.api import OWN, read_domain
 from dra_driver.computedomain.controller import DomainController, View
 from dra_driver.computedomain.objects import DaemonSettings
 from dra_driver.kube import APPLY_PATCH, Response
@@ -93,3 +93,19 @@ async def test_a_deleted_domain_leaves_nothing_behind_in_the_controller() -> Non
         deliver(work, work.domains, "DELETED", DOMAIN)
         await asyncio.sleep(0.05)
         assert not any(key[0] == NEW for key in work._posted)
+
+
+async def test_a_domain_deleted_while_the_watch_was_away_leaves_nothing_behind() -> None:
+    """A relist after a watch gap (410 Gone) drops a domain deleted meanwhile with no DELETED
+    event: the channel given to it stayed taken in the controller, and its Events remembered,
+    until the controller restarted. The relist (and each resync) lets them go."""
+    async with working(Recording()) as work:
+        work._assigned[NEW] = 4
+        assert any(key[0] == NEW for key in work._posted)
+        work.domains.listed([])  # as the reflector hands a relist over
+        work._queue_all()
+        await asyncio.sleep(0.05)
+        assert NEW not in work._assigned
+        assert not any(key[0] == NEW for key in work._posted)
+        other = read_domain({"metadata": {"namespace": "team", "name": "b", "uid": "b"}}, OWN)
+        assert work.taken_channels(other) == frozenset()  # channel 4 is free again
