@@ -192,15 +192,27 @@ def _templates(
                 "spec.channel.resourceClaimTemplate.name",
             )
         )
-    elif found is None or found.digest != digest_of(wanted):
-        actions.append(Apply(TEMPLATES, domain.namespace, wanted["metadata"]["name"], wanted))
+    else:
+        actions += _write(TEMPLATES, domain.namespace, wanted, found)
     for resource, body, made in (
         (TEMPLATES, daemon_template(domain, names, settings), obs.daemon_template),
         (DAEMON_SETS, daemon_set(domain, names, settings), obs.daemon_set),
     ):
-        if made is None or made.digest != digest_of(body):
-            actions.append(Apply(resource, settings.namespace, daemon_name(domain), body))
+        actions += _write(resource, settings.namespace, body, made)
     return actions
+
+
+def _write(resource: str, namespace: str, body: JSON, made: Made | None) -> list[Action]:
+    """Make ``body``, or bring the object made before to it."""
+    name = body["metadata"]["name"]
+    if made is not None and made.digest == digest_of(body):
+        return []
+    if made is None or resource != TEMPLATES:
+        return [Apply(resource, namespace, name, body)]
+    # A claim template's spec is immutable: the API server refuses (422) an apply that
+    # changes it, every round and before the status is written. It is deleted, and made
+    # again once its deletion is seen.
+    return [] if made.deleting else [Delete(resource, namespace, name)]
 
 
 def _tear_down(obs: Observed, names: ApiNames, settings: DaemonSettings) -> list[Action]:

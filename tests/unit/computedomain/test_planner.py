@@ -151,8 +151,45 @@ def test_a_changed_spec_rewrites_the_workload_template(
     before = domain(status={"status": "NotReady", "nodes": []})
     after = domain(spec={"numNodes": 2, **change}, status={"status": "NotReady", "nodes": []})
     obs = replace(settled(before), domain=after)
-    applied = [a.name for a in plan(obs, OWN, SETTINGS) if isinstance(a, Apply)]
+    # Deleted first: a claim template's spec is immutable (see below), then made again.
+    deleted = [a.name for a in plan(obs, OWN, SETTINGS) if isinstance(a, Delete)]
+    assert deleted == rewritten
+    gone = replace(obs, workload_template=None)
+    applied = [a.name for a in plan(gone, OWN, SETTINGS) if isinstance(a, Apply)]
     assert applied == rewritten
+
+
+def test_a_template_that_must_change_is_deleted_and_made_again() -> None:
+    """A claim template's spec is immutable: an apply that changes it (the channel given again
+    after the domain's annotation was edited, a driver upgrade that writes templates
+    otherwise) is refused by the API server (422) every round, before the status is written,
+    and the DaemonSet's apply after it never comes. Such a template is deleted, then made
+    again once it is gone."""
+    before = domain(channel=3, status={"status": "NotReady", "nodes": []})
+    after = domain(channel=5, status={"status": "NotReady", "nodes": []})
+    stale = settled(before).workload_template
+    assert stale is not None
+    old = replace(settled(before), domain=after, daemon_template=Made(UID, "0ld"))
+    newer = replace(SETTINGS, image="localhost/dra-driver:next")
+    assert kinds(plan(old, OWN, newer)) == [
+        f"Delete:{TEMPLATES}:job-channel",
+        f"Delete:{TEMPLATES}:imex-{UID}",
+        f"Apply:{DAEMON_SETS}:imex-{UID}",
+    ]
+    # While they go, nothing is asked of them again.
+    going = replace(
+        settled(after),
+        workload_template=replace(stale, deleting=True),
+        daemon_template=Made(UID, "0ld", deleting=True),
+    )
+    assert plan(going, OWN, SETTINGS) == []
+    gone = replace(settled(after), workload_template=None, daemon_template=None)
+    actions = plan(gone, OWN, SETTINGS)
+    assert kinds(actions) == [f"Apply:{TEMPLATES}:job-channel", f"Apply:{TEMPLATES}:imex-{UID}"]
+    template = actions[0]
+    assert isinstance(template, Apply)
+    params = template.body["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]
+    assert params["channel"] == 5
 
 
 def test_another_image_rolls_the_daemons() -> None:
