@@ -174,6 +174,8 @@ class Domain:
     status: JSON
     #: The version read; a write that replaces a list (the finalizers) is made on it only.
     resource_version: str = ""
+    #: ``metadata.creationTimestamp``: of two domains holding one channel, the older keeps it.
+    created: str = ""
 
     @property
     def key(self) -> str:
@@ -203,6 +205,7 @@ def read_domain(obj: JSON, names: ApiNames) -> Domain:
         ),
         status=status if isinstance(status, dict) else {},
         resource_version=str(meta.get("resourceVersion") or ""),
+        created=str(meta.get("creationTimestamp") or ""),
     )
 
 

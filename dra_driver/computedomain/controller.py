@@ -376,10 +376,26 @@ class DomainController:
                         asyncio.get_running_loop().call_later(RETRY_DELAY, self._retry, uid)
 
     def taken_channels(self, domain: Domain) -> frozenset[int]:
-        """The channels every other domain holds (written, or given out by this process)."""
-        held = {uid: d.channel for uid, d in self.domains.by_uid().items() if d.channel is not None}
+        """The channels every other domain holds (written, or given out by this process).
+
+        Of two domains holding one channel (a manifest applied again with the annotation of
+        the domain it was read from, a channel written whose answer was lost), the older keeps
+        it: the younger's does not count as taken for it, the older's does for the younger.
+        """
+        domains = self.domains.by_uid()
+        held = {uid: d.channel for uid, d in domains.items() if d.channel is not None}
         held.update(self._assigned)
-        return frozenset(c for uid, c in held.items() if uid != domain.uid)
+
+        def age(uid: str) -> tuple[str, str]:
+            other = domains.get(uid)
+            return (other.created if other is not None else "", uid)
+
+        mine = (domain.created, domain.uid)
+        return frozenset(
+            c
+            for uid, c in held.items()
+            if uid != domain.uid and (c != domain.channel or age(uid) < mine)
+        )
 
     async def reconcile(self, domain: Domain) -> list[Action]:
         """Plan one domain and carry the plan out; returns the actions taken."""

@@ -22,6 +22,7 @@ from dra_driver.computedomain.api import (
     CHANNEL_CONFIG_KIND,
     CONFIG_API_VERSION,
     DAEMON_CONFIG_KIND,
+    MAX_CHANNELS,
     ApiNames,
     Domain,
 )
@@ -72,6 +73,22 @@ def digest_of(obj: JSON | None) -> str:
     """The digest a made object carries ("" when none)."""
     annotations = ((obj or {}).get("metadata") or {}).get("annotations") or {}
     return str(annotations.get(DIGEST_ANNOTATION, ""))
+
+
+def channel_of(obj: JSON | None) -> int | None:
+    """The channel a made workload template gives (None: none, or not one the controller
+    wrote). Read from any template of the domain's name, a user's too: nothing is assumed
+    of its shape (an exception would end the controller)."""
+    node: Any = obj
+    for key in ("spec", "spec", "devices", "config"):
+        node = node.get(key) if isinstance(node, dict) else None
+    for config in node if isinstance(node, list) else []:
+        opaque = config.get("opaque") if isinstance(config, dict) else None
+        parameters = opaque.get("parameters") if isinstance(opaque, dict) else None
+        if isinstance(parameters, dict) and parameters.get("kind") == CHANNEL_CONFIG_KIND:
+            channel = parameters.get("channel")
+            return channel if type(channel) is int and 0 <= channel < MAX_CHANNELS else None
+    return None
 
 
 def _claim_template(

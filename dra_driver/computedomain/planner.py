@@ -15,6 +15,7 @@ from typing import Any
 from dra_driver.computedomain.api import MAX_CHANNELS, ApiNames, Domain
 from dra_driver.computedomain.objects import (
     DaemonSettings,
+    channel_of,
     daemon_name,
     daemon_set,
     daemon_template,
@@ -36,6 +37,7 @@ class Made:
     domain_uid: str
     digest: str = ""
     deleting: bool = False
+    channel: int | None = None  # the channel a workload template gives
 
     @classmethod
     def of(cls, obj: JSON, names: ApiNames) -> Made:
@@ -44,6 +46,7 @@ class Made:
             domain_uid=str((meta.get("labels") or {}).get(names.domain_label, "")),
             digest=digest_of(obj),
             deleting=bool(meta.get("deletionTimestamp")),
+            channel=channel_of(obj),
         )
 
 
@@ -155,6 +158,23 @@ def plan(obs: Observed, names: ApiNames, settings: DaemonSettings) -> list[Actio
             Emit("InvalidSpec", f"{domain.key}: {domain.spec_error}"),
         ]
     channel = domain.channel
+    if channel is not None and channel in obs.taken_channels:
+        # Another domain holds it too: the channel is what keeps two domains apart.
+        message = f"IMEX channel {channel} is held by another domain: this one gets another"
+        actions.append(Emit("ChannelTaken", message))
+        channel = None
+    made = obs.workload_template
+    if (
+        channel is None
+        and made is not None
+        and made.domain_uid == domain.uid
+        and made.channel is not None
+        and made.channel not in obs.taken_channels
+    ):
+        # Given before, and its annotation lost or edited since (then read after a restart
+        # as none): the domain's pods have that channel, so it keeps it while it is free.
+        channel = made.channel
+        actions.append(SetChannel(channel))
     if channel is None:
         channel = free_channel(obs.taken_channels)
         if channel is None:

@@ -9,7 +9,9 @@ from structlog.testing import capture_logs
 
 from dra_driver.computedomain import controller
 from dra_driver.computedomain.api import OWN, ApiNames, Domain, read_domain
-from dra_driver.computedomain.controller import DomainView
+from dra_driver.computedomain.controller import DomainController, DomainView
+from dra_driver.computedomain.objects import DaemonSettings
+from dra_driver.kube import Response
 
 SPEC = {"numNodes": 1, "channel": {"resourceClaimTemplate": {"name": "job-channel"}}}
 
@@ -120,3 +122,47 @@ def test_a_domain_that_cannot_be_read_is_skipped_not_fatal(
     assert sorted(view.objects) == ["team/a", "team/b", "team/bad"]
     errors = [e for e in logs if e["log_level"] == "error"]
     assert [e["domain"] for e in errors] == ["team/bad"] * 3
+
+
+class Patches:
+    """Answers every request with 200 and keeps the paths and bodies of the PATCHes."""
+
+    def __init__(self) -> None:
+        self.patched: list[tuple[str, dict[str, Any]]] = []
+
+    async def request(self, method: str, path: str, **kw: Any) -> Response:
+        if method == "PATCH":
+            self.patched.append((path, kw.get("body")))
+        return Response(200, {}, b"{}")
+
+
+@pytest.mark.parametrize("first", ["uid-b", "uid-a"])
+async def test_of_two_domains_holding_one_channel_the_younger_gets_another(first: str) -> None:
+    """A domain's manifest applied again under another name carries the channel annotation of
+    the domain it was read from (and a channel written whose answer was lost is given again
+    to the next domain): two live domains held one channel, forever. The older keeps it; the
+    younger gets a free one, whichever is reconciled first."""
+    copied = {"numNodes": 1, "channel": {"resourceClaimTemplate": {"name": "copy-channel"}}}
+    older, younger = obj("first", "uid-b", 3), obj("copy", "uid-a", 3, spec=copied)
+    older["metadata"]["creationTimestamp"] = "2026-12-01T10:00:00Z"
+    younger["metadata"]["creationTimestamp"] = "2026-12-07T10:00:00Z"
+    client = Patches()
+    settings = DaemonSettings(namespace="dra-driver", image="img")
+    work = DomainController(client, OWN, settings)  # type: ignore[arg-type]
+    work.domains.listed([older, younger])
+    domains = work.domains.by_uid()
+    for uid in sorted(domains, key=lambda uid: uid != first):
+        await work.reconcile(domains[uid])
+    given = {
+        path.rsplit("/", 1)[-1]: body["metadata"]["annotations"][OWN.channel_annotation]
+        for path, body in client.patched
+        if "/computedomains/" in path and "annotations" in body.get("metadata", {})
+    }
+    assert given == {"copy": "0"}
+    template = [
+        body
+        for path, body in client.patched
+        if path.endswith("/namespaces/team/resourceclaimtemplates/copy-channel")
+    ]
+    params = template[-1]["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]
+    assert params["domainID"] == "uid-a" and params["channel"] == 0

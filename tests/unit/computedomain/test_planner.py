@@ -199,6 +199,55 @@ def test_another_image_rolls_the_daemons() -> None:
     assert kinds(plan(settled(d), OWN, newer)) == [f"Apply:{DAEMON_SETS}:imex-{UID}"]
 
 
+def test_a_channel_another_domain_holds_is_given_again() -> None:
+    """Channels are unique among live domains: a domain whose annotation names one another
+    domain holds (the controller counts it as taken only for the younger of the two) gets a
+    free one, and its template, made with the old one, is made again."""
+    d = domain(channel=3, status={"status": "NotReady", "nodes": []})
+    actions = plan(replace(settled(d), taken_channels=frozenset({0, 3})), OWN, SETTINGS)
+    assert kinds(actions) == ["Emit:ChannelTaken", "SetChannel", f"Delete:{TEMPLATES}:job-channel"]
+    assert actions[1] == SetChannel(1)
+
+
+def test_a_channel_lost_from_the_annotation_is_taken_from_the_template() -> None:
+    """The annotation is where the controller keeps a domain's channel: edited to something
+    that is no channel, it is read as none after a restart. The domain was then given the
+    lowest free channel, likely not the one its pods have, and its template, made with the
+    old one, changed under the job. The channel of the template made for it is kept."""
+    from dra_driver.computedomain.objects import workload_template
+
+    d = domain(channel=5, status={"status": "NotReady", "nodes": []})
+    made = Made.of(workload_template(d, 5, OWN), OWN)
+    assert made.channel == 5
+    lost = replace(settled(d), domain=replace(d, channel=None), workload_template=made)
+    assert plan(lost, OWN, SETTINGS) == [SetChannel(5)]
+    # Held by another domain meanwhile: a free one, and the template made again with it.
+    taken = replace(lost, taken_channels=frozenset({5}))
+    assert kinds(plan(taken, OWN, SETTINGS)) == ["SetChannel", f"Delete:{TEMPLATES}:job-channel"]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        None,
+        "x",
+        [None],
+        [{"opaque": "x"}],
+        [{"opaque": {"parameters": "x"}}],
+        [{"opaque": {"parameters": {"kind": "ComputeDomainChannelConfig", "channel": True}}}],
+        [{"opaque": {"parameters": {"kind": "ComputeDomainChannelConfig", "channel": 2048}}}],
+        [{"opaque": {"parameters": {"kind": "Other", "channel": 3}}}],
+    ],
+)
+def test_a_template_of_any_shape_gives_no_channel(config: Any) -> None:
+    """The template of the domain's name may be a user's: read, never raised on."""
+    template = {
+        "metadata": {"name": "job-channel"},
+        "spec": {"spec": {"devices": {"config": config}}},
+    }
+    assert Made.of(template, OWN).channel is None
+
+
 def test_a_template_of_someone_else_is_never_overwritten() -> None:
     d = domain(status={"status": "NotReady", "nodes": []})
     obs = replace(settled(d), workload_template=Made(domain_uid=""))
