@@ -1,10 +1,12 @@
 """Leader election on a coordination.k8s.io Lease: one replica of a controller acts at a time.
 
 A candidate takes the Lease when it is free, expired or already its own, and renews it
-while it works. A leader that cannot renew within the lease's duration stops acting (its
-work is cancelled): another replica may hold the lease by then, and two controllers
-writing the same objects is what the lease exists to prevent. The choice of who may take
-the lease (:func:`may_take`) is a pure function of the lease and the clock.
+while it works. A leader that cannot renew within the lease's duration, or finds another
+replica holding it, stops acting (its work is cancelled): two controllers writing the same
+objects is what the lease exists to prevent. A leader whose work ends (SIGTERM, a crash)
+gives the lease up once the work has stopped, so the next one need not wait out the
+duration. The choice of who may take the lease (:func:`may_take`) is a pure function of the
+lease and the clock.
 """
 
 from __future__ import annotations
@@ -20,12 +22,16 @@ import aiohttp
 import structlog
 
 from dra_driver.errors import DriverError
-from dra_driver.kube import KubeClient
+from dra_driver.kube import KubeClient, Response
+from dra_driver.resourceslice.rawapi import ApiError, raise_for_status
 
 JSON = dict[str, Any]
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 
 log = structlog.get_logger(__name__)
+
+#: How long a leader that stops may spend giving its lease up (within the pod's 30 s grace).
+RELEASE_WITHIN = 5.0
 
 
 class LostLease(DriverError):
@@ -116,6 +122,8 @@ class LeaderElector:
         #: judged by this replica's own clock only (client-go's observedTime).
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
+        #: The holder the last read of the lease named ("" when none or unread).
+        self._holder = ""
 
     def _unchanged_for(self, lease: JSON | None) -> float:
         """Seconds this replica has seen ``lease`` exactly as it is now."""
@@ -136,11 +144,14 @@ class LeaderElector:
         """One attempt to take or renew the lease; True when it is ours."""
         path = f"{self._collection}/{quote(self._name, safe='')}"
         now = datetime.datetime.now(datetime.UTC)
+        self._holder = ""
         response = await self._client.request("GET", path, timeout=10)
         lease: JSON | None = None
         if response.ok:
             lease = response.json()
+            self._holder = str(((lease or {}).get("spec") or {}).get("holderIdentity") or "")
         elif response.status != 404:
+            self._refused(response, "get")
             return False
         if not may_take(lease, self._identity, now, self._unchanged_for(lease)):
             return False
@@ -156,7 +167,20 @@ class LeaderElector:
         else:
             body = {**lease, "spec": spec}
             written = await self._client.request("PUT", path, body=body, timeout=10)
-        return written.ok  # 409: someone else wrote it first
+        if not written.ok and written.status != 409:  # 409: someone else wrote it first
+            self._refused(written, "update" if lease else "create")
+        return written.ok
+
+    def _refused(self, response: Response, verb: str) -> None:
+        """Log a lease request the API server refused (403, 422, 5xx): one that is refused
+        every time would otherwise keep this replica waiting, or stop a leader, unexplained
+        (client-go logs each failed attempt too)."""
+        try:
+            raise_for_status(response, verb=verb, resource="leases", name=self._name)
+        except ApiError as exc:
+            log.warning(
+                "lease request refused", lease=self._name, status=exc.status, error=str(exc)
+            )
 
     async def run(self, work: Callable[[], Awaitable[None]]) -> None:
         """Wait for the lease, then run ``work`` until it returns or the lease is lost
@@ -164,11 +188,19 @@ class LeaderElector:
         renewed = await self._acquire()
         log.info("leader", lease=self._name, identity=self._identity)
         task = asyncio.ensure_future(work())
+        lost = False
         try:
             await self._renew_until(task, renewed)
+        except LostLease:
+            lost = True
+            raise
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+            if not lost:
+                # Only once the work has stopped: the next leader then acts at once instead
+                # of waiting out the duration (client-go's ReleaseOnCancel).
+                await self._release()
         if task.done() and not task.cancelled() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]
 
@@ -182,6 +214,32 @@ class LeaderElector:
             if await self._attempt():
                 return started
             await asyncio.sleep(self._retry_every)
+
+    async def _release(self) -> None:
+        """Give the lease up if it is still ours (never another replica's: the write carries
+        the version read, so one taken meanwhile refuses it with 409)."""
+        path = f"{self._collection}/{quote(self._name, safe='')}"
+        try:
+            async with asyncio.timeout(RELEASE_WITHIN):
+                response = await self._client.request("GET", path, timeout=RELEASE_WITHIN)
+                lease = response.json() if response.ok else None
+                spec = dict((lease or {}).get("spec") or {})
+                if lease is None or spec.get("holderIdentity") != self._identity:
+                    return
+                now = _micro_time(datetime.datetime.now(datetime.UTC))
+                # As client-go releases: no holder, a duration of 1 s.
+                spec.update(
+                    holderIdentity="", leaseDurationSeconds=1, renewTime=now, acquireTime=now
+                )
+                body = {**lease, "spec": spec}
+                written = await self._client.request("PUT", path, body=body, timeout=RELEASE_WITHIN)
+        except (OSError, TimeoutError, aiohttp.ClientError, ValueError) as exc:
+            log.warning("lease release failed", lease=self._name, error=str(exc))
+            return
+        if written.ok:
+            log.info("released the lease", lease=self._name, identity=self._identity)
+        else:
+            log.warning("lease release refused", lease=self._name, status=written.status)
 
     async def _attempt(self) -> bool:
         try:
@@ -207,6 +265,16 @@ class LeaderElector:
             if ok:
                 # The lease's renewTime was taken after this, so it expires no earlier.
                 renewed = started
+            elif self._holder not in ("", self._identity):
+                # Another replica took it (the lease deleted and made again, edited): it acts
+                # already, so this one stops now, not at the renew deadline.
+                log.error(
+                    "another replica holds the lease, stopping",
+                    lease=self._name,
+                    identity=self._identity,
+                    holder=self._holder,
+                )
+                raise LostLease(f"lease {self._name} is held by {self._holder}")
             elif loop.time() - renewed >= self._renew_deadline:
                 # Stop before the lease runs out, so no other replica acts while this one does.
                 log.error("lost the lease, stopping", lease=self._name, identity=self._identity)

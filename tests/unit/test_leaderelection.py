@@ -9,7 +9,10 @@ import json
 from typing import Any
 
 import pytest
+import structlog
+from structlog.testing import capture_logs
 
+from dra_driver import leaderelection
 from dra_driver.kube import Response
 from dra_driver.leaderelection import LeaderElector, LostLease, lease_spec, may_take
 
@@ -169,4 +172,125 @@ async def test_a_dead_leader_whose_clock_ran_ahead_is_replaced_after_one_duratio
         pass
 
     await asyncio.wait_for(elector(api).run(work), 3)
-    assert api.lease["spec"]["holderIdentity"] == "me"  # type: ignore[index]
+    # Taken (and given up again once the work ended).
+    assert [p["spec"]["holderIdentity"] for p in api.puts] == ["me", ""]
+
+
+async def _leading(api: FakeLeases, work: Any) -> asyncio.Task[None]:
+    """The elector running ``work`` once it holds the lease."""
+    task = asyncio.create_task(elector(api).run(work))
+    for _ in range(200):
+        if api.lease is not None and api.lease["spec"]["holderIdentity"] == "me":
+            return task
+        await asyncio.sleep(0.01)
+    raise AssertionError("the lease was never taken")
+
+
+async def test_a_leader_stopped_gives_its_lease_up_so_a_standby_takes_it_at_once() -> None:
+    api = FakeLeases()
+    stopped = asyncio.Event()
+
+    async def work() -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            stopped.set()
+
+    leader = await _leading(api, work)
+    # A standby that has watched the lease held by the leader.
+    standby = LeaderElector(
+        api,  # type: ignore[arg-type]
+        namespace="ns",
+        name="l",
+        identity="other",
+        duration=1,
+        renew_every=0.1,
+        retry_every=0.05,
+    )
+    standby_started = asyncio.Event()
+
+    async def standby_work() -> None:
+        standby_started.set()
+        await asyncio.sleep(3600)
+
+    waiting = asyncio.create_task(standby.run(standby_work))
+    await asyncio.sleep(0.1)
+    assert not standby_started.is_set()
+    # SIGTERM: the process cancels the controller.
+    leader.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await leader
+    assert stopped.is_set()
+    # The standby acts well before the lease's duration (1 s) would have passed.
+    await asyncio.wait_for(standby_started.wait(), 0.6)
+    assert api.lease["spec"]["holderIdentity"] == "other"  # type: ignore[index]
+    waiting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiting
+
+
+async def test_a_stopped_leader_never_releases_a_lease_another_replica_holds() -> None:
+    api = FakeLeases()
+
+    async def work() -> None:
+        await asyncio.sleep(3600)
+
+    leader = await _leading(api, work)
+    # The lease was deleted and another replica created it meanwhile.
+    api.version += 1
+    api.lease = held_by_other(datetime.datetime.now(datetime.UTC), api.version)
+    puts = len(api.puts)
+    leader.cancel()
+    with contextlib.suppress(asyncio.CancelledError, LostLease):
+        await leader
+    assert len(api.puts) == puts
+    assert api.lease["spec"]["holderIdentity"] == "other"
+
+
+async def test_a_leader_that_sees_another_holder_stops_at_once() -> None:
+    api = FakeLeases()
+    stopped_at: list[float] = []
+    loop = asyncio.get_running_loop()
+
+    async def work() -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            stopped_at.append(loop.time())
+
+    leader = await _leading(api, work)
+
+    # The lease was deleted and another replica created it first; it renews as it works.
+    def renewing(api: FakeLeases) -> None:
+        api.version += 1
+        api.lease = held_by_other(datetime.datetime.now(datetime.UTC), api.version)
+
+    api.before_get = renewing
+    taken_at = loop.time()
+    with pytest.raises(LostLease):
+        await asyncio.wait_for(leader, 3)
+    # Within a renewal or two (0.1 s each), not at the renew deadline (0.6 s): the other
+    # replica acts already.
+    assert stopped_at and stopped_at[0] - taken_at < 0.45
+
+
+async def test_a_lease_the_api_server_refuses_is_logged_not_waited_on_in_silence(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The Role lacks the Lease (a customised chart, an admission webhook): 403 on every read.
+    monkeypatch.setattr(leaderelection, "log", structlog.get_logger(leaderelection.__name__))
+    api = FakeLeases()
+
+    async def forbidden(method: str, path: str, **_: Any) -> Response:
+        return Response(403, {}, b'{"message": "leases is forbidden"}', "Forbidden")
+
+    api.request = forbidden  # type: ignore[method-assign]
+
+    async def work() -> None:
+        pass
+
+    with capture_logs() as logs, contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(elector(api).run(work), 0.3)
+    refused = [e for e in logs if e["event"] == "lease request refused"]
+    assert refused and refused[0]["status"] == 403 and refused[0]["log_level"] == "warning"
+    assert "forbidden" in refused[0]["error"]
