@@ -24,7 +24,7 @@ from dra_driver.gpu.discovery.factory import make_discovery
 from dra_driver.gpu.driver import GpuDriver
 from dra_driver.gpu.health.broadcast import HealthBroadcaster
 from dra_driver.gpu.health.injected import INJECT_FILE, InjectedProber, watch_injected
-from dra_driver.gpu.health.nvml import NvmlEventWatcher, NvmlProber
+from dra_driver.gpu.health.nvml import NvmlEventWatcher, NvmlProber, mig_instances
 from dra_driver.gpu.health.recheck import Prober, recheck_forever
 from dra_driver.gpu.health.tracker import FRAGMENTED_HOLD, HealthEvent, HealthTracker, parse_xids
 from dra_driver.gpu.inventory import Inventory
@@ -354,7 +354,12 @@ class NodeAgent:
             await watch_injected(self.state.state_dir / INJECT_FILE, self.on_health_event)
             return
         watcher = NvmlEventWatcher(
-            [g.uuid for g in self.inventory.gpus], self.on_health_event, asyncio.get_running_loop()
+            [g.uuid for g in self.inventory.gpus],
+            self.on_health_event,
+            asyncio.get_running_loop(),
+            # Dynamic MIG reuses GPU instance ids for new MIG devices: its events stay the
+            # GPU's (every placement inherits them), as the tracker cannot name new devices.
+            {} if self.settings.dynamic_mig else mig_instances(self.inventory),
         )
         watcher.start()
         try:

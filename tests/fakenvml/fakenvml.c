@@ -98,6 +98,10 @@
  *   <gpu-uuid> dbe                      nvmlEventTypeDoubleBitEccError
  *   lost                                a GPU fell off the bus: this wait and every later one
  *                                       on the set return NVML_ERROR_GPU_IS_LOST
+ *
+ * A MIG device's UUID in place of <gpu-uuid>: the event comes on its GPU's handle with the
+ * MIG device's gpuInstanceId and computeInstanceId (NVML's way); a GPU's event has both
+ * 0xFFFFFFFF.
  */
 
 #include <errno.h>
@@ -1879,7 +1883,11 @@ static nvmlReturn_t next_event(struct nvmlEventSet_st *es, const char *path,
             warn("%s: cannot parse event: %s", path, line);
             continue;
         }
-        fake_gpu *gpu = whole_gpu(device_by_uuid(uuid));
+        /* An event of a MIG device comes, as from NVML, on its GPU's handle with the
+         * MIG device's GPU and compute instance ids. */
+        nvmlDevice_t named = device_by_uuid(uuid);
+        fake_gpu *gpu = gpu_of(named);
+        fake_ci *mig = mig_of(named);
         if (!gpu) {
             warn("%s: event for an unknown GPU: %s", path, line);
             continue;
@@ -1889,8 +1897,8 @@ static nvmlReturn_t next_event(struct nvmlEventSet_st *es, const char *path,
         data->device = &gpu->handle;
         data->eventType = type;
         data->eventData = xid;
-        data->gpuInstanceId = NO_INSTANCE;
-        data->computeInstanceId = NO_INSTANCE;
+        data->gpuInstanceId = mig ? mig->gi_id : NO_INSTANCE;
+        data->computeInstanceId = mig ? mig->ci_id : NO_INSTANCE;
         rc = NVML_SUCCESS;
     }
     fclose(f);

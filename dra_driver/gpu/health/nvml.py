@@ -8,7 +8,7 @@ import contextlib
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,11 +17,26 @@ import structlog
 from dra_driver.errors import DriverError
 from dra_driver.gpu.health.recheck import EventSink
 from dra_driver.gpu.health.tracker import HealthEvent
+from dra_driver.gpu.inventory import Inventory
 
 log = structlog.get_logger(__name__)
 
 #: Xid the driver reports for an uncorrectable (double-bit) ECC error.
 XID_ECC_DBE = 48
+#: An event's gpuInstanceId / computeInstanceId when it is not tied to a MIG device.
+NO_INSTANCE = 0xFFFFFFFF
+
+
+def mig_instances(inventory: Inventory) -> dict[tuple[str, int], str]:
+    """(GPU UUID, GPU instance id) -> UUID of the MIG device published for it: the MIG
+    devices the health tracker knows (GPUs in MIG mode; one compute instance a GPU instance,
+    since split ones are not published)."""
+    return {
+        (gpu.uuid, m.gpu_instance_id): m.uuid
+        for gpu in inventory.gpus
+        if gpu.mig_enabled
+        for m in gpu.mig_devices
+    }
 
 
 class WatchEnded(DriverError):
@@ -61,9 +76,16 @@ class NvmlEventWatcher:
     MAX_FAILED_WAITS = 3
 
     def __init__(
-        self, uuids: Sequence[str], sink: EventSink, loop: asyncio.AbstractEventLoop
+        self,
+        uuids: Sequence[str],
+        sink: EventSink,
+        loop: asyncio.AbstractEventLoop,
+        migs: Mapping[tuple[str, int], str] | None = None,
     ) -> None:
+        """``migs``: :func:`mig_instances`, to name the MIG device of an event NVML reports
+        on its GPU's handle with its GPU instance."""
         self._uuids = list(uuids)
+        self._migs = dict(migs or {})
         self._sink = sink
         self._loop = loop
         self._stop = threading.Event()
@@ -233,7 +255,12 @@ class NvmlEventWatcher:
                 if data.eventType == pynvml.nvmlEventTypeDoubleBitEccError
                 else int(data.eventData)
             )
-            self._emit(HealthEvent(uuid, "xid", xid))
+            # A MIG device's error comes on its GPU's handle with its GPU instance: it
+            # concerns that MIG device, not the GPU's other MIG devices (other tenants').
+            # An instance not published (dynamic MIG, a split one) counts for the GPU.
+            gi = int(getattr(data, "gpuInstanceId", NO_INSTANCE))
+            source = self._migs.get((uuid, gi), uuid) if gi != NO_INSTANCE else uuid
+            self._emit(HealthEvent(source, "xid", xid))
         return False
 
     def _after_loss(self, pynvml: Any, watched: _Watched) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.gpu.health.nvml import NvmlEventWatcher
+from dra_driver.gpu.health.nvml import NvmlEventWatcher, mig_instances
 from dra_driver.gpu.health.tracker import HealthEvent
 from tests.unit.gpu.discovery.test_nvml_backend import FakeNode, fake_lib_dir, make_node
 
@@ -52,7 +52,10 @@ async def main():
     for name, value in overrides.items():  # WAIT_MS, LOST_RETRY_S, RETRY_S
         setattr(NvmlEventWatcher, name, value)
     loop = asyncio.get_running_loop()
-    watcher = NvmlEventWatcher(uuids, lambda e: say(dataclasses.asdict(e)), loop)
+    # (GPU UUID, GPU instance id, MIG UUID) triples: the MIG devices the agent publishes.
+    migs = {(gpu, gi): mig for gpu, gi, mig in json.loads(sys.argv[3])}
+    kwargs = {"migs": migs} if migs else {}
+    watcher = NvmlEventWatcher(uuids, lambda e: say(dataclasses.asdict(e)), loop, **kwargs)
     watcher.start()
     # As with NVML, events written before the event set exists are never reported.
     await watcher.watching()
@@ -88,6 +91,7 @@ class Watcher:
         uuids: list[str] | None = None,
         *,
         retry_s: float | None = None,
+        migs: dict[tuple[str, int], str] | None = None,
         **env: str,
     ) -> None:
         self.node = node
@@ -100,7 +104,14 @@ class Watcher:
         if retry_s is not None:
             overrides["LOST_RETRY_S"] = overrides["RETRY_S"] = retry_s
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", _WATCH, json.dumps(uuids), json.dumps(overrides)],
+            [
+                sys.executable,
+                "-c",
+                _WATCH,
+                json.dumps(uuids),
+                json.dumps(overrides),
+                json.dumps([[gpu, gi, mig] for (gpu, gi), mig in (migs or {}).items()]),
+            ],
             env=node.env(FAKE_NVML_EVENTS=str(events), **env),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -213,6 +224,28 @@ def test_double_bit_ecc_is_xid_48(watch: Watcher) -> None:
     assert watch.events_out(1) == [HealthEvent(watch.uuid(7), "xid", 48)]
     watch.stop()
     _clean(watch.stderr())
+
+
+def test_an_xid_of_a_mig_device_names_that_mig_device(tmp_path: Path, fake_lib_dir: Path) -> None:
+    """NVML reports a MIG device's Xid on its GPU's handle with the GPU and compute instance
+    ids: it must name that MIG device, not the GPU (which would taint every MIG device of
+    the GPU, other tenants' included)."""
+    mixed = make_node("mixed", tmp_path, fake_lib_dir)
+    gpu = mixed.inventory.gpus[0]
+    assert gpu.mig_enabled and len(gpu.mig_devices) >= 2
+    first, second = gpu.mig_devices[:2]
+    watch = Watcher(mixed, tmp_path / "nvml.events", WAIT_MS, migs=mig_instances(mixed.inventory))
+    try:
+        watch.inject(f"{first.uuid} xid 94", f"{second.uuid} dbe", f"{gpu.uuid} xid 79")
+        assert watch.events_out(3) == [
+            HealthEvent(first.uuid, "xid", 94),
+            HealthEvent(second.uuid, "xid", 48),
+            HealthEvent(gpu.uuid, "xid", 79),  # the GPU's own: all of it
+        ]
+        watch.stop()
+        _clean(watch.stderr())
+    finally:
+        watch.close()
 
 
 def test_lost_gpu_nobody_can_name_marks_every_gpu_and_the_watch_goes_on(watch: Watcher) -> None:
