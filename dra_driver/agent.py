@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -14,6 +15,7 @@ import structlog
 from dra_driver import metrics
 from dra_driver.bindsettings import SocketSettings
 from dra_driver.cdi.spec import NO_EDITS, ContainerEdits
+from dra_driver.cdi.writer import write_atomic
 from dra_driver.claimreport import ClaimReporter
 from dra_driver.events import post_event
 from dra_driver.gpu.container import ctk, devnodes
@@ -58,6 +60,9 @@ from dra_driver.startup import state_dir
 from dra_driver.supervise import Heartbeats, supervise
 
 log = structlog.get_logger(__name__)
+
+#: The devices' health conditions in the state directory, for the next agent.
+HEALTH_FILE = "health-conditions.json"
 
 MIG_MINORS = Path("/proc/driver/nvidia-caps/mig-minors")
 REGISTRATION_GRACE = 10.0
@@ -198,6 +203,13 @@ class NodeAgent:
             publisher_alive=self._agent_runs,
         )
         self.health = HealthTracker(inventory, self.driver, parse_xids(settings.ignored_xids))
+        # NVML reports an event once, to the agent running then: the conditions an earlier
+        # agent saw stand until a re-check finds their GPUs healthy. Without re-checks
+        # (interval 0) a restart is how an admin clears them, so none are taken back.
+        self._health_file = state.state_dir / HEALTH_FILE
+        if settings.health_recheck_interval > 0:
+            self.health.restore(read_health_file(self._health_file), time.monotonic())
+        metrics.UNHEALTHY_DEVICES.set(len(self.health.unhealthy()))
         self.broadcaster = HealthBroadcaster(self.health.device_health(self.node))
         self.reporter = ClaimReporter(client, self.driver, self.node)
         self.heartbeats = Heartbeats()
@@ -346,6 +358,11 @@ class NodeAgent:
 
     def _health_changed(self) -> None:
         metrics.UNHEALTHY_DEVICES.set(len(self.health.unhealthy()))
+        try:
+            # No fsync: a crash of the machine resets its GPUs too.
+            write_atomic(self._health_file, self.health.saved(), sync=False)
+        except OSError as exc:
+            log.warning("health conditions not saved for the next agent", error=error_text(exc))
         self._spawn(self.publish())
         self._spawn(self.broadcaster.publish(self.health.device_health(self.node)))
 
@@ -450,6 +467,15 @@ class NodeAgent:
         await self.reporter.flush(STATUS_FLUSH)
         if liveness is not None:
             await liveness.stop(1.0)
+
+
+def read_health_file(path: Path) -> dict[str, Any]:
+    """The health conditions an earlier agent saved (nothing when unreadable)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 async def _await_registration(plugin: Plugin, grace: float, stop: asyncio.Event) -> bool:

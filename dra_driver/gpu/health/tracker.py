@@ -162,6 +162,32 @@ class HealthTracker:
             self._conditions[name] = new
         return changed
 
+    def saved(self) -> dict[str, dict[str, Any]]:
+        """The health conditions as JSON, to outlive the agent (NVML does not report an
+        event again to the next one). MIG creation problems are holds, not kept."""
+        return {
+            name: {"problem": c.problem, "xid": c.xid, "since": c.since, "source": c.source}
+            for name, c in self._conditions.items()
+            if c.problem not in MIG_PROBLEMS
+        }
+
+    def restore(self, saved: Mapping[str, Any], now: float) -> None:
+        """Take back conditions :meth:`saved` wrote, as of monotonic ``now`` (a re-check is
+        due an interval later). A device its source no longer reaches (GPUs renumbered or
+        gone, MIG devices changed) is left healthy."""
+        for name, entry in saved.items():
+            try:
+                problem, source = entry["problem"], entry["source"]
+                xid, since = entry["xid"], str(entry["since"])
+            except (KeyError, TypeError):
+                continue
+            if problem not in ("xid", "gpu-lost") or name not in self._names.affects.get(
+                source, ()
+            ):
+                continue
+            xid = int(xid) if isinstance(xid, int) else None
+            self._conditions.setdefault(name, _Condition(problem, xid, since, source, now))
+
     def due(self, now: float, interval: float) -> list[str]:
         """The sources whose conditions are at least ``interval`` seconds old (and past their
         hold): re-check them."""

@@ -444,3 +444,25 @@ async def test_a_gpu_event_taints_mig_devices_made_before_dynamic_mig_was_given_
     assert [t["key"] for t in devices["gpu-0-mig-3g40gb-9-0"].get("taints", [])] == [
         f"{DRIVER}/xid"
     ]
+
+
+def test_restored_conditions_stay_only_where_their_source_still_reaches() -> None:
+    tracker, gpus = _tracker("l4x4")
+    tracker.apply(HealthEvent(gpus[1], "xid", 79), 0.0)
+    tracker.apply(HealthEvent(gpus[2], "mig-failed", message="no"), 0.0)  # a hold: not kept
+    saved = tracker.saved()
+    assert set(saved) == {"gpu-1"}
+    restarted, _ = _tracker("l4x4")
+    restarted.restore(
+        {
+            **saved,
+            # Renumbered since (gpu-0 is another GPU now), unreadable, not a health problem.
+            "gpu-0": {**saved["gpu-1"]},
+            "gpu-3": "garbage",
+            "gpu-2": {"problem": "mig-failed", "xid": None, "since": "t", "source": gpus[2]},
+        },
+        5.0,
+    )
+    assert restarted.taints() == {"gpu-1": tracker.taints()["gpu-1"]}
+    assert restarted.due(5.0 + 60.0, 60.0) == [gpus[1]]
+    assert restarted.due(5.0 + 59.0, 60.0) == []

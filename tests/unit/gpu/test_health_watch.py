@@ -21,7 +21,8 @@ from prometheus_client import REGISTRY
 from dra_driver.agent import NodeAgent, build_state
 from dra_driver.gpu.discovery.simulated import SimulatedDiscovery
 from dra_driver.gpu.health.nvml import WatchEnded
-from dra_driver.gpu.health.tracker import FRAGMENTED_HOLD
+from dra_driver.gpu.health.tracker import FRAGMENTED_HOLD, HealthEvent
+from dra_driver.kubeletplugin.interfaces import HealthStatus
 from dra_driver.settings import Settings
 from dra_driver.supervise import Heartbeats, supervise
 
@@ -173,3 +174,37 @@ async def test_no_free_placement_is_not_rechecked_away_before_its_hold(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_health_taints_outlive_an_agent_restart(agent: NodeAgent) -> None:
+    """NVML reports an Xid once, to the agent running then: the next agent (an upgrade, a
+    crash) keeps the GPU tainted, with the same timeAdded, until a re-check finds it
+    healthy (was: the new agent published every GPU untainted, a GPU waiting for a reset
+    included, and never tainted it again)."""
+    gpus = [g.uuid for g in agent.inventory.gpus]
+    agent.on_health_event(HealthEvent(gpus[1], "xid", 79))
+    agent.on_health_event(HealthEvent(gpus[2], "gpu-lost"))
+    agent.on_health_event(HealthEvent(gpus[3], "xid", 94))
+    agent.on_no_placement((gpus[0],), "no placement free")  # a hold, not health: not kept
+    assert agent.health.recover(gpus[3])  # a re-check found it healthy
+    agent.on_recovered(gpus[3], {"gpu-3": "critical Xid 94 error"})
+    taints = agent.health.taints()
+    tasks = list(agent._tasks)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+    inventory = SimulatedDiscovery("l4x4", "node-a").discover()
+    restarted = NodeAgent(
+        agent.settings, inventory, build_state(agent.settings, inventory), client=None
+    )
+    assert restarted.health.taints() == {"gpu-1": taints["gpu-1"], "gpu-2": taints["gpu-2"]}
+    health = {d.device_name: d.status for d in restarted.health.device_health("node-a")}
+    assert health["gpu-1"] == health["gpu-2"] == HealthStatus.UNHEALTHY
+    assert health["gpu-0"] == health["gpu-3"] == HealthStatus.HEALTHY
+    # ...and a re-check clears them as before.
+    assert restarted.health.due(time.monotonic() + 3600, 60.0) == sorted(gpus[1:3])
+    # Without re-checks a restart is what clears them, as the setting says.
+    never = agent.settings.model_copy(update={"health_recheck_interval": 0})
+    cleared = NodeAgent(never, inventory, build_state(never, inventory), client=None)
+    assert cleared.health.taints() == {}
