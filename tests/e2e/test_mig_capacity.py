@@ -124,7 +124,7 @@ def test_slices_no_profile_has_keep_the_pod_unbound_with_the_reason(
         return [e.message for e in events if e.reason == "PrepareFailed"]
 
     (message, *_) = wait_until(refused, 90, "PrepareFailed event")
-    assert "match no MIG profile" in message and "1g.10gb = 1/1" in message
+    assert "match no MIG profile" in message and "1g.10gb (1 and 1)" in message
     pod = k.CoreV1Api(kube_api).read_namespaced_pod("odd", namespace)
     assert not pod.spec.node_name
     assert instances(node) == []

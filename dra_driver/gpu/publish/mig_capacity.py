@@ -63,8 +63,13 @@ def offered(gpu: Gpu) -> dict[tuple[int, int], MigProfile]:
     return out
 
 
+def _valid(total: int, values: Iterable[int]) -> list[int]:
+    """The sizes a request of one capacity is rounded up to: the profiles' and all of it."""
+    return sorted({*values, total})
+
+
 def _policy(total: int, values: Iterable[int]) -> JSON:
-    valid = sorted({*values, total})
+    valid = _valid(total, values)
     return {
         "value": str(total),
         "requestPolicy": {"default": str(total), "validValues": [str(v) for v in valid]},
@@ -143,12 +148,21 @@ def is_whole(gpu: Gpu, slices: Slices) -> bool:
 
 def profile_for(gpu: Gpu, slices: Slices) -> MigProfile:
     """The profile a share of ``slices`` becomes; refuses sizes no profile has."""
-    profile = offered(gpu).get((slices.compute, slices.memory))
+    sizes = offered(gpu)
+    profile = sizes.get((slices.compute, slices.memory))
     if profile is None:
-        sizes = ", ".join(f"{p.name} = {c}/{m}" for (c, m), p in sorted(offered(gpu).items()))
+        # The scheduler cannot refuse such a pair (each capacity's requestPolicy stands
+        # alone), so it allocates it again after every failure: this message is all the user
+        # gets, and the pair counted is often not the one written (defaults, rounding).
+        whole = totals(gpu)
+        pairs = ", ".join(f"{p.name} ({c} and {m})" for (c, m), p in sorted(sizes.items()))
+        compute = ", ".join(str(v) for v in _valid(whole.compute, (c for c, _ in sizes)))
+        memory = ", ".join(str(v) for v in _valid(whole.memory, (m for _, m in sizes)))
         raise SlicesError(
-            f"{slices} match no MIG profile of GPU {gpu.uuid} ({COMPUTE}/{MEMORY}: {sizes}; "
-            f"all of both is the whole GPU)"
+            f"{slices} match no MIG profile of GPU {gpu.uuid}: request {COMPUTE} and "
+            f"{MEMORY} together as one of: {pairs}, or neither for the whole GPU; a "
+            f"capacity not requested counts as all of its slices, and each is rounded up "
+            f"to its next valid size ({COMPUTE} {compute}; {MEMORY} {memory})"
         )
     return profile
 

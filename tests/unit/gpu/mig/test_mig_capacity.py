@@ -147,6 +147,37 @@ def test_slices_without_a_profile_are_refused_with_the_sizes_there_are() -> None
 
 
 @pytest.mark.parametrize(
+    ("counted", "asked"),
+    [
+        ((1, 8), "computeSlices 1 alone: memory defaults to all 8"),
+        ((7, 1), "memorySlices 1 alone: compute defaults to all 7"),
+        ((1, 4), "1 and 3: memory rounded up to 4"),
+        ((2, 1), "2 and 1: a pair no profile has"),
+    ],
+)
+def test_a_share_matching_no_profile_says_what_to_request(
+    tmp_path: Path, counted: tuple[int, int], asked: str
+) -> None:
+    """The scheduler rounds each capacity up to its own validValues and cannot refuse a pair
+    no profile has (resource.k8s.io/v1 has no constraint across capacities), so the claim
+    fails on the node before binding, again at every allocation. The message is all the user
+    sees (the scheduler quotes the failure condition's first 1000 characters on the pod): it
+    must name the pairs to ask for and why the counted pair is not what was written."""
+    state = _state(tmp_path)
+    out = state.prepare([_claim("a", _share("a", *counted))])
+    error = out["a"]
+    assert isinstance(error, ClaimError) and not isinstance(error, NoPlacementError), asked
+    message = str(error)
+    assert "request computeSlices and memorySlices together as one of: " in message
+    assert "1g.10gb (1 and 1), 1g.20gb (1 and 2), 2g.20gb (2 and 2)" in message
+    assert "3g.40gb (3 and 4), 4g.40gb (4 and 4)" in message
+    assert "a capacity not requested counts as all of its slices" in message
+    assert "computeSlices 1, 2, 3, 4, 7; memorySlices 1, 2, 4, 8" in message
+    assert len(message) < 1000
+    assert _instances(tmp_path) == []
+
+
+@pytest.mark.parametrize(
     "capacity",
     [None, {}, {"computeSlices": "1"}, {"computeSlices": "x", "memorySlices": "1"}],
 )
