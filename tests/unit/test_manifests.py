@@ -361,7 +361,9 @@ def test_device_classes() -> None:
     mig = classes[f"mig.{DRIVER}"]["spec"]["selectors"][0]["cel"]["expression"]
     assert mig.endswith(f'device.attributes["{DRIVER}"].type == "mig"')
     shared = classes[f"shared.{DRIVER}"]["spec"]["selectors"][0]["cel"]["expression"]
-    assert shared == f"{gpu} && device.allowMultipleAllocations"
+    assert shared == (
+        f'{gpu} && device.allowMultipleAllocations && "compute" in device.capacity["{DRIVER}"]'
+    )
 
     # The extended-resource class is an opt-in component, not part of the base.
     component = MANIFESTS / "components" / "extended-resource"
@@ -370,6 +372,38 @@ def test_device_classes() -> None:
     assert extended["spec"]["extendedResourceName"] == "nvidia.com/gpu"
     assert extended["spec"]["selectors"] == classes[DRIVER]["spec"]["selectors"]
     assert "device plugin" in (component / "deviceclass.yaml").read_text()
+
+
+def test_shared_class_leaves_gpus_shared_by_mig_slices_out() -> None:
+    """With ``--mig-layout=capacity`` a MIG-capable GPU is published as type ``gpu`` with
+    ``allowMultipleAllocations`` too, shared by MIG slices. A ``shared.`` claim that asks for
+    no capacity takes the defaults there (all compute and memory slices): the whole GPU,
+    held exclusively, where the user asked for a 1Gi MPS share. The class must select the
+    GPUs shared by memory (``--shared-gpus``) only; the whole-GPU class still selects both."""
+    from dra_driver.cel import Verdict, device_variables, evaluate_expression
+    from dra_driver.gpu.publish.catalog import CAPACITY
+
+    classes = {
+        o["metadata"]["name"]: o["spec"]["selectors"][0]["cel"]["expression"]
+        for o in base_objects().values()
+        if o["kind"] == "DeviceClass"
+    }
+    inventory = SimulatedDiscovery("dgx-h100", "node-1").discover()
+    shared = {inventory.gpus[1].uuid}
+    devices = build_catalog(inventory, dynamic=True, shared=shared, layout=CAPACITY).published()
+    assert devices[0]["capacity"]["computeSlices"] and devices[0]["allowMultipleAllocations"]
+
+    def selected(name: str) -> list[str]:
+        out = []
+        for device in devices:
+            outcome = evaluate_expression(classes[name], device_variables(device, DRIVER))
+            assert outcome.verdict is not Verdict.ERROR, outcome.error
+            if outcome.verdict is Verdict.MATCH:
+                out.append(device["name"])
+        return out
+
+    assert selected(f"shared.{DRIVER}") == ["gpu-1"]
+    assert selected(DRIVER) == [f"gpu-{i}" for i in range(8)]
 
 
 # ------------------------------------------------------------------------------------
