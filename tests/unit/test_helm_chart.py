@@ -518,9 +518,10 @@ def test_health_and_metrics_ports_differ() -> None:
 
 def test_upgrades_in_the_docs_take_the_new_charts_defaults() -> None:
     """``helm upgrade --reuse-values`` renders the new chart with the old chart's defaults: a
-    value the new chart adds is missing, and its DRA_* variable renders empty, which the agent
-    refuses (a number) or reads as another setting (an empty DRA_IGNORED_XIDS ignores no Xid).
-    The docs' upgrades use --reset-then-reuse-values: the new defaults, then the release's own."""
+    value the new chart adds is missing (the chart then renders the agent's default, see
+    test_an_older_releases_missing_features_leave_the_agent_its_defaults), and a default the
+    new chart changed keeps its old value. The docs' upgrades use --reset-then-reuse-values:
+    the new defaults, then the release's own."""
     docs = [ROOT / "README.md", CHART / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     for path in docs:
         # Commands continued with a backslash are one command.
@@ -537,3 +538,115 @@ def test_a_simulated_backend_needs_a_profile() -> None:
     assert "/discovery/profile" in message, message
     e = env(render(**{"discovery.backend": "simulated", "discovery.profile": "l4x4"}))
     assert e["DRA_BACKEND"] == "simulated" and e["DRA_PROFILE"] == "l4x4"
+
+
+def older_release_chart(tmp_path: Path, *missing: str) -> Path:
+    """The chart as ``helm upgrade --reuse-values`` renders it for a release of an older chart
+    that lacked the ``missing`` values (dotted paths): Helm then takes the old release's
+    values in place of this chart's values.yaml, so nothing fills the keys in."""
+    import yaml
+
+    chart = tmp_path / "older-release"
+    shutil.copytree(CHART, chart)
+    values = yaml.safe_load((chart / "values.yaml").read_text())
+    for path in missing:
+        *parents, last = path.split(".")
+        where = values
+        for name in parents:
+            where = where[name]
+        del where[last]
+    (chart / "values.yaml").write_text(yaml.safe_dump(values, sort_keys=False))
+    return chart
+
+
+def agent_settings(c: Obj, command: str = "run") -> Any:
+    """The settings ``dra-driver <command>`` resolves from the container's environment, as
+    the kubelet sets it: an EnvVar without a value is an empty variable."""
+    from dra_driver.commands import COMMANDS, build_parser
+    from dra_driver.settings import from_namespace
+
+    downward = {"DRA_NODE_NAME": "node-a", "DRA_POD_UID": "u-1"}
+    environ = {
+        e["name"]: downward[e["name"]] if "valueFrom" in e else e.get("value") or ""
+        for e in c["env"]
+    }
+    parser, _ = build_parser()
+    return from_namespace(parser.parse_args([command]), COMMANDS[command].fields, environ=environ)
+
+
+#: The agent's settings the chart renders from features.* (each a DRA_* variable).
+FEATURE_SETTINGS = {
+    "dynamicMig": "dynamic_mig",
+    "migProfiles": "mig_profiles",
+    "migLayout": "mig_layout",
+    "migBindingConditions": "mig_binding_conditions",
+    "migFailureHold": "mig_failure_hold",
+    "nodeOverhead": "node_overhead",
+    "listAttributes": "list_attributes",
+    "sharedGpus": "shared_gpus",
+    "ignoredXids": "ignored_xids",
+    "healthRecheckInterval": "health_recheck_interval",
+}
+
+
+def test_every_feature_value_is_an_agent_setting_with_the_same_default() -> None:
+    """What a release without features.<key> gets (the agent's default, below) is what a new
+    install gets (values.yaml)."""
+    import yaml
+
+    from dra_driver.bindsettings import env_name
+    from dra_driver.settings import Settings
+
+    features = yaml.safe_load((CHART / "values.yaml").read_text())["features"]
+    assert set(features) == set(FEATURE_SETTINGS)
+    e = env(render())
+    for key, field in FEATURE_SETTINGS.items():
+        assert e[env_name(field)] == str(features[key]).lower(), key
+        default = Settings.model_fields[field].default
+        assert default == features[key], f"features.{key}: {features[key]!r}, agent {default!r}"
+
+
+@pytest.mark.parametrize(
+    "missing",
+    [
+        *[(f"features.{key}",) for key in FEATURE_SETTINGS],
+        tuple(f"features.{key}" for key in FEATURE_SETTINGS),
+        ("features",),
+    ],
+    ids=[*FEATURE_SETTINGS, "every-feature", "no-features"],
+)
+def test_an_older_releases_missing_features_leave_the_agent_its_defaults(
+    tmp_path: Path, missing: tuple[str, ...]
+) -> None:
+    """``helm upgrade --reuse-values`` from a chart without a features.* value: the chart
+    renders no variable for it, and the agent starts with the settings a new install gets
+    (was: an empty DRA_* variable, which the agent refused for DRA_MIG_LAYOUT,
+    DRA_MIG_FAILURE_HOLD and DRA_HEALTH_RECHECK_INTERVAL, a crash loop, and read as "ignore no
+    Xid" for DRA_IGNORED_XIDS, so application errors tainted GPUs)."""
+    from dra_driver.bindsettings import env_name
+
+    chart = older_release_chart(tmp_path, *missing)
+    c = container(by_key(run(tool("helm"), "template", "x", chart)))
+    keys = FEATURE_SETTINGS if missing == ("features",) else [m.split(".")[1] for m in missing]
+    rendered = {e["name"]: e.get("value") for e in c["env"]}
+    for key in keys:
+        assert env_name(FEATURE_SETTINGS[key]) not in rendered, f"features.{key}"
+    assert agent_settings(c) == agent_settings(container(render("x")))
+
+
+def test_an_older_release_without_start_up_probe_values_renders(tmp_path: Path) -> None:
+    """startupProbe missing (``{{ .Values.startupProbe.periodSeconds }}`` was a nil pointer
+    that failed the upgrade) or partly missing (an empty field: Kubernetes' 10 s x 3, half the
+    chart's start-up allowance): the chart's own values."""
+    for missing in (("startupProbe",), ("startupProbe.periodSeconds",)):
+        chart = older_release_chart(tmp_path / missing[0], *missing)
+        probe = container(by_key(run(tool("helm"), "template", "x", chart)))["startupProbe"]
+        assert (probe["periodSeconds"], probe["failureThreshold"]) == (2, 30), missing
+
+
+def test_an_older_release_without_compat_renders_the_own_driver(tmp_path: Path) -> None:
+    """compat missing (a release of a chart before it) is compat "" (was: "<nil>" was refused
+    as a compatibility mode, failing the upgrade)."""
+    chart = older_release_chart(tmp_path, "compat")
+    e = env(by_key(run(tool("helm"), "template", "x", chart)))
+    assert e["DRA_DRIVER_NAME"] == "gpu.dra.dev" and "DRA_COMPAT" not in e

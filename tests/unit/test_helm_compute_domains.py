@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import os
+import subprocess
 import typing
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -723,3 +724,47 @@ def test_node_policy_names_the_modes_domain_label(mode: str) -> None:
         enabled(mode, **{"admissionPolicy.enabled": "false"})
     )
     assert "dra-driver-nodes" not in policy_names(render("dra-driver", "--namespace", NAMESPACE))
+
+
+@pytest.mark.parametrize(
+    ("missing", "enable"),
+    [
+        (("computeDomains",), False),
+        (("computeDomains",), True),
+        (("computeDomains.bindingConditions", "computeDomains.plugin"), True),
+    ],
+    ids=["no-section", "no-section-enabled-by-set", "no-binding-conditions-or-plugin"],
+)
+def test_an_older_release_without_compute_domain_values(
+    tmp_path: Path, missing: tuple[str, ...], enable: bool
+) -> None:
+    """``helm upgrade --reuse-values`` from a chart without (some of) computeDomains.*: the
+    chart renders (was: a nil pointer on computeDomains.enabled or .plugin.resources failed
+    the upgrade), the node container's IMEX setting is the default, and with the controller's
+    values missing the chart says what to do instead of leaving the Deployment out."""
+    from tests.unit.test_helm_chart import agent_settings, older_release_chart
+
+    chart = older_release_chart(tmp_path, *missing)
+    argv: list[str | Path] = [tool("helm"), "template", "x", chart]
+    if missing == ("computeDomains",) and enable:
+        # The section's other values are missing too: refused, with the way out.
+        proc = subprocess.run(
+            [*map(str, argv), "--set", "computeDomains.enabled=true"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode != 0
+        assert "--reset-then-reuse-values" in proc.stderr, proc.stderr
+        return
+    if enable:
+        argv += ["--set", "computeDomains.enabled=true"]
+    objects = by_key(run(*argv))
+    if not enable:
+        assert list(containers(objects)) == ["plugin"]
+        return
+    node = containers(objects)["compute-domain"]
+    assert "DRA_IMEX_BINDING_CONDITIONS" not in env_of(node)
+    assert agent_settings(node, "compute-domain-plugin").imex_binding_conditions is False
+    assert "resources" not in node
+    assert kind(objects, "Deployment")

@@ -81,7 +81,7 @@ NVIDIA device plugin does not run on the same nodes: both would hand out the sam
 {{- define "dra-driver.driverName" -}}
 {{- if eq (toString .Values.compat) "nvidia" -}}
 gpu.nvidia.com
-{{- else if eq (toString .Values.compat) "" -}}
+{{- else if eq (toString (.Values.compat | default "")) "" -}}
 {{ .Values.driverName }}
 {{- else -}}
 {{- fail (printf "compat: %q is not a compatibility mode; use \"nvidia\" or leave it empty" (toString .Values.compat)) -}}
@@ -158,3 +158,32 @@ rollingUpdate:
   maxUnavailable: {{ toYaml $unavailable }}
 {{- end }}
 {{- end -}}
+
+{{/*
+Environment variables of settings that values may lack: takes (list VALUES NAME KEY NAME KEY
+...), a map of values (nil for none) and pairs of a variable's name and its value's key, and
+renders each variable whose key is set. `helm upgrade --reuse-values` from an older chart
+keeps that chart's values, without the keys this one added: such a key renders no variable
+and the agent takes its own default, which is values.yaml's (tests/unit/test_helm_chart.py),
+instead of an empty variable that it refuses (a number, a choice) or reads as another
+setting (an empty DRA_IGNORED_XIDS ignores no Xid).
+*/}}
+{{- define "dra-driver.envFromValues" -}}
+{{- $values := first . | default dict }}
+{{- $pairs := rest . }}
+{{- range $i := until (len $pairs) }}
+{{- if eq (mod $i 2) 0 }}
+{{- $value := index $values (index $pairs (add1 $i)) }}
+{{- if not (kindIs "invalid" $value) }}
+- name: {{ index $pairs $i }}
+  value: {{ $value | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* "true" when computeDomains.enabled, else empty; a release of an older chart may lack the
+whole computeDomains section, which is then off. */}}
+{{- define "dra-driver.computeDomainsEnabled" -}}
+{{- if (.Values.computeDomains | default dict).enabled }}true{{ end }}
+{{- end }}
