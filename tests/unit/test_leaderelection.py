@@ -111,16 +111,16 @@ def held_by_other(renewed: datetime.datetime, version: int) -> dict[str, Any]:
     }
 
 
-def elector(api: FakeLeases) -> LeaderElector:
+def elector(api: FakeLeases, identity: str = "me", **timing: float) -> LeaderElector:
+    """An elector of lease ns/l with short times (``timing`` overrides them)."""
+    times = {"renew_deadline": 0.6, "renew_every": 0.1, "retry_every": 0.1, **timing}
     return LeaderElector(
         api,  # type: ignore[arg-type]
         namespace="ns",
         name="l",
-        identity="me",
+        identity=identity,
         duration=1,
-        renew_deadline=0.6,
-        renew_every=0.1,
-        retry_every=0.1,
+        **times,
     )
 
 
@@ -198,15 +198,7 @@ async def test_a_leader_stopped_gives_its_lease_up_so_a_standby_takes_it_at_once
 
     leader = await _leading(api, work)
     # A standby that has watched the lease held by the leader.
-    standby = LeaderElector(
-        api,  # type: ignore[arg-type]
-        namespace="ns",
-        name="l",
-        identity="other",
-        duration=1,
-        renew_every=0.1,
-        retry_every=0.05,
-    )
+    standby = elector(api, "other", retry_every=0.05)
     standby_started = asyncio.Event()
 
     async def standby_work() -> None:
