@@ -217,23 +217,31 @@ def run_demo(keep: bool = False) -> int:
         # A graceful delete: the kubelet unprepares first, then finishes the deletion.
         for pod_name in pods:
             core.delete_namespaced_pod(pod_name, NAMESPACE)
-        _wait(lambda: not _raw(core.list_namespaced_pod, NAMESPACE)["items"], WAIT)
-        left = [
-            p.name
+        deleted = _wait(lambda: not _raw(core.list_namespaced_pod, NAMESPACE)["items"], WAIT)
+        left = sorted(
+            f"{n.node.name}:{p.name}"
             for n in nodes.values()
             for p in n.node.cdi_dir.glob("k8s.gpu.dra.dev-claim_*.json")
-        ]
-        _say(f"   CDI specs left on the nodes: {len(left)}")
+        )
+        _say(f"   CDI specs left on the nodes: {len(left)}" + "".join(f"\n     {x}" for x in left))
         client.close()
     running = sorted(r.name for r in reports if r.phase == "Running")
     pending = sorted(r.name for r in reports if r.phase != "Running")
     elapsed = time.monotonic() - started
     waiting = ", ".join(pending) or "none"
     _say(f"== done in {elapsed:.0f}s: {len(running)} pods ran; pending: {waiting}")
+    failed = False
     if set(pending) != EXPECTED_PENDING:
         _say(f"!! expected only {', '.join(sorted(EXPECTED_PENDING))} to stay pending")
-        return 1
-    return 0
+        failed = True
+    # A pod that does not go away, or a spec left behind, is an unprepare that failed.
+    if not deleted:
+        _say(f"!! the pods were not deleted within {WAIT:.0f}s")
+        failed = True
+    if left:
+        _say("!! every claim's CDI spec should be removed once its pods are gone")
+        failed = True
+    return 1 if failed else 0
 
 
 def _wait(check: Callable[[], bool], timeout: float) -> bool:
