@@ -146,6 +146,8 @@ class ClaimReporter:
         #: attempts have failed in a row (the backoff); a newer update replaces the write.
         self._retries: dict[str, _Retry] = {}
         self._failures: dict[str, int] = {}
+        #: Claims whose write is awaiting the API server's answer (in neither queue).
+        self._writing: set[str] = set()
         #: (claim UID, message) -> when its Event was posted, for those within EVENT_REPEAT.
         self._events: dict[tuple[str, str], float] = {}
         self._wake = asyncio.Event()
@@ -202,8 +204,9 @@ class ClaimReporter:
 
     @property
     def pending(self) -> int:
-        """Claims whose status is waiting to be written (queued, or to be tried again)."""
-        return len(self._pending) + len(self._retries)
+        """Claims whose status is waiting to be written (queued, being written, or to be
+        tried again)."""
+        return len(self._pending.keys() | self._retries.keys() | self._writing)
 
     def prepare_failed(self, ref: ClaimRef, message: str) -> None:
         """A Warning event on the claim, so ``kubectl describe`` shows why (the same failure
@@ -260,12 +263,15 @@ class ClaimReporter:
                 queued = self._pending.pop(uid, None)
                 if queued is None:
                     continue
+                self._writing.add(uid)
                 try:
                     failed = await self._apply(*queued)
                 except asyncio.CancelledError:
                     # Stopped mid-write (shutdown): the update stays for flush to write.
                     self._pending.setdefault(uid, queued)
                     raise
+                finally:
+                    self._writing.discard(uid)
                 if failed:
                     self._retry_later(*queued)
 

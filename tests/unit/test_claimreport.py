@@ -419,6 +419,40 @@ async def test_a_failed_write_is_tried_again_until_it_lands_without_holding_othe
     assert reporter.pending == 0
 
 
+async def test_a_write_awaiting_its_answer_is_still_pending() -> None:
+    """A claim whose write is on the wire counts as pending: its status has not landed and
+    may yet have to be tried again."""
+    import asyncio
+
+    from aiohttp import web
+
+    from dra_driver.claimreport import ClaimReporter
+    from tests.unit.kubeserver import plain_client, serve
+
+    path = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/a/status"
+    arrived, answer = asyncio.Event(), asyncio.Event()
+
+    async def held(_: web.Request) -> web.Response:
+        arrived.set()
+        await answer.wait()
+        return web.json_response({"metadata": {"resourceVersion": "3"}})
+
+    async with serve() as server, plain_client(server) as client:
+        server.routes[("PATCH", path)] = held
+        reporter = ClaimReporter(client, "gpu.dra.dev", "node-1", delay=0.01)
+        task = asyncio.create_task(reporter.run())
+        reporter.set_devices(ClaimRef("ns", "a", "ua"), [DeviceStatus("gpu-0", {"uuid": "A"})])
+        await asyncio.wait_for(arrived.wait(), 5)
+        assert reporter.pending == 1
+        answer.set()
+        for _ in range(250):
+            if reporter.pending == 0:
+                break
+            await asyncio.sleep(0.02)
+        task.cancel()
+    assert reporter.pending == 0
+
+
 async def test_a_newer_update_replaces_the_write_waiting_for_its_retry() -> None:
     """A retry never writes over a newer update: the claim was unprepared (status cleared)
     while its prepared status waited to be tried again."""
