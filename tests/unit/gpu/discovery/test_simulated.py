@@ -176,6 +176,16 @@ def test_bad_profiles_give_one_clear_line(tmp_path: Path, body: str, message: st
     assert "\n" not in str(info.value)
 
 
+def test_a_profile_with_a_syntax_error_shows_the_line(tmp_path: Path) -> None:
+    """Profiles are parsed with libyaml where it is built in; its errors only name a line
+    and column, so the message comes from the pure-Python parser, which shows the line."""
+    body = 'driverVersion: "1"\ncudaDriverVersion: "12.4"\ngpus:\n  - product: NVIDIA L4: x\n'
+    with pytest.raises(DiscoveryError) as err:
+        SimulatedDiscovery(_write(tmp_path, body), "n")
+    assert "line 4, column 23" in str(err.value)
+    assert "- product: NVIDIA L4: x" in str(err.value)
+
+
 def test_missing_profile_names_the_builtins() -> None:
     with pytest.raises(DiscoveryError, match="dgx-h100"):
         load_profile("no-such-profile")
