@@ -232,8 +232,11 @@ class SliceController:
                     await asyncio.wait_for(self._wake.wait(), self._publisher_check)
             else:
                 await self._wake.wait()
-            # Coalesce bursts (a kubelet wiping every slice, the echoes of our own writes).
-            await asyncio.sleep(self._debounce)
+            # Coalesce bursts (a kubelet wiping every slice, the echoes of our own writes);
+            # until the reconciler first got through, there is nothing to coalesce, and the
+            # node's devices wait for this round.
+            if self._reached.is_set():
+                await asyncio.sleep(self._debounce)
             self._wake.clear()
             if self._desired is None or not self._listed.is_set():
                 continue
