@@ -53,6 +53,7 @@ class _Watched:
     looked: float = 0.0  # monotonic time of the last look whether a lost GPU answers again
     unnamed: float = -math.inf  # monotonic time of the last rebuild after an unnamed loss
     failed_waits: int = 0  # waits failed in a row (other than timeouts and losses)
+    replaced: int = 0  # sets replaced for failing waits since a wait last worked
 
 
 class NvmlEventWatcher:
@@ -74,6 +75,11 @@ class NvmlEventWatcher:
     #: made the thread ends, and with it the supervised loop (which fails liveness if it
     #: cannot start again): a set that only fails watches nothing.
     MAX_FAILED_WAITS = 3
+    #: New sets made for failing waits, in a row with no wait working in between, after
+    #: which the thread ends: NVML itself is then in trouble, not one set. The supervised
+    #: health loop starts it again on a fresh NVML (counted in its crash metric), instead
+    #: of it replacing sets blind for as long as the agent runs.
+    MAX_REPLACEMENTS = 3
 
     def __init__(
         self,
@@ -235,7 +241,7 @@ class NvmlEventWatcher:
         try:
             data = pynvml.nvmlEventSetWait_v2(watched.events, self.WAIT_MS)
         except pynvml.NVMLError_Timeout:
-            watched.failed_waits = 0
+            watched.failed_waits = watched.replaced = 0
             return False
         except pynvml.NVMLError_GpuIsLost:
             return True
@@ -244,10 +250,16 @@ class NvmlEventWatcher:
             log.error("NVML event wait failed", error=str(exc), failures=watched.failed_waits)
             self._stop.wait(self.RETRY_S)
             if watched.failed_waits >= self.MAX_FAILED_WAITS:
+                if watched.replaced >= self.MAX_REPLACEMENTS:
+                    raise WatchEnded(
+                        f"NVML event waits keep failing on {watched.replaced + 1} event sets "
+                        f"in a row: {exc}"
+                    ) from exc
                 watched.failed_waits = 0
+                watched.replaced += 1
                 self._rebuild(pynvml, watched)
             return False
-        watched.failed_waits = 0
+        watched.failed_waits = watched.replaced = 0
         uuid = watched.by_handle.get(_address(data.device))
         if uuid is not None:
             xid = (

@@ -49,7 +49,7 @@ async def report_end(watcher):
 
 async def main():
     uuids, overrides = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-    for name, value in overrides.items():  # WAIT_MS, LOST_RETRY_S, RETRY_S
+    for name, value in overrides.items():  # WAIT_MS, LOST_RETRY_S, RETRY_S, ...
         setattr(NvmlEventWatcher, name, value)
     loop = asyncio.get_running_loop()
     # (GPU UUID, GPU instance id, MIG UUID) triples: the MIG devices the agent publishes.
@@ -91,6 +91,7 @@ class Watcher:
         uuids: list[str] | None = None,
         *,
         retry_s: float | None = None,
+        max_replacements: int | None = None,
         migs: dict[tuple[str, int], str] | None = None,
         **env: str,
     ) -> None:
@@ -103,6 +104,8 @@ class Watcher:
             overrides["WAIT_MS"] = wait_ms
         if retry_s is not None:
             overrides["LOST_RETRY_S"] = overrides["RETRY_S"] = retry_s
+        if max_replacements is not None:
+            overrides["MAX_REPLACEMENTS"] = max_replacements
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -352,7 +355,12 @@ def test_a_set_whose_waits_keep_failing_is_replaced(node: FakeNode, tmp_path: Pa
     fail = tmp_path / "fail"
     fail.write_text("")
     watch = Watcher(
-        node, tmp_path / "nvml.events", WAIT_MS, retry_s=0.05, FAKE_NVML_FAIL_FILE=str(fail)
+        node,
+        tmp_path / "nvml.events",
+        WAIT_MS,
+        retry_s=0.05,
+        max_replacements=1000,  # however long this machine takes to clear the faults
+        FAKE_NVML_FAIL_FILE=str(fail),
     )
     try:
         _faults(fail, "nvmlEventSetWait_v2=999\n")
@@ -363,6 +371,26 @@ def test_a_set_whose_waits_keep_failing_is_replaced(node: FakeNode, tmp_path: Pa
         watch.inject(f"{watch.uuid(2)} xid 79")
         assert watch.events_out(1) == [HealthEvent(watch.uuid(2), "xid", 79)]
         assert watch.alive()
+    finally:
+        watch.close()
+
+
+def test_waits_failing_on_every_new_set_end_the_watch(node: FakeNode, tmp_path: Path) -> None:
+    """...but when the new sets fail as well, NVML itself is in trouble: the thread ends and
+    says why, so the supervised health loop starts it again on a fresh NVML (and counts the
+    crash) instead of replacing sets blind for as long as the agent runs."""
+    fail = tmp_path / "fail"
+    fail.write_text("")
+    watch = Watcher(
+        node, tmp_path / "nvml.events", WAIT_MS, retry_s=0.05, FAKE_NVML_FAIL_FILE=str(fail)
+    )
+    try:
+        _faults(fail, "nvmlEventSetWait_v2=999\n")
+        ended = watch.next(timeout=10)
+        assert ended["ended"].startswith(
+            "WatchEnded: NVML event waits keep failing on 4 event sets in a row"
+        ), ended
+        assert not watch.alive()
     finally:
         watch.close()
 
