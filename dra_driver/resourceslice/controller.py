@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import math
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -48,10 +50,14 @@ DroppedCallback = Callable[[frozenset[str]], Awaitable[None] | None]
 
 log = structlog.get_logger(__name__)
 
-#: After this many write rounds in a row that did not settle the pool, writes are slowed down
-#: by the backoff: something (another writer, a server default we do not know) keeps undoing
-#: them, and hammering the API server would not help.
+#: After this many write rounds in a row for one desired pool, writes are slowed down by a
+#: backoff: something (another writer, a server default we do not know) keeps undoing them,
+#: and hammering the API server would not help.
 _MAX_EAGER_ROUNDS = 4
+#: Write rounds count as "in a row" unless this many seconds passed since the last one. A
+#: pool that settles in between does not end the row: a writer undoing ours after each
+#: settled round would otherwise alternate with us every debounce, for as long as it runs.
+_QUIET = 10.0
 
 #: How a Kubernetes 1.34 API server refuses a device whose counter set is in another slice.
 COUNTERS_APART = "must reference a counterSet defined in the ResourceSlice sharedCounters"
@@ -127,6 +133,8 @@ class SliceController:
         self._reached = asyncio.Event()  # the reconciler got through to the server
         self._dropped: set[str] = set()
         self._eager_rounds = 0
+        self._last_write_round = -math.inf  # monotonic; when the last round wrote
+        self._undone = Backoff(cap=backoff_cap)  # slows down rounds past _MAX_EAGER_ROUNDS
         self._generation = 0
         self._inline_counters = False
         #: The features the Node declares, as read before this round of writes (None: the
@@ -177,6 +185,10 @@ class SliceController:
                 f"pool is for {desired.driver} on {desired.node_name}, "
                 f"controller for {self.driver} on {self.node_name}"
             )
+        if desired != self._desired:
+            # Writes for a new pool are wanted, not a sign that something undoes ours.
+            self._eager_rounds = 0
+            self._undone.reset()
         self._desired = desired
         self._synced.clear()
         self._wake.set()
@@ -241,7 +253,7 @@ class SliceController:
             if self._desired is None or not self._listed.is_set():
                 continue
             try:
-                if await self._reconcile_once(backoff):
+                if await self._reconcile_once():
                     backoff.reset()
                 else:
                     # Verify the result (and finish deferred steps) with a fresh plan.
@@ -320,7 +332,7 @@ class SliceController:
             gone,
         )
 
-    async def _reconcile_once(self, backoff: Backoff) -> bool:
+    async def _reconcile_once(self) -> bool:
         """Make one round of writes; True when nothing needed to be written."""
         result = self._plan()
         if result.empty and not self._owner_looked_up:
@@ -343,7 +355,6 @@ class SliceController:
             self._synced.clear()
             return True
         if result.empty:
-            self._eager_rounds = 0
             if not self._synced.is_set():
                 self._log.info(
                     "pool published", generation=result.generation, slices=len(self._store.objects)
@@ -357,9 +368,12 @@ class SliceController:
             self._owner = owner
             result = self._plan()
             self._generation = result.generation
+        if time.monotonic() - self._last_write_round >= _QUIET:
+            self._eager_rounds = 0
+            self._undone.reset()
         self._eager_rounds += 1
         if self._eager_rounds > _MAX_EAGER_ROUNDS:
-            delay = backoff.next_delay()
+            delay = self._undone.next_delay()
             self._log.warning(
                 "pool does not settle; something keeps changing the slices",
                 rounds=self._eager_rounds,
@@ -371,6 +385,8 @@ class SliceController:
             self._generation = result.generation
             if result.yielded_to is not None or result.empty:
                 return False  # the next round says so
+        # Measured from the round's start, after any pause: the pause is not quiet.
+        self._last_write_round = time.monotonic()
         await self._execute(result)
         return False
 
