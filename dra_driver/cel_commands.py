@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -103,9 +104,10 @@ async def _cluster_inputs(settings: Settings, ns: argparse.Namespace) -> dict[st
         if ns.device_class and not _is_file(ns.device_class):
             out["class"] = await live.get_class(client, ns.device_class)
         if ns.claim and not _is_file(ns.claim):
-            out["claim"] = await live.get_claim(
+            claim = await live.get_claim(
                 client, _claim_key(settings, ns.claim, client.connection.namespace)
             )
+            out["claims"] = [claim]
         out["classes"] = await live.list_all(
             client, resourceapi.path(resourceapi.DEVICE_CLASSES), "DeviceClass"
         )
@@ -136,7 +138,10 @@ def _match_inputs(settings: Settings, ns: argparse.Namespace) -> dict[str, Any]:
             # claim looks its own up among them, as the scheduler looks it up in the cluster.
             inputs["classes"] = [*inputs.get("classes", []), *file_classes]
         if _is_file(ns.claim):
-            inputs["claim"] = sources.load_one(ns.claim, ("ResourceClaim", "ResourceClaimTemplate"))
+            # Every claim of the file (an example may hold several), each judged on its own.
+            inputs["claims"] = sources.load_all(
+                ns.claim, ("ResourceClaim", "ResourceClaimTemplate")
+            )
         if ns.slices:
             try:
                 inputs["devices"] = sources.slice_file_devices(ns.slices)
@@ -170,8 +175,17 @@ def _run_match(settings: Settings, ns: argparse.Namespace) -> int:
     except InputError as exc:
         return _fail("match", str(exc), exc.status)
     classes = {(c.get("metadata") or {}).get("name", ""): c for c in inputs.get("classes", [])}
+    claims: list[Any] = inputs.get("claims") or [None]
+    sets = []
     try:
-        sets = selector_sets(inputs.get("class"), inputs.get("claim"), classes)
+        for claim in claims:
+            claim_sets = selector_sets(inputs.get("class"), claim, classes)
+            if len(claims) > 1:
+                name = (claim.get("metadata") or {}).get("name", "?")
+                claim_sets = [
+                    replace(s, label=f"{claim['kind']} {name}: {s.label}") for s in claim_sets
+                ]
+            sets += claim_sets
     except _MALFORMED as exc:
         return _fail("match", f"malformed DeviceClass or claim: {exc}", exitcodes.ERROR)
     if not sets:

@@ -62,11 +62,6 @@ def load_all(path: str | Path, kinds: tuple[str, ...]) -> list[JSON]:
     return found
 
 
-def load_one(path: str | Path, kinds: tuple[str, ...]) -> JSON:
-    """The first object of one of ``kinds`` in a file."""
-    return load_all(path, kinds)[0]
-
-
 def slice_file_devices(path: str | Path) -> list[Device]:
     """The devices of the ResourceSlices in a file."""
     slices = [o for o in load_objects(path) if o.get("kind") in ("ResourceSlice", None)]

@@ -243,6 +243,42 @@ def test_match_command_claim_file(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "error" in out and "no such key: nosuch" in out
 
 
+def test_match_command_judges_every_claim_of_a_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An example file often holds several claims (examples/shared-gpu-memory has four): each
+    is judged, and its sets are labelled with its name (was: only the first was)."""
+
+    def claim(name: str, expression: str) -> dict[str, Any]:
+        request = {
+            "name": "gpu",
+            "exactly": {"deviceClassName": DRIVER, "selectors": [{"cel": {"expression": expression}}]},
+        }
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [request]}},
+        }
+
+    path = tmp_path / "claims.yaml"
+    path.write_text(
+        yaml.safe_dump_all(
+            [claim("none", f'{A}.model == "nosuch"'), claim("any", "true")]
+        )
+    )
+    klass = tmp_path / "class.yaml"
+    klass.write_text(yaml.safe_dump(device_class(DRIVER, "true")))
+    code = run(MATCH, "--class", str(klass), "--claim", str(path), "--profile", "l4x4", "-o", "json")
+    assert code == 0  # one of the claims matches
+    sets = json.loads(capsys.readouterr().out)["sets"]
+    assert [s["label"] for s in sets] == [
+        f"ResourceClaim none: request gpu (class {DRIVER})",
+        f"ResourceClaim any: request gpu (class {DRIVER})",
+    ]
+    assert [sum(d["verdict"] == "match" for d in s["devices"]) for s in sets] == [0, 4]
+
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
