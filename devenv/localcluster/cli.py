@@ -60,6 +60,11 @@ def _cmd_up(args: argparse.Namespace) -> int:
     if existing:
         print(f"cluster already running; export KUBECONFIG={existing['kubeconfig']}")
         return 0
+    try:
+        nodes = [parse_node_spec(spec) for spec in args.node]
+    except ValueError as e:
+        print(f"error: --node: {e}", file=sys.stderr)
+        return 2
     sdir = state_dir()
     base = Path(args.base_dir) if args.base_dir else sdir / "run"
     if base.exists():
@@ -67,11 +72,16 @@ def _cmd_up(args: argparse.Namespace) -> int:
     cluster = LocalCluster(base_dir=base, keep=True, verbosity=args.v)
     try:
         cluster.start()
-        for spec in args.node:
-            name, labels = parse_node_spec(spec)
+        for name, labels in nodes:
             cluster.add_node(name, labels)
-    except ClusterError as e:
+    except BaseException as e:
+        # No state is saved for a cluster that did not come up, so `down` could not stop
+        # it later: stop it now (its files stay, the logs explain the failure).
+        cluster.stop()
+        if not isinstance(e, ClusterError):
+            raise
         print(f"error: {e}", file=sys.stderr)
+        print(f"logs: {cluster.logs_dir}", file=sys.stderr)
         return 1
     save_state(cluster)
     print(f"Kubernetes {cluster.version} control plane running at {cluster.server}")

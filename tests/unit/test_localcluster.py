@@ -404,3 +404,61 @@ def test_pin_script_check_mode() -> None:
         timeout=30,
     )
     assert out.returncode == 0, out.stderr
+
+
+# --- `python -m devenv.localcluster up` --------------------------------------------------
+
+_SLEEPER = [sys.executable, "-c", "import time; time.sleep(30)"]
+
+
+def _fake_control_plane(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[lc.ManagedProcess]:
+    """Make `LocalCluster.start` spawn one sleeper instead of a control plane."""
+    from devenv.localcluster import cli
+
+    started: list[lc.ManagedProcess] = []
+
+    def start(self: lc.LocalCluster) -> None:
+        started.append(self.spawn("etcd", _SLEEPER))
+
+    monkeypatch.setattr(lc.LocalCluster, "start", start)
+    monkeypatch.setattr(cli, "state_dir", lambda: tmp_path / "state")
+    return started
+
+
+def test_up_stops_the_control_plane_when_a_node_fails(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from devenv.localcluster import cli
+
+    started = _fake_control_plane(monkeypatch, tmp_path)
+
+    def add_node(self: lc.LocalCluster, name: str, *_: object, **__: object) -> lc.NodeHandle:
+        raise lc.ClusterError(f"timed out waiting for node {name} Ready")
+
+    monkeypatch.setattr(lc.LocalCluster, "add_node", add_node)
+    try:
+        rc = cli.main(["up", "--base-dir", str(tmp_path / "run"), "--node", "n1"])
+        assert rc == 1
+        assert "node n1 Ready" in capsys.readouterr().err
+        # No state was saved, so `down` could not stop what is left: nothing may be left.
+        assert not (tmp_path / "state" / cli.STATE_FILE).exists()
+        assert started and not started[0].alive()
+    finally:
+        for proc in started:
+            proc.stop(timeout=1)
+
+
+def test_up_checks_node_specs_before_starting(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from devenv.localcluster import cli
+
+    started = _fake_control_plane(monkeypatch, tmp_path)
+    try:
+        rc = cli.main(["up", "--base-dir", str(tmp_path / "run"), "--node", "n1:novalue"])
+        assert rc != 0
+        assert "novalue" in capsys.readouterr().err
+        assert started == []
+    finally:
+        for proc in started:
+            proc.stop(timeout=1)
