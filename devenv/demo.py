@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from devenv.localcluster import LocalCluster, repo_root
+from devenv.localcluster import ClusterError, LocalCluster, repo_root
 from devenv.simnode import GpuNode, start_gpu_node
 
 NAMESPACE = "demo"
@@ -192,7 +192,7 @@ def run_demo(keep: bool = False) -> int:
             nodes[name] = start_gpu_node(
                 cluster, name, profile, labels={NODE_LABEL: name}, extra=extra
             )
-        _wait_for_slices(client, [n for n, _, _ in NODES])
+        _wait_for_slices(client, nodes)
         _say("== applying DeviceClasses (manifests/base/deviceclasses.yaml)")
         _apply(client, _docs([root / "manifests" / "base" / "deviceclasses.yaml"]), NAMESPACE)
         k.CoreV1Api(client).create_namespace({"metadata": {"name": NAMESPACE}})
@@ -253,15 +253,34 @@ def _wait(check: Callable[[], bool], timeout: float) -> bool:
     return False
 
 
-def _wait_for_slices(client: Any, nodes: list[str]) -> None:
+def _wait_for_slices(client: Any, gpu_nodes: dict[str, GpuNode]) -> None:
     from kubernetes import client as k
 
+    nodes = list(gpu_nodes)
+    seen: set[str] = set()
+
     def published() -> bool:
+        # A node whose processes died never publishes; say so at once. The cluster's
+        # directory, logs included, is removed on the way out (unless kept): show the tail.
+        for gpu_node in gpu_nodes.values():
+            for proc in (gpu_node.node.process, gpu_node.driver):
+                if not proc.alive():
+                    raise ClusterError(
+                        f"{proc.name} exited (code {proc.returncode()}) before node "
+                        f"{gpu_node.name} published ResourceSlices; log {proc.log_path}:\n"
+                        f"{proc.log_tail()}"
+                    )
         items = _raw(k.ResourceV1Api(client).list_resource_slice)["items"]
-        return {s["spec"].get("nodeName") for s in items} >= set(nodes)
+        seen.clear()
+        seen.update(s["spec"].get("nodeName") for s in items)
+        return seen >= set(nodes)
 
     if not _wait(published, WAIT):
-        raise RuntimeError("the drivers did not publish ResourceSlices in time")
+        silent = [gpu_nodes[n] for n in nodes if n not in seen]
+        raise ClusterError(
+            f"no ResourceSlices from {', '.join(n.name for n in silent)} within {WAIT:.0f}s"
+            + "".join(f"\n--- log {n.driver.log_path}:\n{n.driver.log_tail()}" for n in silent)
+        )
     items = _raw(k.ResourceV1Api(client).list_resource_slice)["items"]
     for node in nodes:
         devices = [

@@ -1,0 +1,74 @@
+"""The demo's waits and its stop, with small stand-in processes (no control plane)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devenv import demo
+from devenv.localcluster import ClusterError, ManagedProcess, NodeHandle
+from devenv.simnode import GpuNode
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _gpu_node(tmp_path: Path, name: str, driver_code: str) -> GpuNode:
+    kubelet = ManagedProcess(
+        f"kubelet-{name}",
+        [sys.executable, "-c", "import time; time.sleep(30)"],
+        tmp_path / f"kubelet-{name}.log",
+    )
+    driver = ManagedProcess(
+        f"driver-{name}", [sys.executable, "-c", driver_code], tmp_path / f"driver-{name}.log"
+    )
+    kubelet.start()
+    driver.start()
+    node = NodeHandle(name, tmp_path / name, {}, [tmp_path / name / "cdi"], kubelet)
+    return GpuNode(node=node, driver=driver, profile="dgx-h100", driver_name="gpu.dra.dev")
+
+
+def test_wait_for_slices_names_a_driver_that_exited(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # No slice is ever published; the demo must say why instead of waiting out its deadline.
+    monkeypatch.setattr(demo, "_raw", lambda *_, **__: {"items": []})
+    monkeypatch.setattr(demo, "WAIT", 5.0)
+    node = _gpu_node(
+        tmp_path, "gpu-node-a", "print('cannot load the profile'); raise SystemExit(2)"
+    )
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ClusterError) as exc:
+            demo._wait_for_slices(object(), {node.name: node})
+        assert time.monotonic() - t0 < 4
+        assert "driver-gpu-node-a exited (code 2)" in str(exc.value)
+        assert "cannot load the profile" in str(exc.value)
+    finally:
+        node.driver.stop(timeout=1)
+        node.node.process.stop(timeout=1)
+
+
+def test_wait_for_slices_timeout_names_the_silent_node(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    items: list[dict[str, Any]] = [{"spec": {"nodeName": "gpu-node-a", "devices": []}}]
+    monkeypatch.setattr(demo, "_raw", lambda *_, **__: {"items": items})
+    monkeypatch.setattr(demo, "WAIT", 0.5)
+    code = "print('still looking for GPUs', flush=True); import time; time.sleep(30)"
+    a = _gpu_node(tmp_path, "gpu-node-a", code)
+    b = _gpu_node(tmp_path, "gpu-node-b", code)
+    try:
+        time.sleep(0.3)
+        with pytest.raises(ClusterError) as exc:
+            demo._wait_for_slices(object(), {a.name: a, b.name: b})
+        msg = str(exc.value)
+        assert "gpu-node-b" in msg and "gpu-node-a" not in msg
+        assert "still looking for GPUs" in msg
+    finally:
+        for n in (a, b):
+            n.driver.stop(timeout=1)
+            n.node.process.stop(timeout=1)
