@@ -8,9 +8,11 @@ edits its containers receive, and cleans up.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -173,6 +175,22 @@ def _print_report(report: PodReport) -> None:
     _say()
 
 
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def _exit_on_term_or_hangup() -> Iterator[None]:
+    """Turn SIGTERM and SIGHUP into SystemExit: the components run in their own sessions,
+    so only the demo gets these, and it must leave its ``with`` block to stop them."""
+    previous = {sig: signal.signal(sig, _exit_on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def run_demo(keep: bool = False) -> int:
     """Run the whole demo; returns 0 when every example behaved as its README says."""
     kube = _kubernetes()
@@ -180,7 +198,7 @@ def run_demo(keep: bool = False) -> int:
     root = repo_root()
     started = time.monotonic()
     _say("== starting a local control plane (etcd, kube-apiserver, scheduler, controller-manager)")
-    with LocalCluster(keep=keep) as cluster:
+    with _exit_on_term_or_hangup(), LocalCluster(keep=keep) as cluster:
         _say(f"   Kubernetes {cluster.version}, KUBECONFIG={cluster.kubeconfig}")
         client = kube.config.new_client_from_config(config_file=str(cluster.kubeconfig))
         nodes: dict[str, GpuNode] = {}

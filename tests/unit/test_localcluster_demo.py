@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -11,6 +14,7 @@ import pytest
 
 from devenv import demo
 from devenv.localcluster import ClusterError, ManagedProcess, NodeHandle
+from devenv.localcluster.processes import pid_alive
 from devenv.simnode import GpuNode
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,3 +76,64 @@ def test_wait_for_slices_timeout_names_the_silent_node(
         for n in (a, b):
             n.driver.stop(timeout=1)
             n.node.process.stop(timeout=1)
+
+
+_DEMO_UNDER_TERM = """
+import sys, time, types
+from pathlib import Path
+from devenv import demo
+from devenv.localcluster import ManagedProcess
+
+class Cluster:
+    def __init__(self, keep: bool = False) -> None:
+        argv = [sys.executable, "-c", "import time; time.sleep(30)"]
+        self.proc = ManagedProcess("etcd", argv, Path(sys.argv[1]))
+
+    def __enter__(self) -> "Cluster":
+        self.proc.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.stop(timeout=1)
+
+    @property
+    def version(self) -> str:
+        print(self.proc.pid, flush=True)
+        time.sleep(30)  # the control plane is up; the demo is busy
+        return "v1.0.0"
+
+demo.LocalCluster = Cluster
+demo._kubernetes = lambda: types.SimpleNamespace(client=None)
+demo.run_demo()
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_demo_stops_the_cluster_when_terminated(tmp_path: Path, sig: int) -> None:
+    # The components run in their own sessions: a terminal's hang-up or a `kill` reaches
+    # only the demo, which must take them down with it.
+    demo_proc = subprocess.Popen(
+        [sys.executable, "-c", _DEMO_UNDER_TERM, str(tmp_path / "etcd.log")],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    component = 0
+    try:
+        assert demo_proc.stdout is not None
+        for line in demo_proc.stdout:
+            if line.strip().isdigit():
+                component = int(line)
+                break
+        assert component and pid_alive(component)
+        demo_proc.send_signal(sig)
+        assert demo_proc.wait(timeout=10) != 0
+        deadline = time.monotonic() + 5
+        while pid_alive(component) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not pid_alive(component), "the cluster's process outlived the demo"
+    finally:
+        demo_proc.kill()
+        demo_proc.wait()
+        if component and pid_alive(component):
+            os.killpg(component, signal.SIGKILL)
