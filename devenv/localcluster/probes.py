@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import ssl
 import urllib.error
 import urllib.request
+
+#: A component not (yet) answering HTTP: refused, reset, timed out, or an answer that is not
+#: HTTP (a restarting server's garbled or cut-short response).
+_UNREACHABLE = (urllib.error.URLError, OSError, http.client.HTTPException)
 
 
 def http_ok(url: str) -> bool:
@@ -13,7 +18,7 @@ def http_ok(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as resp:
             return int(resp.status) == 200
-    except (urllib.error.URLError, OSError):
+    except _UNREACHABLE:
         return False
 
 
@@ -25,7 +30,7 @@ def https_ok(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2, context=ctx) as resp:
             return int(resp.status) == 200
-    except (urllib.error.URLError, OSError):
+    except _UNREACHABLE:
         return False
 
 
@@ -38,7 +43,7 @@ def apiserver_request(server: str, token: str, ca_file: str, path: str) -> tuple
             return int(resp.status), bytes(resp.read())
     except urllib.error.HTTPError as e:
         return int(e.code), b""
-    except (urllib.error.URLError, OSError):
+    except _UNREACHABLE:
         return 0, b""
 
 

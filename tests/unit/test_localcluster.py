@@ -462,3 +462,33 @@ def test_up_checks_node_specs_before_starting(
     finally:
         for proc in started:
             proc.stop(timeout=1)
+
+
+def test_probes_take_an_answer_that_is_not_http_as_not_ready() -> None:
+    """A component restarting on its port can answer garbage or close mid-answer: the
+    probe says "not ready" and the wait goes on, instead of a traceback ending it."""
+    import socket
+    import threading
+
+    from devenv.localcluster.probes import http_ok
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+
+    def answer() -> None:
+        for _ in range(2):
+            conn, _ = server.accept()
+            conn.recv(4096)
+            conn.sendall(b"garbage\r\n\r\n")
+            conn.close()
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    try:
+        assert http_ok(f"http://127.0.0.1:{port}/health") is False
+        assert http_ok(f"http://127.0.0.1:{port}/health") is False
+    finally:
+        server.close()
+        thread.join(timeout=5)
