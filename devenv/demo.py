@@ -325,7 +325,12 @@ def _wait_for_service_account(client: Any) -> None:
         ]
         return "default" in names
 
-    _wait(ready, WAIT)
+    if not _wait(ready, WAIT):
+        # Pods could not be created without it: say why here, not in an API error later.
+        raise ClusterError(
+            f"namespace {NAMESPACE} got no default ServiceAccount within {WAIT:.0f}s: "
+            "kube-controller-manager creates it (see its log in the cluster's logs directory)"
+        )
 
 
 def _wait_for_pods(client: Any, nodes: dict[str, GpuNode], pods: list[str]) -> list[PodReport]:

@@ -137,3 +137,14 @@ def test_demo_stops_the_cluster_when_terminated(tmp_path: Path, sig: int) -> Non
         demo_proc.wait()
         if component and pid_alive(component):
             os.killpg(component, signal.SIGKILL)
+
+
+def test_wait_for_service_account_fails_when_it_never_comes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Without the namespace's default ServiceAccount no pod can be created: the demo must
+    # stop there and say why (was: it went on, and creating the pods failed with an API error).
+    monkeypatch.setattr(demo, "_raw", lambda *_, **__: {"items": []})
+    monkeypatch.setattr(demo, "WAIT", 0.5)
+    with pytest.raises(ClusterError, match="no default ServiceAccount"):
+        demo._wait_for_service_account(object())
