@@ -104,10 +104,8 @@ async def _cluster_inputs(settings: Settings, ns: argparse.Namespace) -> dict[st
         if ns.device_class and not _is_file(ns.device_class):
             out["class"] = await live.get_class(client, ns.device_class)
         if ns.claim and not _is_file(ns.claim):
-            claim = await live.get_claim(
-                client, _claim_key(settings, ns.claim, client.connection.namespace)
-            )
-            out["claims"] = [claim]
+            key = _claim_key(settings, ns.claim, client.connection.namespace)
+            out["claims"] = [await live.get_claim(client, key)]
         out["classes"] = await live.list_all(
             client, resourceapi.path(resourceapi.DEVICE_CLASSES), "DeviceClass"
         )

@@ -186,9 +186,9 @@ class SliceController:
                 f"controller for {self.driver} on {self.node_name}"
             )
         if desired != self._desired:
-            # Writes for a new pool are wanted, not a sign that something undoes ours.
-            self._eager_rounds = 0
-            self._undone.reset()
+            # Writes for a new pool are wanted, not a sign that something undoes ours: the
+            # next write round starts a new row.
+            self._last_write_round = -math.inf
         self._desired = desired
         self._synced.clear()
         self._wake.set()
