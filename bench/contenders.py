@@ -4,7 +4,8 @@ A contender is one kubelet plugin on the benchmark's node: this driver's agent, 
 reference driver (kubernetes-sigs/dra-example-driver's ``dra-example-kubeletplugin``, built
 outside this repository and passed by path), or the Python floor (``floor_plugin.py``: the
 same claim read and syncs as the agent, nothing else). Each serves 72 GPUs named ``gpu-0`` ...
-on the same ``kubelet-dra`` node under its own driver name, so one control plane serves all.
+on the same ``kubelet-dra`` node under its own driver name, so one control plane serves all,
+and writes its CDI specs to a directory of its own.
 """
 
 from __future__ import annotations
@@ -87,9 +88,28 @@ class Contender:
         self.proc = None
 
 
+def own_cdi_dir(node: NodeHandle, label: str) -> Path:
+    """A CDI spec directory for one contender alone.
+
+    The reference's CDI cache watches its spec directory and re-reads every spec in it on each
+    change (the CDI library's default auto-refresh). In one shared directory it spent about
+    half a core re-reading the other contenders' specs during their rounds, which slowed them.
+    """
+    path = node.cdi_dir.parent / f"cdi-{label}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def ours(cluster: LocalCluster, node: NodeHandle, profile: str, metrics_port: int) -> Contender:
     """This driver's agent on the simulated profile ``profile``."""
-    argv = driver_argv(cluster, node, profile, OURS_DRIVER, [f"--metrics-port={metrics_port}"])
+    argv = driver_argv(
+        cluster,
+        node,
+        profile,
+        OURS_DRIVER,
+        [f"--metrics-port={metrics_port}"],
+        cdi_root=own_cdi_dir(node, "ours"),
+    )
     return Contender("ours", OURS_DRIVER, node, argv, dict(PYTHON_ENV), _our_version())
 
 
@@ -108,7 +128,7 @@ def reference(
         f"--kubeconfig={cluster.kubeconfig}",
         "--device-profile=gpu",
         f"--num-devices={devices}",
-        f"--cdi-root={node.cdi_dir}",
+        f"--cdi-root={own_cdi_dir(node, 'reference')}",
         f"--kubelet-registrar-directory-path={node.registry_dir}",
         f"--kubelet-plugins-directory-path={node.plugins_dir}",
         *client_flags,
@@ -126,7 +146,7 @@ def floor(cluster: LocalCluster, node: NodeHandle, devices: int) -> Contender:
         f"--kubeconfig={cluster.kubeconfig}",
         f"--registry-dir={node.registry_dir}",
         f"--plugins-dir={node.plugins_dir}",
-        f"--cdi-root={node.cdi_dir}",
+        f"--cdi-root={own_cdi_dir(node, 'floor')}",
         f"--num-devices={devices}",
     ]
     return Contender("floor", FLOOR_DRIVER, node, argv, dict(PYTHON_ENV), "bench/floor_plugin.py")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from devenv.localcluster import LocalCluster, ManagedProcess, NodeHandle
 
@@ -36,8 +37,10 @@ def driver_argv(
     profile: str,
     driver_name: str,
     extra: Sequence[str] = (),
+    cdi_root: Path | None = None,
 ) -> list[str]:
-    """The ``dra-driver run`` command line for a simulated node."""
+    """The ``dra-driver run`` command line for a simulated node (CDI specs in the node's
+    directory unless ``cdi_root`` names another)."""
     return [
         sys.executable,
         "-m",
@@ -50,7 +53,7 @@ def driver_argv(
         f"--kubeconfig={cluster.kubeconfig}",
         f"--registry-dir={node.registry_dir}",
         f"--plugins-dir={node.plugins_dir}",
-        f"--cdi-root={node.cdi_dir}",
+        f"--cdi-root={cdi_root or node.cdi_dir}",
         "--log-format=json",
         # Several agents share this machine: ports are opt-in (pass them in ``extra``).
         "--metrics-port=0",
