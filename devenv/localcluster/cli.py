@@ -20,6 +20,8 @@ from devenv.localcluster.flags import parse_node_spec
 from devenv.localcluster.processes import ClusterError, ManagedProcess, pid_alive, repo_root
 
 STATE_FILE = "state.json"
+#: Marks a directory `up` made, so a later `up` may clear it.
+BASE_MARK = ".localcluster"
 
 
 def state_dir() -> Path:
@@ -65,10 +67,18 @@ def _cmd_up(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"error: --node: {e}", file=sys.stderr)
         return 2
-    sdir = state_dir()
-    base = Path(args.base_dir) if args.base_dir else sdir / "run"
+    base = Path(args.base_dir) if args.base_dir else state_dir() / "run"
+    if args.base_dir and not _clearable(base):
+        print(
+            f"error: --base-dir {base} holds files that are not a cluster's:"
+            " name a new or empty directory",
+            file=sys.stderr,
+        )
+        return 2
     if base.exists():
         shutil.rmtree(base)
+    base.mkdir(parents=True)
+    (base / BASE_MARK).touch()
     cluster = LocalCluster(base_dir=base, keep=True, verbosity=args.v)
     try:
         cluster.start()
@@ -90,6 +100,16 @@ def _cmd_up(args: argparse.Namespace) -> int:
         print(f"node {name}: root {node.root_dir}")
     print(f"export KUBECONFIG={cluster.kubeconfig}")
     return 0
+
+
+def _clearable(base: Path) -> bool:
+    """Whether `up` may remove ``base``: absent, empty, or made by an earlier `up` (the
+    default directory always is). A mistyped ``--base-dir`` must not cost a user's files."""
+    if not base.exists():
+        return True
+    if not base.is_dir() or base.is_symlink():
+        return False
+    return (base / BASE_MARK).is_file() or not any(base.iterdir())
 
 
 def _cmd_down(args: argparse.Namespace) -> int:

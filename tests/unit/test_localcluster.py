@@ -464,6 +464,50 @@ def test_up_checks_node_specs_before_starting(
             proc.stop(timeout=1)
 
 
+def test_up_refuses_a_base_dir_holding_other_files(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`up` clears its state directory before starting: a ``--base-dir`` naming a directory
+    of the user's must be refused, not removed."""
+    from devenv.localcluster import cli
+
+    started = _fake_control_plane(monkeypatch, tmp_path)
+    mine = tmp_path / "home"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    try:
+        rc = cli.main(["up", "--base-dir", str(mine)])
+        assert rc == 2
+        assert "name a new or empty directory" in capsys.readouterr().err
+        assert (mine / "notes.txt").read_text() == "keep me"
+        assert started == []
+    finally:
+        for proc in started:
+            proc.stop(timeout=1)
+
+
+def test_up_clears_a_base_dir_an_earlier_up_made(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from devenv.localcluster import cli
+
+    starts: list[Path] = []
+
+    def start(self: lc.LocalCluster) -> None:
+        assert self.base_dir is not None
+        starts.append(self.base_dir)
+        raise lc.ClusterError("no control plane in this test")
+
+    monkeypatch.setattr(lc.LocalCluster, "start", start)
+    monkeypatch.setattr(cli, "state_dir", lambda: tmp_path / "state")
+    base = tmp_path / "run"
+    assert cli.main(["up", "--base-dir", str(base)]) == 1
+    (base / "stale.log").write_text("from the last cluster")
+    assert cli.main(["up", "--base-dir", str(base)]) == 1
+    assert starts == [base, base]
+    assert not (base / "stale.log").exists()
+
+
 def test_probes_take_an_answer_that_is_not_http_as_not_ready() -> None:
     """A component restarting on its port can answer garbage or close mid-answer: the
     probe says "not ready" and the wait goes on, instead of a traceback ending it."""
