@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+from types import FrameType
+
 import pytest
 from hypothesis import settings
 
@@ -20,3 +23,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="keep the e2e control plane running after the session and print its kubeconfig",
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A run stopped with SIGTERM (a CI timeout, `kill`) ends as Ctrl-C would: pytest tears
+    # the fixtures down, so the control planes, nodes and drivers they started stop with the
+    # run instead of outliving it and loading the machine.
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"stopped by signal {signum}")
