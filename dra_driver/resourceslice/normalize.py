@@ -73,7 +73,8 @@ def _normalize(value: Any, key: str, in_quantities: bool, in_attributes: bool) -
             child = _normalize(
                 v,
                 k,
-                in_quantities or k in _QUANTITY_SUBTREES,
+                # An attribute's name is the user's: one called "capacity" holds a string.
+                in_quantities or (k in _QUANTITY_SUBTREES and key != "attributes"),
                 in_attributes or k == "attributes",
             )
             if not _is_empty(child, keep_false=in_attributes):

@@ -136,6 +136,18 @@ def test_normalize_keeps_false_attributes_and_drops_empty_fields() -> None:
     }
 
 
+@pytest.mark.parametrize("name", ["capacity", "counters", "nodeAllocatableResources"])
+def test_an_attribute_named_like_a_quantity_map_compares_as_a_string(name: str) -> None:
+    """The server keeps a string attribute as sent: a change from ``1Gi`` to ``1024Mi`` is a
+    change to publish, even when the attribute's name is that of a quantity map."""
+
+    def spec(text: str) -> dict[str, Any]:
+        return {"devices": [{"name": "a", "attributes": {name: {"string": text}}}]}
+
+    assert normalize_spec(spec("1Gi")) != normalize_spec(spec("1024Mi"))
+    assert normalize_spec(spec("1Gi"))["devices"][0]["attributes"] == {name: {"string": "1Gi"}}
+
+
 def test_strip_paths_leaves_the_input_alone() -> None:
     spec = full_spec()
     stripped = strip_paths(spec, ["devices[].capacity.*.requestPolicy", "nope.deeper"])
