@@ -200,6 +200,9 @@ def _update_body(existing: Mapping[str, Any], wanted: JSON, owner: NodeOwner | N
     if owner is not None:
         # Replace any stale controller reference to the node (e.g. a recreated Node) with ours.
         refs = [r for r in refs if not (r.get("kind") == "Node" and r.get("controller"))]
+        # The API server allows one controller: another object's stays an owner, no longer
+        # the controller, or every update of the slice would be refused.
+        refs = [{**r, "controller": False} if r.get("controller") else r for r in refs]
         refs.extend(new_meta.get("ownerReferences") or [])
     if refs:
         meta["ownerReferences"] = refs

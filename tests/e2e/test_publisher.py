@@ -220,6 +220,42 @@ async def test_hand_edited_slice_is_restored(
         assert {o["spec"]["pool"]["generation"] for o in await slices_of(raw, name)} == {1}
 
 
+async def test_a_slice_given_another_controller_gets_ours_back(
+    kube_client: KubeClient, raw: RawApi, node: JSON
+) -> None:
+    """Someone made another object the controller of a slice (ours gone): the API server
+    allows one controller, so the repair keeps theirs as a plain owner instead of sending an
+    update the server refuses, again and again."""
+    name = node["metadata"]["name"]
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": f"own-{name}"}}
+    response = await raw.api_client.request("POST", "/api/v1/namespaces", body=namespace)
+    assert response.ok, response.body
+    theirs = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "name": f"own-{name}",
+        "uid": response.json()["metadata"]["uid"],
+    }
+    controller = make_controller(kube_client, name)
+    try:
+        async with running(controller, pool_for(name)):
+            edited = (await slices_of(raw, name))[1]
+            edited["metadata"]["ownerReferences"] = [{**theirs, "controller": True}]
+            await raw.replace_slice(edited, "someone-else")
+
+            async def restored() -> bool:
+                refs = (await slices_of(raw, name))[1]["metadata"]["ownerReferences"]
+                return [r["uid"] for r in refs if r.get("controller")] == [
+                    node["metadata"]["uid"]
+                ]
+
+            await eventually(restored, within=2.0)
+            refs = (await slices_of(raw, name))[1]["metadata"]["ownerReferences"]
+            assert {**theirs, "controller": False} in refs
+    finally:
+        await raw.api_client.request("DELETE", f"/api/v1/namespaces/own-{name}")
+
+
 async def test_steady_state_makes_no_writes(
     kube_client: KubeClient, raw: RawApi, node: JSON
 ) -> None:

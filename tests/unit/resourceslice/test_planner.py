@@ -337,12 +337,14 @@ def test_plan(case: Case) -> None:
         assert "managedFields" not in obj["metadata"]
 
 
+OWNER_REFS = [
+    {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": OWNER.uid, "controller": True}
+]
+
+
 def test_owner_reference_is_the_node_controller() -> None:
     result = plan([], THREE, OWNER)
-    refs = result.creates[0]["metadata"]["ownerReferences"]
-    assert refs == [
-        {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": OWNER.uid, "controller": True}
-    ]
+    assert result.creates[0]["metadata"]["ownerReferences"] == OWNER_REFS
 
 
 def test_update_keeps_foreign_metadata_and_replaces_stale_node_owner() -> None:
@@ -355,6 +357,19 @@ def test_update_keeps_foreign_metadata_and_replaces_stale_node_owner() -> None:
     assert body["metadata"]["labels"] == {"team": "x"}
     assert body["metadata"]["annotations"] == {"note": "y"}
     assert [r["uid"] for r in body["metadata"]["ownerReferences"]] == [OWNER.uid]
+
+
+def test_update_keeps_another_controller_as_an_owner_only() -> None:
+    """Someone made another object the slices' controller (ours gone): the update puts ours
+    back as the one controller the API server allows and keeps theirs as a plain owner."""
+    objs = published(THREE, 3, OWNER)
+    theirs = {"apiVersion": "apps/v1", "kind": "Deployment", "name": "d", "uid": "u"}
+    objs[0]["metadata"]["ownerReferences"] = [{**theirs, "controller": True}]
+    result = plan(objs, THREE, OWNER)
+    body = next(u for u in result.updates if u["metadata"]["name"] == sname(0))
+    refs = body["metadata"]["ownerReferences"]
+    assert refs == [{**theirs, "controller": False}, *OWNER_REFS]
+    assert [r["uid"] for r in refs if r.get("controller")] == [OWNER.uid]
 
 
 def apply(state: dict[str, JSON], result: Plan) -> None:
