@@ -263,10 +263,17 @@ class SliceController:
                 self._wake.set()
                 if err.status in (404, 409):
                     # Our view is stale: someone else changed or removed a slice.
-                    self._log.info(
-                        "conflict, re-listing", status=err.status, slice=err.name, verb=err.verb
-                    )
                     await self._relist_quietly()
+                    if err.verb == "create" and err.name and err.name not in self._store.objects:
+                        # Not ours even after a fresh list: our field selector hides its holder.
+                        self._reporter.name_taken(err.name)
+                    else:
+                        self._log.info(
+                            "conflict, re-listed",
+                            status=err.status,
+                            slice=err.name,
+                            verb=err.verb,
+                        )
                     delay = backoff.next_delay()
                     if backoff.attempt > 2:
                         # Conflicts that keep coming mean a fight with another writer.

@@ -36,6 +36,19 @@ class ApiErrorReporter:
         """``log`` is a structlog logger (bound to the node and driver)."""
         self._log = log
         self._reported: set[tuple[int, str, str]] = set()
+        self._taken: set[str] = set()
+
+    def name_taken(self, name: str) -> None:
+        """Our create of slice ``name`` conflicts with an object we cannot see: a slice of
+        another node or driver holds the name, and only its removal lets the pool publish."""
+        first = name not in self._taken
+        self._taken.add(name)
+        level = self._log.error if first else self._log.debug
+        level(
+            f"slice name {name} is taken by a ResourceSlice of another node or driver; "
+            f"delete it (kubectl delete resourceslice {name}) to publish this node's pool",
+            slice=name,
+        )
 
     def report(self, err: ApiError) -> None:
         """Log an API error with what to do about it where that is known."""

@@ -21,6 +21,7 @@ from devenv.localcluster import ClusterError, LocalCluster
 from dra_driver.kube import KubeClient
 from dra_driver.kubeletplugin.sockets import answers
 from dra_driver.resourceslice import DesiredPool, SliceController, contents_for, delete_pool_slices
+from dra_driver.resourceslice.pool import slice_name
 from dra_driver.resourceslice.publisher import Publisher
 from dra_driver.resourceslice.rawapi import NODES_PATH, SLICES_PATH, RawApi
 from dra_driver.resourceslice.store import field_selector
@@ -245,15 +246,64 @@ async def test_a_slice_given_another_controller_gets_ours_back(
 
             async def restored() -> bool:
                 refs = (await slices_of(raw, name))[1]["metadata"]["ownerReferences"]
-                return [r["uid"] for r in refs if r.get("controller")] == [
-                    node["metadata"]["uid"]
-                ]
+                return [r["uid"] for r in refs if r.get("controller")] == [node["metadata"]["uid"]]
 
             await eventually(restored, within=2.0)
             refs = (await slices_of(raw, name))[1]["metadata"]["ownerReferences"]
             assert {**theirs, "controller": False} in refs
     finally:
         await raw.api_client.request("DELETE", f"/api/v1/namespaces/own-{name}")
+
+
+async def test_a_slice_name_held_by_another_nodes_slice_is_reported_then_published(
+    kube_client: KubeClient, raw: RawApi, node: JSON
+) -> None:
+    """A ResourceSlice of another node holds the name of one of ours: our watch cannot see
+    it, so every create conflicts. The agent says once which object to delete (not an info
+    line per retry, forever); once it is gone, the pool is published."""
+    from structlog.testing import capture_logs
+
+    name = node["metadata"]["name"]
+    other = await create_node(raw, f"{name}-b")
+    squatter = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": slice_name(name, DRIVER, 0)},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": other["metadata"]["name"],
+            "pool": {"name": "squatter", "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "x"}],
+        },
+    }
+    await raw.create_slice(squatter, "someone-else")
+    try:
+        with capture_logs() as logs:
+            controller = make_controller(kube_client, name)
+            task = asyncio.create_task(controller.run())
+            try:
+                await controller.set_pool(pool_for(name))
+                await asyncio.sleep(3)
+                assert not controller.synced
+                taken = [e for e in logs if "is taken by a ResourceSlice" in e["event"]]
+                assert [e["log_level"] for e in taken][:1] == ["error"], logs
+                assert [e["log_level"] for e in taken[1:]] == ["debug"] * (len(taken) - 1)
+                assert not [e for e in logs if e["event"].startswith("conflict")]
+                assert (
+                    f"kubectl delete resourceslice {slice_name(name, DRIVER, 0)}"
+                    in (taken[0]["event"])
+                )
+
+                await raw.delete_slice(slice_name(name, DRIVER, 0))
+                async with asyncio.timeout(20):
+                    await controller.wait_synced()
+                assert len(await slices_of(raw, name)) == 2
+            finally:
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+    finally:
+        await delete_node(raw, other["metadata"]["name"])
 
 
 async def test_steady_state_makes_no_writes(
