@@ -451,9 +451,8 @@ class SliceController:
             await self._report_dropped(dropped)
         for name in result.deletes:
             faults.point("publisher.before-delete")
-            uid = meta(self._store.objects.get(name) or {}).get("uid")
             self.writes += 1
-            await self._api.delete_slice(name, str(uid) if uid else None)
+            await self._api.delete_slice(name, result.delete_uids.get(name))
             self._store.objects.pop(name, None)
             self._log.debug("deleted slice", slice=name)
 

@@ -48,6 +48,9 @@ class Plan:
     creates: list[JSON] = field(default_factory=list)
     updates: list[JSON] = field(default_factory=list)
     deletes: list[str] = field(default_factory=list)
+    #: The uid of each slice to delete as planned: its delete is conditional on it, so a
+    #: slice of that name created since (a newer agent's) is not deleted in its place.
+    delete_uids: dict[str, str] = field(default_factory=dict)
     generation: int = 0
     yielded_to: Publisher | None = None
 
@@ -383,4 +386,9 @@ def plan(
             wanted["metadata"]["name"] = _name(obj)
             result.updates.append(_update_body(obj, wanted, owner))
     result.deletes = leftovers
+    result.delete_uids = {
+        _name(obj): str(uid)
+        for obj in ours
+        if _name(obj) in leftovers and (uid := (obj.get("metadata") or {}).get("uid"))
+    }
     return result

@@ -63,6 +63,7 @@ from dra_driver.resourceslice import controller as controller_module
 from dra_driver.resourceslice.controller import SliceController
 from dra_driver.resourceslice.planner import plan
 from dra_driver.resourceslice.pool import DesiredPool, NodeOwner, render_pool
+from dra_driver.resourceslice.publisher import Publisher, annotation_key
 from dra_driver.resourceslice.rawapi import SLICES_PATH, ApiError
 from dra_driver.resourceslice.store import is_older
 from dra_driver.supervise import Heartbeats, supervise
@@ -1003,6 +1004,68 @@ async def test_slices_published_without_their_node_as_owner_are_adopted_at_start
             for obj in ours(cluster.list(SLICES)):
                 (ref,) = obj["metadata"]["ownerReferences"]
                 assert (ref["kind"], ref["uid"]) == ("Node", node["metadata"]["uid"]), obj
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_slice_a_newer_agent_created_again_during_a_round_is_not_deleted() -> None:
+    """A round that updates one slice and deletes another (the pool shrank) deletes the slice
+    it planned against. When a newer agent (a rolling update) deleted and created that name
+    again while the update was on the wire, and the watch has shown it, the delete must be
+    conditional on the planned slice's uid: it fails, the newer agent's slice stays, and
+    this agent yields to it (was: the uid was read at delete time, the new slice's)."""
+    cluster = Cluster(random.Random(0))
+    cluster.create(NODES, {"metadata": {"name": NODE}})
+    two = pool_of([device(0)], [device(1)])
+    one = pool_of([device(0, memory="40Gi")])
+    names = [o["metadata"]["name"] for o in render_pool(two)]
+    newer = Publisher(2, "newer")
+    key = annotation_key(DRIVER)
+    armed: list[bool] = []
+
+    async with serving(cluster) as server, plain_client(server) as client:
+        controller = SliceController(
+            client, driver=DRIVER, node_name=NODE, debounce=0.01, publisher=Publisher(1, "older")
+        )
+
+        async def put(request: web.Request) -> web.StreamResponse:
+            response = await cluster.handle(request)
+            if armed:
+                armed.clear()
+                old = cluster.get(SLICES, "", names[1])
+                assert old is not None
+                cluster.delete(SLICES, "", names[1])
+                metadata = {
+                    "name": names[1],
+                    "annotations": {**old["metadata"]["annotations"], key: newer.annotation()},
+                }
+                again = cluster.create(SLICES, {**old, "metadata": metadata})
+                uid = again["metadata"]["uid"]
+
+                async def seen() -> bool:
+                    return any(o["metadata"]["uid"] == uid for o in controller.slices)
+
+                assert await until(seen, 5, step=0.005), "the watch did not show the new slice"
+            return response
+
+        server.routes[("PUT", f"{SLICES_PATH}/{names[0]}")] = put
+        task = asyncio.create_task(controller.run())
+        try:
+            await controller.set_pool(two)
+            async with asyncio.timeout(5):
+                await controller.wait_synced()
+            armed.append(True)
+            await controller.set_pool(one)
+
+            async def yielded() -> bool:
+                assert not task.done(), task
+                return not armed and controller._yielded_to == newer
+
+            assert await until(yielded, 5, step=0.01), "the controller did not yield"
+            survivor = cluster.get(SLICES, "", names[1])
+            assert survivor is not None, "the newer agent's slice was deleted"
+            assert survivor["metadata"]["annotations"][key] == newer.annotation()
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)

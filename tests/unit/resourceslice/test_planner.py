@@ -381,6 +381,8 @@ def apply(state: dict[str, JSON], result: Plan) -> None:
         assert obj["metadata"]["name"] in state
         state[obj["metadata"]["name"]] = stored(obj)
     for name in result.deletes:
+        # Conditional on the slice the plan saw, as the controller sends it.
+        assert result.delete_uids[name] == state[name]["metadata"]["uid"]
         del state[name]
 
 
