@@ -17,7 +17,13 @@ from typing import Any
 
 from devenv.localcluster.cluster import LocalCluster, stop_rank
 from devenv.localcluster.flags import parse_node_spec
-from devenv.localcluster.processes import ClusterError, ManagedProcess, pid_alive, repo_root
+from devenv.localcluster.processes import (
+    ClusterError,
+    ManagedProcess,
+    pid_alive,
+    process_identity,
+    repo_root,
+)
 
 STATE_FILE = "state.json"
 #: Marks a directory `up` made, so a later `up` may clear it.
@@ -36,10 +42,23 @@ def _load_state() -> dict[str, Any] | None:
     return data
 
 
+def _running(state: dict[str, Any]) -> dict[str, int]:
+    """The recorded processes that still run: alive, and the same processes that were
+    recorded (a PID taken by another process since, after a reboot say, is not ours to stop).
+    A state without identities (written by an older `up`) is trusted by PID alone."""
+    identities: dict[str, str | None] = state.get("identities") or {}
+    return {
+        name: int(pid)
+        for name, pid in (state.get("processes") or {}).items()
+        if pid_alive(int(pid))
+        and (name not in identities or process_identity(int(pid)) == identities[name])
+    }
+
+
 def _running_state() -> dict[str, Any] | None:
     """The saved state of a background cluster that still has live processes."""
     state = _load_state()
-    if state and any(pid_alive(int(p)) for p in state.get("processes", {}).values()):
+    if state and _running(state):
         return state
     return None
 
@@ -117,14 +136,11 @@ def _cmd_down(args: argparse.Namespace) -> int:
     if state is None:
         print("no cluster state found; nothing to stop")
         return 0
-    procs: dict[str, int] = state.get("processes", {})
     # nodes and extras first, etcd last
-    ordered = sorted(procs.items(), key=lambda kv: stop_rank(kv[0]))
+    ordered = sorted(_running(state).items(), key=lambda kv: stop_rank(kv[0]))
     for name, pid in ordered:
-        proc = ManagedProcess(name, [], Path(os.devnull), pid=int(pid))
-        if proc.alive():
-            proc.stop()
-            print(f"stopped {name} (pid {pid})")
+        ManagedProcess(name, [], Path(os.devnull), pid=pid).stop()
+        print(f"stopped {name} (pid {pid})")
     if not args.keep_files:
         shutil.rmtree(state["base_dir"], ignore_errors=True)
     (state_dir() / STATE_FILE).unlink(missing_ok=True)
@@ -136,8 +152,9 @@ def _cmd_status(_: argparse.Namespace) -> int:
     if state is None:
         print("no cluster")
         return 1
+    running = _running(state)
     for name, pid in state.get("processes", {}).items():
-        print(f"{name:32} pid {pid:<8} {'running' if pid_alive(int(pid)) else 'stopped'}")
+        print(f"{name:32} pid {pid:<8} {'running' if name in running else 'stopped'}")
     print(f"export KUBECONFIG={state['kubeconfig']}")
     return 0
 

@@ -34,6 +34,7 @@ from devenv.localcluster.processes import (
     ManagedProcess,
     Ports,
     checked_binary,
+    process_identity,
     run_testenv,
     wait_for,
 )
@@ -472,5 +473,10 @@ class LocalCluster:
             "version": self.version,
             "owns_base": self._owns_base,
             "processes": {name: p.pid for name, p in self.processes.items()},
+            "identities": {
+                name: process_identity(p.pid)
+                for name, p in self.processes.items()
+                if p.pid is not None
+            },
             "nodes": {name: str(n.root_dir) for name, n in self.nodes.items()},
         }

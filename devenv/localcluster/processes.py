@@ -162,6 +162,17 @@ class ManagedProcess:
         return tail(self.log_path, lines)
 
 
+def process_identity(pid: int) -> str | None:
+    """What tells process ``pid`` from a later one given the same PID (after it exited, or
+    a reboot): the boot's id and the process's start time; None if there is no such process."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        started = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+    return f"{boot}/{started}"
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

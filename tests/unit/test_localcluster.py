@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import re
 import signal
 import socket
@@ -536,3 +537,43 @@ def test_probes_take_an_answer_that_is_not_http_as_not_ready() -> None:
     finally:
         server.close()
         thread.join(timeout=5)
+
+
+def _state_with(tmp_path: Path, pid: int, identity: str | None) -> None:
+    from devenv.localcluster import cli
+
+    (tmp_path / "state").mkdir(exist_ok=True)
+    state = {
+        "base_dir": str(tmp_path / "run"),
+        "kubeconfig": str(tmp_path / "run" / "kubeconfig"),
+        "processes": {"etcd": pid},
+        "identities": {"etcd": identity},
+    }
+    (tmp_path / "state" / cli.STATE_FILE).write_text(json.dumps(state))
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_down_stops_only_the_processes_up_started(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, same: bool
+) -> None:
+    """A recorded PID can belong to another process by the time `down` runs (the machine
+    rebooted, the PID was reused): that process is not the cluster's to stop."""
+    from devenv.localcluster import cli
+    from devenv.localcluster.processes import process_identity
+
+    monkeypatch.setattr(cli, "state_dir", lambda: tmp_path / "state")
+    proc = lc.ManagedProcess("other", _SLEEPER, tmp_path / "other.log")
+    proc.start()
+    try:
+        assert proc.pid is not None
+        identity = process_identity(proc.pid)
+        assert identity is not None
+        _state_with(tmp_path, proc.pid, identity if same else identity + "0")
+        assert cli.main(["down"]) == 0
+        deadline = time.monotonic() + 5
+        while same and proc.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.alive() is not same
+        assert not (tmp_path / "state" / cli.STATE_FILE).exists()
+    finally:
+        proc.stop(timeout=1)
