@@ -278,16 +278,7 @@ def _wait_for_slices(client: Any, gpu_nodes: dict[str, GpuNode]) -> None:
     seen: set[str] = set()
 
     def published() -> bool:
-        # A node whose processes died never publishes; say so at once. The cluster's
-        # directory, logs included, is removed on the way out (unless kept): show the tail.
-        for gpu_node in gpu_nodes.values():
-            for proc in (gpu_node.node.process, gpu_node.driver):
-                if not proc.alive():
-                    raise ClusterError(
-                        f"{proc.name} exited (code {proc.returncode()}) before node "
-                        f"{gpu_node.name} published ResourceSlices; log {proc.log_path}:\n"
-                        f"{proc.log_tail()}"
-                    )
+        _fail_if_dead(gpu_nodes, "before node {} published ResourceSlices")
         items = _raw(k.ResourceV1Api(client).list_resource_slice)["items"]
         seen.clear()
         seen.update(s["spec"].get("nodeName") for s in items)
@@ -333,10 +324,25 @@ def _wait_for_service_account(client: Any) -> None:
         )
 
 
+def _fail_if_dead(gpu_nodes: dict[str, GpuNode], when: str) -> None:
+    """Raise :class:`ClusterError` naming a node's kubelet or agent that exited, ``when``
+    (formatted with the node's name) saying what it did not live to see: waiting longer
+    cannot help. The cluster's directory, logs included, is removed on the way out (unless
+    kept), so the error carries the log's tail."""
+    for gpu_node in gpu_nodes.values():
+        for proc in (gpu_node.node.process, gpu_node.driver):
+            if not proc.alive():
+                raise ClusterError(
+                    f"{proc.name} exited (code {proc.returncode()}) "
+                    f"{when.format(gpu_node.name)}; log {proc.log_path}:\n{proc.log_tail()}"
+                )
+
+
 def _wait_for_pods(client: Any, nodes: dict[str, GpuNode], pods: list[str]) -> list[PodReport]:
     reports: list[PodReport] = []
 
     def settled() -> bool:
+        _fail_if_dead(nodes, "while the pods on node {} started")
         reports[:] = [_pod_report(client, nodes, p) for p in pods]
         return all(_settled(r) for r in reports)
 

@@ -148,3 +148,26 @@ def test_wait_for_service_account_fails_when_it_never_comes(
     monkeypatch.setattr(demo, "WAIT", 0.5)
     with pytest.raises(ClusterError, match="no default ServiceAccount"):
         demo._wait_for_service_account(object())
+
+
+def test_wait_for_pods_names_a_driver_that_exited(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The agent dies once the pods are created: their prepares can never succeed, so the
+    # demo says so at once instead of waiting out its deadline and reporting pending pods.
+    monkeypatch.setattr(demo, "WAIT", 5.0)
+    monkeypatch.setattr(demo, "_pod_report", lambda _client, _nodes, name: demo.PodReport(name))
+    node = _gpu_node(tmp_path, "gpu-node-a", "print('lost the socket'); raise SystemExit(3)")
+    try:
+        node.driver.popen.wait(timeout=10)  # type: ignore[union-attr]
+        t0 = time.monotonic()
+        with pytest.raises(ClusterError) as exc:
+            demo._wait_for_pods(object(), {node.name: node}, ["gpu-pod"])
+        assert time.monotonic() - t0 < 4
+        assert "driver-gpu-node-a exited (code 3) while the pods on node gpu-node-a" in str(
+            exc.value
+        )
+        assert "lost the socket" in str(exc.value)
+    finally:
+        node.driver.stop(timeout=1)
+        node.node.process.stop(timeout=1)
