@@ -113,8 +113,11 @@ class ManagedProcess:
     env: dict[str, str] | None = None
     popen: subprocess.Popen[bytes] | None = None
     pid: int | None = None
+    #: Set once stopped: its group's number may belong to another process group by then.
+    stopped: bool = False
 
     def start(self) -> None:
+        self.stopped = False
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         if self.env:
@@ -141,9 +144,13 @@ class ManagedProcess:
         return None if self.popen is None else self.popen.poll()
 
     def stop(self, timeout: float = 10.0, sig: int = signal.SIGTERM) -> None:
-        """Signal the whole process group, escalate to SIGKILL after `timeout`."""
-        if self.pid is None:
+        """Signal the whole process group, escalate to SIGKILL after `timeout`; once.
+
+        A second call (a node's kubelet is both a node's and a cluster's process) does
+        nothing: the group's leader is reaped, and its number can be another group's."""
+        if self.pid is None or self.stopped:
             return
+        self.stopped = True
         _kill_group(self.pid, sig)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -255,6 +255,22 @@ def test_managed_process_stops_whole_group(tmp_path: Path) -> None:
     lc.wait_for(lambda: not pid_alive(child), 5, "child gone")
 
 
+def test_managed_process_signals_its_group_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A node's kubelet is stopped as the cluster's process and as the node's: the second
+    stop must not signal the group again, whose number another group may have by then."""
+    from devenv.localcluster import processes
+
+    proc = lc.ManagedProcess("once", _SLEEPER, tmp_path / "once.log")
+    proc.start()
+    proc.stop(timeout=1)
+    signalled: list[int] = []
+    monkeypatch.setattr(processes.os, "killpg", lambda pgid, sig: signalled.append(sig))
+    proc.stop(timeout=1)
+    assert signalled == []
+
+
 def test_wait_for_reports_log_of_dead_process(tmp_path: Path) -> None:
     proc = lc.ManagedProcess(
         "boom",
