@@ -29,6 +29,15 @@ def pytest_configure(config: pytest.Config) -> None:
     # A run stopped with SIGTERM (a CI timeout, `kill`) ends as Ctrl-C would: pytest tears
     # the fixtures down, so the control planes, nodes and drivers they started stop with the
     # run instead of outliving it and loading the machine.
+    _catch_sigterm()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # A test's event loop that handled SIGTERM itself resets it to the default on closing.
+    _catch_sigterm()
+
+
+def _catch_sigterm() -> None:
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _interrupt)
 

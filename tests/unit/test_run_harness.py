@@ -14,6 +14,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 _TEST = """
+import asyncio
+import signal
 import time
 from pathlib import Path
 import pytest
@@ -23,6 +25,12 @@ def started():
     yield
     Path({torn!r}).write_text("stopped")
 
+def test_handles_sigterm_on_its_own_loop():
+    # A loop that handles SIGTERM itself resets it to the default when it closes.
+    loop = asyncio.new_event_loop()
+    loop.add_signal_handler(signal.SIGTERM, lambda: None)
+    loop.close()
+
 def test_runs_long(started):
     Path({ready!r}).write_text("running")
     time.sleep(60)
@@ -31,7 +39,8 @@ def test_runs_long(started):
 
 def test_sigterm_tears_the_fixtures_down(tmp_path: Path) -> None:
     """A CI timeout sends SIGTERM: the session's fixtures (the e2e control plane) must still
-    be stopped, as on Ctrl-C, not left running when pytest dies."""
+    be stopped, as on Ctrl-C, not left running when pytest dies; also after an earlier test
+    handled SIGTERM on an event loop of its own."""
     ready, torn = tmp_path / "ready", tmp_path / "torn"
     test = tmp_path / "test_long.py"
     test.write_text(_TEST.format(ready=str(ready), torn=str(torn)))
