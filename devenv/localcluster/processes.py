@@ -150,7 +150,6 @@ class ManagedProcess:
         nothing: the group's leader is reaped, and its number can be another group's."""
         if self.pid is None or self.stopped:
             return
-        self.stopped = True
         _kill_group(self.pid, sig)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -164,6 +163,8 @@ class ManagedProcess:
                 self.popen.wait(timeout=5)
         # Anything left in the group (children) goes too.
         _kill_group(self.pid, signal.SIGKILL)
+        # Only now: a stop interrupted on its way (Ctrl-C) is done by the next one.
+        self.stopped = True
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         return tail(self.log_path, lines)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import signal
 import socket
@@ -269,6 +270,35 @@ def test_managed_process_signals_its_group_once(
     monkeypatch.setattr(processes.os, "killpg", lambda pgid, sig: signalled.append(sig))
     proc.stop(timeout=1)
     assert signalled == []
+
+
+def test_a_stop_interrupted_while_waiting_is_finished_by_the_next(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Ctrl-C (or SIGTERM, in a test run) during a stop's wait: the fixture's teardown stops
+    the process again, and that stop must still escalate to SIGKILL."""
+    from devenv.localcluster import processes
+
+    proc = lc.ManagedProcess(
+        "stubborn", ["sh", "-c", "trap '' TERM; echo up; sleep 60 & wait"], tmp_path / "s.log"
+    )
+    proc.start()
+    try:
+        lc.wait_for(lambda: proc.log_tail(1) == "up", 10, "trap set", proc)
+
+        def interrupted(_: float) -> None:
+            raise KeyboardInterrupt
+
+        with monkeypatch.context() as m:
+            m.setattr(processes.time, "sleep", interrupted)
+            with pytest.raises(KeyboardInterrupt):
+                proc.stop(timeout=5)
+        proc.stop(timeout=0.5)
+        assert not proc.alive()
+    finally:
+        if proc.alive():
+            assert proc.pid is not None
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_wait_for_reports_log_of_dead_process(tmp_path: Path) -> None:
