@@ -94,9 +94,9 @@ def _cmd_up(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if base.exists():
+    if base.is_dir() and any(base.iterdir()):
         shutil.rmtree(base)
-    base.mkdir(parents=True)
+    base.mkdir(parents=True, exist_ok=True)
     (base / BASE_MARK).touch()
     cluster = LocalCluster(base_dir=base, keep=True, verbosity=args.v)
     try:
@@ -124,9 +124,11 @@ def _cmd_up(args: argparse.Namespace) -> int:
 def _clearable(base: Path) -> bool:
     """Whether `up` may remove ``base``: absent, empty, or made by an earlier `up` (the
     default directory always is). A mistyped ``--base-dir`` must not cost a user's files."""
+    if base.is_symlink():
+        return False  # dangling or not, removing it would not remove what it names
     if not base.exists():
         return True
-    if not base.is_dir() or base.is_symlink():
+    if not base.is_dir():
         return False
     return (base / BASE_MARK).is_file() or not any(base.iterdir())
 

@@ -533,6 +533,43 @@ def test_up_refuses_a_base_dir_holding_other_files(
             proc.stop(timeout=1)
 
 
+def test_up_refuses_a_symlink_as_base_dir(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from devenv.localcluster import cli
+
+    started = _fake_control_plane(monkeypatch, tmp_path)
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")
+    assert cli.main(["up", "--base-dir", str(dangling)]) == 2
+    assert "name a new or empty directory" in capsys.readouterr().err
+    assert started == []
+
+
+def test_up_keeps_an_empty_base_dir_it_is_given(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``--base-dir .`` in an empty directory: the directory is used, not removed (which
+    would pull the working directory from under the process)."""
+    from devenv.localcluster import cli
+
+    starts: list[Path] = []
+
+    def start(self: lc.LocalCluster) -> None:
+        assert self.base_dir is not None
+        starts.append(self.base_dir)
+        raise lc.ClusterError("no control plane in this test")
+
+    monkeypatch.setattr(lc.LocalCluster, "start", start)
+    monkeypatch.setattr(cli, "state_dir", lambda: tmp_path / "state")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    assert cli.main(["up", "--base-dir", "."]) == 1
+    assert starts == [Path(".")]
+    assert work.is_dir() and (work / cli.BASE_MARK).is_file()
+
+
 def test_up_clears_a_base_dir_an_earlier_up_made(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
