@@ -263,8 +263,14 @@ class SliceController:
                 self._wake.set()
                 if err.status in (404, 409):
                     # Our view is stale: someone else changed or removed a slice.
-                    await self._relist_quietly()
-                    if err.verb == "create" and err.name and err.name not in self._store.objects:
+                    listed = await self._relist_quietly()
+                    if (
+                        listed
+                        and err.status == 409
+                        and err.verb == "create"
+                        and err.name
+                        and err.name not in self._store.objects
+                    ):
                         # Not ours even after a fresh list: our field selector hides its holder.
                         self._reporter.name_taken(err.name)
                     else:
@@ -301,12 +307,15 @@ class SliceController:
                 level("cannot reach the API server", error=describe(err), retry_in=round(delay, 2))
                 await pause(delay, self._recovered)
 
-    async def _relist_quietly(self) -> None:
+    async def _relist_quietly(self) -> bool:
+        """Re-list; False (logged at debug level) when that failed."""
         try:
             await self._relist()
         except _RELIST_ERRORS as err:
             # The watcher notices the same trouble and re-lists on its own.
             self._log.debug("re-list after conflict failed", error=repr(err))
+            return False
+        return True
 
     def _plan(self) -> Plan:
         """The round's plan; a newer publisher that no longer runs is not yielded to."""
@@ -366,6 +375,7 @@ class SliceController:
                 self._log.info(
                     "pool published", generation=result.generation, slices=len(self._store.objects)
                 )
+                self._reporter.published()
             self._synced.set()
             return True
         self._synced.clear()

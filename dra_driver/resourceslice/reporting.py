@@ -50,6 +50,10 @@ class ApiErrorReporter:
             slice=name,
         )
 
+    def published(self) -> None:
+        """The pool is published: a name taken again later is reported loudly again."""
+        self._taken.clear()
+
     def report(self, err: ApiError) -> None:
         """Log an API error with what to do about it where that is known."""
         key = (err.status, err.verb, err.name or "")

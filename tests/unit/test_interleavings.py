@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
 import pytest
 from aiohttp import web
@@ -1069,3 +1070,51 @@ async def test_a_slice_a_newer_agent_created_again_during_a_round_is_not_deleted
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+@pytest.mark.parametrize("relist_fails", [False, True])
+async def test_a_create_racing_an_earlier_agents_own_slice_is_not_blamed_on_others(
+    relist_fails: bool,
+) -> None:
+    """Our create conflicts with this node's own slice, made by an earlier agent just before
+    and not yet shown by the watch. That is a race, not a slice of another node or driver
+    holding the name: even when the re-list after the conflict fails, the agent must not
+    tell the operator to delete the slice."""
+    from structlog.testing import capture_logs
+
+    cluster = Cluster(random.Random(0))
+    cluster.create(NODES, {"metadata": {"name": NODE}})
+    pool = pool_of([device(0)])
+    earlier = render_pool(pool)[0]
+    first = [True]
+    failed_lists: list[bool] = []
+
+    async def post(request: web.Request) -> web.StreamResponse:
+        if first:
+            first.clear()
+            cluster.create(SLICES, earlier)
+        return await cluster.handle(request)
+
+    with capture_logs() as logs:
+        async with serving(cluster) as server, plain_client(server) as client:
+            server.routes[("POST", SLICES_PATH)] = post
+            controller = SliceController(client, driver=DRIVER, node_name=NODE, debounce=0.01)
+            relist = controller._relist
+
+            async def relist_once_failing() -> str:
+                if relist_fails and not first and not failed_lists:
+                    failed_lists.append(True)
+                    raise aiohttp.ClientConnectionError("connection reset")
+                return await relist()
+
+            controller._relist = relist_once_failing  # type: ignore[method-assign]
+            task = asyncio.create_task(controller.run())
+            try:
+                await controller.set_pool(pool)
+                async with asyncio.timeout(5):
+                    await controller.wait_synced()
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+    assert failed_lists == ([True] if relist_fails else [])
+    assert not [e for e in logs if "is taken by a ResourceSlice" in e["event"]], logs

@@ -157,3 +157,19 @@ def test_invalid_slice_is_logged_with_its_name() -> None:
         ApiErrorReporter(structlog.get_logger("test")).report(err)
     assert logs[0]["slice"] == "n-d-0"
     assert "Invalid value" in logs[0]["message"]
+
+
+def test_a_taken_slice_name_is_an_error_once_per_episode() -> None:
+    """Reported loudly once while the name stays taken (each retry at debug level), and
+    loudly again when it is taken again after the pool was published in between."""
+    import structlog
+    from structlog.testing import capture_logs
+
+    reporter = ApiErrorReporter(structlog.get_logger("test"))
+    with capture_logs() as logs:
+        reporter.name_taken("n-d-0")
+        reporter.name_taken("n-d-0")
+        reporter.published()
+        reporter.name_taken("n-d-0")
+    assert [e["log_level"] for e in logs] == ["error", "debug", "error"]
+    assert "kubectl delete resourceslice n-d-0" in logs[0]["event"]
