@@ -511,46 +511,8 @@ def test_up_checks_node_specs_before_starting(
             proc.stop(timeout=1)
 
 
-def test_up_refuses_a_base_dir_holding_other_files(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """`up` clears its state directory before starting: a ``--base-dir`` naming a directory
-    of the user's must be refused, not removed."""
-    from devenv.localcluster import cli
-
-    started = _fake_control_plane(monkeypatch, tmp_path)
-    mine = tmp_path / "home"
-    mine.mkdir()
-    (mine / "notes.txt").write_text("keep me")
-    try:
-        rc = cli.main(["up", "--base-dir", str(mine)])
-        assert rc == 2
-        assert "name a new or empty directory" in capsys.readouterr().err
-        assert (mine / "notes.txt").read_text() == "keep me"
-        assert started == []
-    finally:
-        for proc in started:
-            proc.stop(timeout=1)
-
-
-def test_up_refuses_a_symlink_as_base_dir(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    from devenv.localcluster import cli
-
-    started = _fake_control_plane(monkeypatch, tmp_path)
-    dangling = tmp_path / "dangling"
-    dangling.symlink_to(tmp_path / "nowhere")
-    assert cli.main(["up", "--base-dir", str(dangling)]) == 2
-    assert "name a new or empty directory" in capsys.readouterr().err
-    assert started == []
-
-
-def test_up_keeps_an_empty_base_dir_it_is_given(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """``--base-dir .`` in an empty directory: the directory is used, not removed (which
-    would pull the working directory from under the process)."""
+def _refused_start(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Path]:
+    """Make `LocalCluster.start` record its directory and fail (there is no control plane)."""
     from devenv.localcluster import cli
 
     starts: list[Path] = []
@@ -562,6 +524,43 @@ def test_up_keeps_an_empty_base_dir_it_is_given(
 
     monkeypatch.setattr(lc.LocalCluster, "start", start)
     monkeypatch.setattr(cli, "state_dir", lambda: tmp_path / "state")
+    return starts
+
+
+@pytest.mark.parametrize("kind", ["directory of other files", "dangling symlink"])
+def test_up_refuses_a_base_dir_that_is_not_a_clusters(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    kind: str,
+) -> None:
+    """`up` clears its state directory before starting: a ``--base-dir`` naming a directory
+    of the user's (or a symlink, whose removal would not remove what it names) must be
+    refused, not removed."""
+    from devenv.localcluster import cli
+
+    starts = _refused_start(monkeypatch, tmp_path)
+    base = tmp_path / "home"
+    if kind == "dangling symlink":
+        base.symlink_to(tmp_path / "nowhere")
+    else:
+        base.mkdir()
+        (base / "notes.txt").write_text("keep me")
+    assert cli.main(["up", "--base-dir", str(base)]) == 2
+    assert "name a new or empty directory" in capsys.readouterr().err
+    assert starts == []
+    if kind != "dangling symlink":
+        assert (base / "notes.txt").read_text() == "keep me"
+
+
+def test_up_keeps_an_empty_base_dir_it_is_given(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``--base-dir .`` in an empty directory: the directory is used, not removed (which
+    would pull the working directory from under the process)."""
+    from devenv.localcluster import cli
+
+    starts = _refused_start(monkeypatch, tmp_path)
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
@@ -575,15 +574,7 @@ def test_up_clears_a_base_dir_an_earlier_up_made(
 ) -> None:
     from devenv.localcluster import cli
 
-    starts: list[Path] = []
-
-    def start(self: lc.LocalCluster) -> None:
-        assert self.base_dir is not None
-        starts.append(self.base_dir)
-        raise lc.ClusterError("no control plane in this test")
-
-    monkeypatch.setattr(lc.LocalCluster, "start", start)
-    monkeypatch.setattr(cli, "state_dir", lambda: tmp_path / "state")
+    starts = _refused_start(monkeypatch, tmp_path)
     base = tmp_path / "run"
     assert cli.main(["up", "--base-dir", str(base)]) == 1
     (base / "stale.log").write_text("from the last cluster")
