@@ -339,7 +339,8 @@ def plan(
 
     wanted_content = cache.wanted(desired, ignored)
     assigned = _match(ours, desired, wanted_content, ignored, cache)
-    leftovers = sorted(_name(obj) for obj in ours if all(obj is not a for a in assigned.values()))
+    unassigned = [obj for obj in ours if all(obj is not a for a in assigned.values())]
+    leftovers = sorted(_name(obj) for obj in unassigned)
 
     def consistent(obj: Mapping[str, Any]) -> bool:
         return _generation(obj) == current and _pool_field(obj, "resourceSliceCount") == count
@@ -388,7 +389,7 @@ def plan(
     result.deletes = leftovers
     result.delete_uids = {
         _name(obj): str(uid)
-        for obj in ours
-        if _name(obj) in leftovers and (uid := (obj.get("metadata") or {}).get("uid"))
+        for obj in unassigned
+        if (uid := (obj.get("metadata") or {}).get("uid"))
     }
     return result
